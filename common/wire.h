@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * wire.h - everything devald and libdeval must agree on: the socket messages of the
+ * control plane, the layout of a group's shared control segment, and the collective ops.
+ * Every field is fixed-width, reserved fields are zero, and sizes are pinned by static
+ * asserts so that a change of layout is a change of DV_PROTO_VERSION.
+ *
+ * Status codes on the wire are the DEVAL_E* numbers of deval.h.
+ */
+#pragma once
+
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "deval.h"
+
+#define DV_PROTO_VERSION  1
+#define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
+#define DV_MSG_MAX        512
+#define DV_CTL_MAGIC      0x4c564544u /* "DEVL" */
+#define DV_ARENA_ALIGN    64
+#define DV_VERSION_STRING "0.1.0"
+
+/* ---- control plane: SOCK_SEQPACKET messages ---------------------------------------------- */
+
+enum {
+        DV_MSG_JOIN = 1,  /* DvJoinReq -> DvReply + fds {control, input, output} */
+        DV_MSG_GROW = 2,  /* DvGrowReq -> DvReply + fd {input} */
+        DV_MSG_OUTPUT = 3, /* DvMsgHdr -> DvReply + fd {output} */
+        DV_MSG_LEAVE = 4, /* DvMsgHdr -> DvReply */
+        DV_MSG_STATUS = 5, /* DvMsgHdr -> DvStatusReply */
+        DV_MSG_REPLY = 6,
+};
+
+typedef struct {
+        uint32_t version;
+        uint32_t type;
+} DvMsgHdr;
+
+typedef struct {
+        DvMsgHdr hdr;
+        char group[DV_GROUP_NAME_MAX];
+        int32_t rank;
+        int32_t world_size;
+        int32_t timeout_ms;
+        uint32_t reserved;
+} DvJoinReq;
+
+typedef struct {
+        DvMsgHdr hdr;
+        uint64_t size;
+} DvGrowReq;
+
+typedef struct {
+        DvMsgHdr hdr;
+        int32_t status;
+        uint32_t nfds;
+        uint64_t size[3]; /* of the segments whose fds come with the reply, in order */
+        uint64_t gen;     /* output arena generation, with DV_MSG_OUTPUT and DV_MSG_JOIN */
+        char msg[DV_MSG_MAX];
+} DvReply;
+
+enum { DV_GROUP_FORMING = 1, DV_GROUP_ACTIVE, DV_GROUP_FAILED, DV_GROUP_CLOSING };
+
+typedef struct {
+        char name[DV_GROUP_NAME_MAX];
+        uint32_t uid;
+        uint32_t state;
+        int32_t world_size;
+        int32_t joined;
+        uint64_t collectives;
+        uint64_t bytes_moved;
+        uint64_t bytes_mapped;
+        uint64_t age_us;
+} DvGroupInfo;
+
+#define DV_STATUS_MAX_GROUPS 512
+typedef struct {
+        DvMsgHdr hdr;
+        int32_t status;
+        int32_t pid;
+        char version[16];
+        char backend[16];
+        uint64_t uptime_us;
+        uint64_t max_group_bytes;
+        uint32_t ngroups; /* entries that follow */
+        uint32_t total_groups;
+        DvGroupInfo groups[];
+} DvStatusReply;
+
+/* ---- data plane: the control segment of one group ----------------------------------------- */
+
+enum {
+        DV_OP_GATHER = 1,
+        DV_OP_GATHER_METRICS,
+        DV_OP_EVAL_BEGIN,
+        DV_OP_EVAL_END,
+        DV_OP_PAD,
+        DV_OP_OBJECTS,
+        DV_OP_OBJECTS_METRICS,
+        DV_OP_REDUCE,
+        DV_OP_BROADCAST,
+        DV_OP_BROADCAST_BYTES,
+        DV_OP_BARRIER,
+        DV_OP_MAX_,
+};
+
+typedef struct {
+        int32_t dtype;
+        int32_t ndim;
+        int64_t shape[DEVAL_MAX_DIMS];
+        uint64_t offset; /* in the rank's input arena (request) or the output arena (result) */
+        uint64_t nbytes;
+} DvTensorDesc;
+
+/* What a rank asks for: written by the client, copied once and validated by the daemon. */
+typedef struct {
+        uint32_t seq;
+        uint32_t op;
+        uint32_t ntensors;
+        uint32_t pad_first;
+        double pad_value;
+        int64_t valid_rows;
+        int64_t keep_rows;
+        int32_t order;
+        int32_t root;
+        int32_t reduce_op;
+        int32_t dim;
+        int64_t num_samples;
+        DvTensorDesc t[DEVAL_MAX_TENSORS];
+} DvRequest;
+
+/* What a rank gets back: written by the daemon before it publishes done_seq. */
+typedef struct {
+        int32_t status;
+        uint32_t ntensors;
+        DvTensorDesc t[DEVAL_MAX_TENSORS];
+} DvResult;
+
+typedef struct {
+        /* Bumped (release) by the client once req is complete; read (acquire) by the worker. */
+        alignas(64) _Atomic uint32_t arrived_seq;
+        uint32_t reserved[15];
+        DvRequest req;
+        DvResult res;
+} DvSlot;
+
+typedef struct {
+        uint32_t magic;
+        uint32_t version;
+        int32_t world_size;
+        uint32_t reserved0;
+        /* Clients add 1 after arriving and FUTEX_WAKE it; the worker sleeps on it. */
+        alignas(64) _Atomic uint32_t arrive;
+        /* The worker adds 1 after publishing a step or a failure; clients sleep on it. */
+        alignas(64) _Atomic uint32_t wake;
+        /* Last completed step; stored (release) after every slot's res and msg are written. */
+        alignas(64) _Atomic uint32_t done_seq;
+        /* Non-zero once the group failed for good; abort_msg is written before (release). */
+        _Atomic int32_t abort_status;
+        uint64_t out_gen;  /* generation of the output arena the results refer to */
+        uint64_t out_size;
+        char msg[DV_MSG_MAX]; /* why step done_seq failed, when it did */
+        char abort_msg[DV_MSG_MAX];
+        alignas(64) DvSlot slots[];
+} DvCtlHeader;
+
+static inline uint64_t dv_ctl_size(int world_size) {
+        return sizeof(DvCtlHeader) + (uint64_t)world_size * sizeof(DvSlot);
+}
+
+_Static_assert(sizeof(DvMsgHdr) == 8, "wire layout");
+_Static_assert(sizeof(DvJoinReq) == 88, "wire layout");
+_Static_assert(sizeof(DvReply) == 560, "wire layout");
+_Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
+_Static_assert(sizeof(DvGroupInfo) == 112, "wire layout");
+_Static_assert(sizeof(DvSlot) % 64 == 0, "slots on their own cache lines");
+_Static_assert(sizeof(DvCtlHeader) % 64 == 0, "slots on their own cache lines");
+
+const char *dv_op_name(uint32_t op);

@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * daemon.h - devald's objects: the daemon, its client connections, groups and their members,
+ * and the shared-memory arenas a group owns.
+ *
+ * Threads: the main thread runs the epoll loop and owns connections and the group list; each
+ * active group has one worker thread that runs its collectives. Fields a worker and the main
+ * thread share are under Group.lock and say so.
+ */
+#pragma once
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "plan.h"
+#include "wire.h"
+
+typedef struct Daemon Daemon;
+typedef struct Group Group;
+typedef struct Conn Conn;
+
+typedef struct {
+        int fd;
+        uint8_t *map;
+        uint64_t size;
+} Arena;
+
+#define ARENA_NULL ((Arena){.fd = -1})
+
+/* Who writes an arena: both (the control segment), the client (input), devald (output). */
+enum { ARENA_SHARED, ARENA_INPUT, ARENA_OUTPUT };
+int arena_new(const char *name, uint64_t size, int kind, Arena *ret);
+void arena_deinit(Arena *a);
+
+enum { MEMBER_EMPTY = 0, MEMBER_JOINED, MEMBER_LEFT, MEMBER_DEAD };
+
+typedef struct {
+        Conn *conn; /* NULL once the client hung up */
+        pid_t pid;
+        int state;
+        int timeout_ms;
+        uint64_t join_deadline_ns; /* while the group forms; 0: none */
+        Arena in;                  /* worker's */
+        Arena in_pending;          /* under lock: grown, the worker swaps it in before a step */
+} Member;
+
+typedef struct {
+        int active;
+        int order;
+        int64_t num_samples;
+        int64_t total[2];     /* [stream] samples gathered so far, rank order */
+        int64_t *rows[2];     /* [stream][world] samples each rank gave so far */
+} EvalPass;
+
+struct Group {
+        Group *next;
+        Daemon *d;
+        char name[DV_GROUP_NAME_MAX];
+        uid_t uid;
+        int world;
+        int joined;
+        int state; /* DV_GROUP_*, main thread's */
+        bool listed; /* still findable by name */
+        uint64_t created_ns;
+        int64_t timeout_ns; /* < 0: none */
+        Member *members;
+
+        Arena ctl;
+        DvCtlHeader *hdr;
+
+        pthread_t worker;
+        bool worker_started;
+        pthread_mutex_t lock;
+        /* under lock */
+        Arena out;
+        uint64_t out_gen;
+        int abort_status;
+        char abort_msg[DV_MSG_MAX];
+        uint64_t bytes_mapped;
+        uint32_t waiting_seq; /* the step the worker waits for */
+
+        /* worker's */
+        EvalPass pass;
+        DvRequest *reqs;
+        void *pool;
+
+        _Atomic uint64_t collectives;
+        _Atomic uint64_t bytes_moved;
+};
+
+struct Conn {
+        Conn *next;
+        Daemon *d;
+        int fd;
+        pid_t pid;
+        uid_t uid;
+        Group *group;
+        int rank;
+};
+
+struct Daemon {
+        int epfd, listen_fd, signal_fd;
+        char socket_path[108];
+        uint64_t max_group_bytes;
+        int max_groups;
+        int threads; /* copy threads per group */
+        uint64_t start_ns;
+        Conn *conns;
+        Group *groups;
+        int ngroups;
+        bool stopping;
+};
+
+/* group.c */
+int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msglen);
+void group_member_gone(Group *g, int rank, bool left);
+void group_fail(Group *g, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns);
+void group_maybe_free(Group *g);
+int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, size_t msglen);
+int group_output_fd(Group *g, uint64_t *size, uint64_t *gen);
+void group_stop_all(Daemon *d, int status, const char *why);
+
+/* worker.c */
+void *worker_main(void *arg);
+int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen);
+
+/* step.c */
+int step_run(Group *g, uint32_t seq);
+
+/* exec_host.c */
+typedef struct {
+        const DvPlan *plan;
+        const uint8_t *(*src)(void *ctx, int rank, int tensor);
+        void *ctx;
+        uint8_t *out;
+} ExecJob;
+void exec_host(Group *g, const ExecJob *job);
+void exec_pool_free(void *pool);
+
+/* devald.c */
+void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int nfds,
+                     const uint64_t *sizes, uint64_t gen);

@@ -1,0 +1,497 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * devald.c - the deval daemon: command line, the listening socket, the epoll loop with a
+ * signalfd, client connections and their control messages, the status answer, and the
+ * systemd readiness notification. Runs in the foreground and never forks.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "sock.h"
+#include "util.h"
+
+#define MAX_CONNS 4096
+
+static int nconns;
+
+/* sd_notify(3) in a few lines: one datagram to $NOTIFY_SOCKET, if set. */
+static void notify(const char *state) {
+        const char *path = getenv("NOTIFY_SOCKET");
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+        if (!path || (path[0] != '/' && path[0] != '@') || strlen(path) >= sizeof(sa.sun_path))
+                return;
+        int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return;
+        strncpy(sa.sun_path, path, sizeof(sa.sun_path) - 1);
+        if (sa.sun_path[0] == '@')
+                sa.sun_path[0] = '\0';
+        socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path));
+        if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa, len) < 0)
+                log_debug("sd_notify failed: %m");
+        close(fd);
+}
+
+/**
+ * conn_send_reply() - answer c with a DvReply, descriptors and sizes. A client that does not
+ * read its socket is not waited for: the send never blocks, and a failed send is logged.
+ */
+void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int nfds,
+                     const uint64_t *sizes, uint64_t gen) {
+        DvReply r = {.hdr = {DV_PROTO_VERSION, DV_MSG_REPLY}, .status = status,
+                     .nfds = (uint32_t)nfds, .gen = gen};
+        for (int i = 0; i < nfds; i++)
+                r.size[i] = sizes[i];
+        snprintf(r.msg, sizeof(r.msg), "%s", msg ? msg : "");
+        ssize_t n = dv_send_msg(c->fd, &r, sizeof(r), fds, nfds, MSG_DONTWAIT);
+        if (n < 0)
+                log_warn("could not answer pid %d: %s", (int)c->pid, strerror((int)-n));
+}
+
+static void conn_free(Daemon *d, Conn *c) {
+        if (c->group) {
+                Group *g = c->group;
+                group_member_gone(g, c->rank, false);
+                c->group = NULL;
+                group_maybe_free(g);
+        }
+        epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        close(c->fd);
+        for (Conn **p = &d->conns; *p; p = &(*p)->next)
+                if (*p == c) {
+                        *p = c->next;
+                        break;
+                }
+        nconns--;
+        free(c);
+}
+
+static void handle_status(Daemon *d, Conn *c) {
+        uint32_t n = 0;
+        for (Group *g = d->groups; g; g = g->next)
+                n++;
+        uint32_t shown = DV_MIN(n, (uint32_t)DV_STATUS_MAX_GROUPS);
+        size_t len = sizeof(DvStatusReply) + shown * sizeof(DvGroupInfo);
+        _cleanup_(freep) DvStatusReply *r = calloc(1, len);
+        if (!r)
+                return;
+        r->hdr = (DvMsgHdr){DV_PROTO_VERSION, DV_MSG_STATUS};
+        r->pid = (int32_t)getpid();
+        snprintf(r->version, sizeof(r->version), "%s", DV_VERSION_STRING);
+        snprintf(r->backend, sizeof(r->backend), "host");
+        uint64_t now = dv_now_ns();
+        r->uptime_us = (now - d->start_ns) / 1000;
+        r->max_group_bytes = d->max_group_bytes;
+        r->total_groups = n;
+        for (Group *g = d->groups; g && r->ngroups < shown; g = g->next) {
+                DvGroupInfo *i = &r->groups[r->ngroups++];
+                memcpy(i->name, g->name, sizeof(i->name));
+                i->uid = (uint32_t)g->uid;
+                i->state = (uint32_t)g->state;
+                i->world_size = g->world;
+                i->joined = g->joined;
+                i->collectives = atomic_load(&g->collectives);
+                i->bytes_moved = atomic_load(&g->bytes_moved);
+                pthread_mutex_lock(&g->lock);
+                i->bytes_mapped = g->bytes_mapped;
+                pthread_mutex_unlock(&g->lock);
+                i->age_us = (now - g->created_ns) / 1000;
+        }
+        ssize_t k = dv_send_msg(c->fd, r, len, NULL, 0, MSG_DONTWAIT);
+        if (k < 0)
+                log_warn("could not send status to pid %d: %s", (int)c->pid, strerror((int)-k));
+}
+
+/* One message from c. Return: false when the connection must be closed. */
+static bool conn_handle(Daemon *d, Conn *c) {
+        union {
+                DvMsgHdr hdr;
+                DvJoinReq join;
+                DvGrowReq grow;
+                char raw[256];
+        } m;
+        char msg[DV_MSG_MAX] = "";
+        int nfds = 0;
+
+        ssize_t n = dv_recv_msg(c->fd, &m, sizeof(m), NULL, &nfds, MSG_DONTWAIT);
+        if (n == -EAGAIN || n == -EINTR)
+                return true;
+        if (n <= 0)
+                return false;
+        if ((size_t)n < sizeof(DvMsgHdr) || m.hdr.version != DV_PROTO_VERSION) {
+                log_warn("pid %d speaks another protocol version; closing", (int)c->pid);
+                conn_send_reply(c, DEVAL_EPROTO, "devald speaks protocol version 1", NULL, 0, NULL,
+                                0);
+                return false;
+        }
+        switch (m.hdr.type) {
+        case DV_MSG_JOIN: {
+                if ((size_t)n != sizeof(DvJoinReq))
+                        break;
+                int r = group_join(d, c, &m.join, msg, sizeof(msg));
+                if (r < 0) {
+                        log_info("join refused for pid %d: %s", (int)c->pid, msg);
+                        conn_send_reply(c, r, msg, NULL, 0, NULL, 0);
+                }
+                return true;
+        }
+        case DV_MSG_GROW: {
+                if ((size_t)n != sizeof(DvGrowReq))
+                        break;
+                Group *g = c->group;
+                Arena a;
+                if (!g || g->state != DV_GROUP_ACTIVE) {
+                        conn_send_reply(c, g ? DEVAL_EABORTED : DEVAL_EPROTO,
+                                        "this connection has no active group", NULL, 0, NULL, 0);
+                        return true;
+                }
+                int r = group_grow_input(g, c->rank, m.grow.size, &a, msg, sizeof(msg));
+                if (r < 0) {
+                        conn_send_reply(c, r, msg, NULL, 0, NULL, 0);
+                        return true;
+                }
+                conn_send_reply(c, 0, "", &a.fd, 1, &a.size, 0);
+                return true;
+        }
+        case DV_MSG_OUTPUT: {
+                Group *g = c->group;
+                uint64_t size, gen;
+                if (!g || g->state == DV_GROUP_FORMING) {
+                        conn_send_reply(c, DEVAL_EPROTO, "this connection has no active group",
+                                        NULL, 0, NULL, 0);
+                        return true;
+                }
+                int fd = group_output_fd(g, &size, &gen);
+                if (fd < 0) {
+                        conn_send_reply(c, DEVAL_EABORTED, "the group is closed", NULL, 0, NULL, 0);
+                        return true;
+                }
+                conn_send_reply(c, 0, "", &fd, 1, &size, gen);
+                return true;
+        }
+        case DV_MSG_LEAVE: {
+                Group *g = c->group;
+                if (g) {
+                        log_debug("group '%s': rank %d left", g->name, c->rank);
+                        group_member_gone(g, c->rank, true);
+                        c->group = NULL;
+                        conn_send_reply(c, 0, "", NULL, 0, NULL, 0);
+                        group_maybe_free(g);
+                        return true;
+                }
+                conn_send_reply(c, 0, "", NULL, 0, NULL, 0);
+                return true;
+        }
+        case DV_MSG_STATUS:
+                handle_status(d, c);
+                return true;
+        }
+        log_warn("malformed message (type %u, %zd bytes) from pid %d; closing", m.hdr.type, n,
+                 (int)c->pid);
+        conn_send_reply(c, DEVAL_EPROTO, "malformed message", NULL, 0, NULL, 0);
+        return false;
+}
+
+static void accept_conns(Daemon *d) {
+        for (;;) {
+                int fd = accept4(d->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (fd < 0) {
+                        if (errno != EAGAIN && errno != EINTR)
+                                log_warn("accept: %m");
+                        return;
+                }
+                struct ucred cred;
+                socklen_t len = sizeof(cred);
+                if (nconns >= MAX_CONNS ||
+                    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+                        log_warn("refusing a connection: %s",
+                                 nconns >= MAX_CONNS ? "too many clients" : "no credentials");
+                        close(fd);
+                        continue;
+                }
+                Conn *c = calloc(1, sizeof(*c));
+                if (!c) {
+                        close(fd);
+                        continue;
+                }
+                *c = (Conn){.next = d->conns, .d = d, .fd = fd, .pid = cred.pid, .uid = cred.uid,
+                            .rank = -1};
+                struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+                if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+                        close(fd);
+                        free(c);
+                        continue;
+                }
+                d->conns = c;
+                nconns++;
+        }
+}
+
+static int listen_on(Daemon *d) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        char dir[sizeof(d->socket_path)];
+
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->socket_path);
+        snprintf(dir, sizeof(dir), "%s", d->socket_path);
+        char *slash = strrchr(dir, '/');
+        if (slash && slash != dir) {
+                *slash = '\0';
+                if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+                        log_err("cannot create %s: %m", dir);
+                        return -1;
+                }
+        }
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0) {
+                log_err("socket: %m");
+                return -1;
+        }
+        /* a socket file left by a devald that died is stale: nobody answers on it */
+        int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+                log_err("another devald already listens on %s", d->socket_path);
+                close(probe);
+                close(fd);
+                return -1;
+        }
+        if (probe >= 0)
+                close(probe);
+        unlink(d->socket_path);
+        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 128) < 0) {
+                log_err("cannot listen on %s: %m", d->socket_path);
+                close(fd);
+                return -1;
+        }
+        d->listen_fd = fd;
+        return 0;
+}
+
+static void help(void) {
+        printf("Usage: devald [OPTIONS]\n\n"
+               "The deval daemon: shared buffers and collectives for distributed evaluation.\n\n"
+               "  -s --socket=PATH          listen on PATH (default: $DEVAL_SOCKET, else\n"
+               "                            $XDG_RUNTIME_DIR/deval/devald.sock, or\n"
+               "                            /run/deval/devald.sock for root)\n"
+               "  -b --backend=NAME         host (default) or auto; cuda is not built yet\n"
+               "  -l --log-level=LEVEL      err, warn, info (default) or debug\n"
+               "     --max-group-bytes=N    shared memory one group may hold (default: a quarter\n"
+               "                            of RAM); suffixes K, M, G\n"
+               "     --max-groups=N         groups at once (default 1024)\n"
+               "     --threads=N            copy threads per group (default: online CPUs, max 8)\n"
+               "  -h --help                 show this help\n"
+               "     --version              show the version\n");
+}
+
+static int parse_size(const char *s, uint64_t *ret) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (errno || end == s || *s == '-')
+                return -1;
+        uint64_t mul = 1;
+        switch (*end) {
+        case 'K':
+        case 'k':
+                mul = 1ull << 10;
+                end++;
+                break;
+        case 'M':
+        case 'm':
+                mul = 1ull << 20;
+                end++;
+                break;
+        case 'G':
+        case 'g':
+                mul = 1ull << 30;
+                end++;
+                break;
+        }
+        if (*end || v > UINT64_MAX / mul)
+                return -1;
+        *ret = v * mul;
+        return 0;
+}
+
+static int parse_args(Daemon *d, int argc, char **argv) {
+        enum { ARG_MAX_GROUP_BYTES = 0x100, ARG_MAX_GROUPS, ARG_THREADS, ARG_VERSION };
+        static const struct option opts[] = {
+                {"socket", required_argument, NULL, 's'},
+                {"backend", required_argument, NULL, 'b'},
+                {"log-level", required_argument, NULL, 'l'},
+                {"max-group-bytes", required_argument, NULL, ARG_MAX_GROUP_BYTES},
+                {"max-groups", required_argument, NULL, ARG_MAX_GROUPS},
+                {"threads", required_argument, NULL, ARG_THREADS},
+                {"help", no_argument, NULL, 'h'},
+                {"version", no_argument, NULL, ARG_VERSION},
+                {},
+        };
+        int c, level = LOG_LEVEL_INFO;
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+
+        d->max_group_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : 1ull << 30;
+        d->max_groups = 1024;
+        d->threads = (int)DV_MIN(DV_MAX(ncpu, 1), 8);
+        if (dv_default_socket_path(d->socket_path, sizeof(d->socket_path)) < 0)
+                d->socket_path[0] = '\0';
+        while ((c = getopt_long(argc, argv, "s:b:l:h", opts, NULL)) >= 0) {
+                switch (c) {
+                case 's':
+                        if (strlen(optarg) >= sizeof(d->socket_path)) {
+                                fprintf(stderr, "devald: socket path too long: %s\n", optarg);
+                                return 2;
+                        }
+                        snprintf(d->socket_path, sizeof(d->socket_path), "%s", optarg);
+                        break;
+                case 'b':
+                        if (strcmp(optarg, "host") && strcmp(optarg, "auto")) {
+                                fprintf(stderr, "devald: backend '%s' is not available in this "
+                                                "build (host, auto)\n", optarg);
+                                return 2;
+                        }
+                        break;
+                case 'l':
+                        if ((level = log_parse_level(optarg)) < 0) {
+                                fprintf(stderr, "devald: unknown log level '%s'\n", optarg);
+                                return 2;
+                        }
+                        break;
+                case ARG_MAX_GROUP_BYTES:
+                        if (parse_size(optarg, &d->max_group_bytes) < 0 || !d->max_group_bytes) {
+                                fprintf(stderr, "devald: bad --max-group-bytes '%s'\n", optarg);
+                                return 2;
+                        }
+                        break;
+                case ARG_MAX_GROUPS:
+                        d->max_groups = atoi(optarg);
+                        if (d->max_groups < 1) {
+                                fprintf(stderr, "devald: bad --max-groups '%s'\n", optarg);
+                                return 2;
+                        }
+                        break;
+                case ARG_THREADS:
+                        d->threads = atoi(optarg);
+                        if (d->threads < 1 || d->threads > 64) {
+                                fprintf(stderr, "devald: bad --threads '%s' (1..64)\n", optarg);
+                                return 2;
+                        }
+                        break;
+                case 'h':
+                        help();
+                        return 0;
+                case ARG_VERSION:
+                        printf("devald %s\n", DV_VERSION_STRING);
+                        return 0;
+                default:
+                        return 2;
+                }
+        }
+        if (optind < argc) {
+                fprintf(stderr, "devald: unexpected argument '%s'\n", argv[optind]);
+                return 2;
+        }
+        if (!d->socket_path[0]) {
+                fprintf(stderr, "devald: the default socket path is too long; use --socket\n");
+                return 2;
+        }
+        log_setup(level);
+        return -1;
+}
+
+int main(int argc, char **argv) {
+        Daemon d = {.epfd = -1, .listen_fd = -1, .signal_fd = -1};
+        int r = parse_args(&d, argc, argv);
+        if (r >= 0)
+                return r;
+
+        sigset_t mask;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        sigprocmask(SIG_BLOCK, &mask, NULL);
+        signal(SIGPIPE, SIG_IGN);
+        d.signal_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+        d.epfd = epoll_create1(EPOLL_CLOEXEC);
+        if (d.signal_fd < 0 || d.epfd < 0) {
+                log_err("cannot set up the event loop: %m");
+                return 1;
+        }
+        if (listen_on(&d) < 0)
+                return 1;
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &d.listen_fd};
+        epoll_ctl(d.epfd, EPOLL_CTL_ADD, d.listen_fd, &ev);
+        ev.data.ptr = &d.signal_fd;
+        epoll_ctl(d.epfd, EPOLL_CTL_ADD, d.signal_fd, &ev);
+        d.start_ns = dv_now_ns();
+        log_info("listening on %s (backend host, %d copy threads, quota %" PRIu64
+                 " bytes per group)",
+                 d.socket_path, d.threads, d.max_group_bytes);
+        notify("READY=1\nSTATUS=listening");
+
+        while (!d.stopping) {
+                struct epoll_event evs[64];
+                int64_t next_ns = -1;
+                group_expire_joins(&d, dv_now_ns(), &next_ns);
+                int timeout = next_ns < 0 ? -1 : (int)(next_ns / 1000000 + 1);
+                int n = epoll_wait(d.epfd, evs, 64, timeout);
+                if (n < 0 && errno != EINTR) {
+                        log_err("epoll_wait: %m");
+                        break;
+                }
+                for (int i = 0; i < n; i++) {
+                        void *p = evs[i].data.ptr;
+                        if (p == &d.listen_fd) {
+                                accept_conns(&d);
+                        } else if (p == &d.signal_fd) {
+                                struct signalfd_siginfo si;
+                                if (read(d.signal_fd, &si, sizeof(si)) == sizeof(si)) {
+                                        log_info("signal %u: stopping", si.ssi_signo);
+                                        d.stopping = true;
+                                }
+                        } else {
+                                Conn *c = p;
+                                bool keep = true;
+                                if (evs[i].events & EPOLLIN)
+                                        keep = conn_handle(&d, c);
+                                if (!keep || (evs[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP) &&
+                                              !(evs[i].events & EPOLLIN)))
+                                        conn_free(&d, c);
+                        }
+                }
+        }
+
+        notify("STOPPING=1");
+        group_stop_all(&d, DEVAL_EDAEMON, "devald is shutting down");
+        while (d.conns) {
+                Conn *c = d.conns;
+                if (c->group)
+                        c->group->state = DV_GROUP_CLOSING;
+                conn_free(&d, c);
+        }
+        while (d.groups) { /* only groups no connection held are left; free them */
+                for (int k = 0; k < d.groups->world; k++)
+                        d.groups->members[k].conn = NULL;
+                group_maybe_free(d.groups);
+        }
+        unlink(d.socket_path);
+        close(d.listen_fd);
+        close(d.signal_fd);
+        close(d.epfd);
+        log_info("stopped");
+        return 0;
+}

@@ -1,0 +1,490 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * group.c - groups and their shared memory, as the main thread sees them: forming a group
+ * from joins, activating it (segments, worker), growing a member's input arena under the
+ * group's quota, a member leaving or dying, failing a group, and freeing it once no client
+ * holds it.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "util.h"
+
+#define ARENA_INITIAL (256 * 1024)
+
+/**
+ * arena_new() - a sealed memfd of size bytes, mapped into the daemon.
+ * @kind: ARENA_OUTPUT: devald writes it and clients may only map it read-only
+ *        (F_SEAL_FUTURE_WRITE); ARENA_INPUT: a client writes it and devald maps it read-only;
+ *        ARENA_SHARED: both write it.
+ * Return: 0, or DEVAL_ENOMEM / DEVAL_ESYS.
+ */
+int arena_new(const char *name, uint64_t size, int kind, Arena *ret) {
+        _cleanup_(closep) int fd = -1;
+        int seals = F_SEAL_SHRINK | F_SEAL_GROW;
+
+        fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+                return DEVAL_ESYS;
+        if (ftruncate(fd, (off_t)size) < 0)
+                return errno == ENOSPC || errno == ENOMEM ? DEVAL_ENOMEM : DEVAL_ESYS;
+        int prot = kind == ARENA_INPUT ? PROT_READ : PROT_READ | PROT_WRITE;
+        void *map = mmap(NULL, size ? size : 1, prot, MAP_SHARED, fd, 0);
+        if (map == MAP_FAILED)
+                return DEVAL_ENOMEM;
+        if (kind == ARENA_OUTPUT)
+                seals |= F_SEAL_FUTURE_WRITE;
+        if (fcntl(fd, F_ADD_SEALS, seals | F_SEAL_SEAL) < 0) {
+                munmap(map, size ? size : 1);
+                return DEVAL_ESYS;
+        }
+        *ret = (Arena){.fd = TAKE_FD(fd), .map = map, .size = size};
+        return 0;
+}
+
+void arena_deinit(Arena *a) {
+        if (a->map)
+                munmap(a->map, a->size ? a->size : 1);
+        if (a->fd >= 0)
+                close(a->fd);
+        *a = ARENA_NULL;
+}
+
+static Group *group_find(Daemon *d, const char *name) {
+        for (Group *g = d->groups; g; g = g->next)
+                if (g->listed && strcmp(g->name, name) == 0)
+                        return g;
+        return NULL;
+}
+
+static int group_new(Daemon *d, const DvJoinReq *req, uid_t uid, Group **ret) {
+        Group *g = calloc(1, sizeof(*g));
+        if (!g)
+                return DEVAL_ENOMEM;
+        g->members = calloc((size_t)req->world_size, sizeof(*g->members));
+        if (!g->members) {
+                free(g);
+                return DEVAL_ENOMEM;
+        }
+        for (int r = 0; r < req->world_size; r++)
+                g->members[r].in = g->members[r].in_pending = ARENA_NULL;
+        g->d = d;
+        memcpy(g->name, req->group, sizeof(g->name));
+        g->uid = uid;
+        g->world = req->world_size;
+        g->state = DV_GROUP_FORMING;
+        g->listed = true;
+        g->created_ns = dv_now_ns();
+        g->ctl = g->out = ARENA_NULL;
+        pthread_mutex_init(&g->lock, NULL);
+        g->next = d->groups;
+        d->groups = g;
+        d->ngroups++;
+        *ret = g;
+        return 0;
+}
+
+static void group_free(Group *g) {
+        Daemon *d = g->d;
+
+        if (g->worker_started) {
+                pthread_mutex_lock(&g->lock);
+                if (!g->abort_status) {
+                        g->abort_status = DEVAL_EABORTED;
+                        snprintf(g->abort_msg, sizeof(g->abort_msg), "group '%s' was closed",
+                                 g->name);
+                }
+                pthread_mutex_unlock(&g->lock);
+                atomic_fetch_add_explicit(&g->hdr->arrive, 1, memory_order_release);
+                dv_futex_wake(&g->hdr->arrive);
+                pthread_join(g->worker, NULL);
+        }
+        for (Group **p = &d->groups; *p; p = &(*p)->next)
+                if (*p == g) {
+                        *p = g->next;
+                        break;
+                }
+        d->ngroups--;
+        for (int r = 0; r < g->world; r++) {
+                arena_deinit(&g->members[r].in);
+                arena_deinit(&g->members[r].in_pending);
+        }
+        arena_deinit(&g->ctl);
+        arena_deinit(&g->out);
+        exec_pool_free(g->pool);
+        free(g->pass.rows[0]);
+        free(g->pass.rows[1]);
+        free(g->reqs);
+        free(g->members);
+        pthread_mutex_destroy(&g->lock);
+        log_info("group '%s' freed", g->name);
+        free(g);
+}
+
+/* Free the group once no connection refers to it any more. */
+void group_maybe_free(Group *g) {
+        for (int r = 0; r < g->world; r++)
+                if (g->members[r].conn)
+                        return;
+        group_free(g);
+}
+
+static int group_activate(Group *g, char *msg, size_t msglen) {
+        Daemon *d = g->d;
+        char name[96];
+        int r;
+
+        uint64_t total = dv_ctl_size(g->world) + ARENA_INITIAL * (uint64_t)(g->world + 1);
+        if (total > d->max_group_bytes) {
+                snprintf(msg, msglen,
+                         "group '%s' needs %llu bytes to start, over the quota of %llu bytes "
+                         "(--max-group-bytes)",
+                         g->name, (unsigned long long)total,
+                         (unsigned long long)d->max_group_bytes);
+                return DEVAL_ENOMEM;
+        }
+        snprintf(name, sizeof(name), "deval-ctl-%s", g->name);
+        if ((r = arena_new(name, dv_ctl_size(g->world), ARENA_SHARED, &g->ctl)) < 0)
+                goto fail;
+        g->hdr = (DvCtlHeader *)g->ctl.map;
+        g->hdr->magic = DV_CTL_MAGIC;
+        g->hdr->version = DV_PROTO_VERSION;
+        g->hdr->world_size = g->world;
+        for (int k = 0; k < g->world; k++) {
+                snprintf(name, sizeof(name), "deval-in-%s-%d", g->name, k);
+                if ((r = arena_new(name, ARENA_INITIAL, ARENA_INPUT, &g->members[k].in)) < 0)
+                        goto fail;
+        }
+        snprintf(name, sizeof(name), "deval-out-%s", g->name);
+        if ((r = arena_new(name, ARENA_INITIAL, ARENA_OUTPUT, &g->out)) < 0)
+                goto fail;
+        g->out_gen = 1;
+        g->hdr->out_gen = 1;
+        g->hdr->out_size = g->out.size;
+        g->bytes_mapped = total;
+
+        g->timeout_ns = -1;
+        for (int k = 0; k < g->world; k++) {
+                int t = g->members[k].timeout_ms;
+                if (t > 0 && (g->timeout_ns < 0 || (int64_t)t * 1000000 < g->timeout_ns))
+                        g->timeout_ns = (int64_t)t * 1000000;
+        }
+        g->reqs = calloc((size_t)g->world, sizeof(*g->reqs));
+        g->pass.rows[0] = calloc((size_t)g->world, sizeof(int64_t));
+        g->pass.rows[1] = calloc((size_t)g->world, sizeof(int64_t));
+        if (!g->reqs || !g->pass.rows[0] || !g->pass.rows[1]) {
+                r = DEVAL_ENOMEM;
+                goto fail;
+        }
+        if (pthread_create(&g->worker, NULL, worker_main, g) != 0) {
+                r = DEVAL_ESYS;
+                goto fail;
+        }
+        g->worker_started = true;
+        g->state = DV_GROUP_ACTIVE;
+        return 0;
+fail:
+        snprintf(msg, msglen, "devald could not set up group '%s': %s", g->name,
+                 deval_strerror(r));
+        return r;
+}
+
+static void group_reply_all(Group *g, int status, const char *msg) {
+        for (int k = 0; k < g->world; k++) {
+                Member *m = &g->members[k];
+                if (!m->conn)
+                        continue;
+                if (status < 0) {
+                        conn_send_reply(m->conn, status, msg, NULL, 0, NULL, 0);
+                        continue;
+                }
+                int fds[3] = {g->ctl.fd, m->in.fd, g->out.fd};
+                uint64_t sizes[3] = {g->ctl.size, m->in.size, g->out.size};
+                conn_send_reply(m->conn, 0, "", fds, 3, sizes, g->out_gen);
+                /* the client maps its copies; devald keeps its own mappings */
+                close(m->in.fd);
+                m->in.fd = -1;
+        }
+}
+
+/**
+ * group_join() - handle a JOIN from c: find or create the group, take the rank, and when the
+ * group is complete activate it and answer every member.
+ * Return: 1 when the reply is deferred until the group forms, 0 when it was sent (the group
+ * just formed), or a negative status with msg for the caller to send.
+ */
+int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msglen) {
+        Group *g;
+        int r;
+
+        if (c->group) {
+                snprintf(msg, msglen, "this connection already joined group '%s' as rank %d",
+                         c->group->name, c->rank);
+                return DEVAL_EINVAL;
+        }
+        if (req->group[0] == '\0' || memchr(req->group, 0, sizeof(req->group)) == NULL) {
+                snprintf(msg, msglen, "the group name must be 1 to %d bytes",
+                         DV_GROUP_NAME_MAX - 1);
+                return DEVAL_EINVAL;
+        }
+        if (req->world_size < 1 || req->world_size > DEVAL_MAX_WORLD) {
+                snprintf(msg, msglen, "world size %d is out of range 1..%d", req->world_size,
+                         DEVAL_MAX_WORLD);
+                return DEVAL_EINVAL;
+        }
+        if (req->rank < 0 || req->rank >= req->world_size) {
+                snprintf(msg, msglen, "rank %d is out of range for world size %d", req->rank,
+                         req->world_size);
+                return DEVAL_EINVAL;
+        }
+        g = group_find(d, req->group);
+        if (g && g->uid != c->uid && c->uid != 0) {
+                snprintf(msg, msglen, "group '%s' belongs to uid %u", g->name, (unsigned)g->uid);
+                return DEVAL_EPERM;
+        }
+        if (g && g->world != req->world_size) {
+                snprintf(msg, msglen, "group '%s' has world size %d, not %d", g->name, g->world,
+                         req->world_size);
+                return DEVAL_EINVAL;
+        }
+        if (g && g->members[req->rank].state != MEMBER_EMPTY) {
+                snprintf(msg, msglen, "rank %d of group '%s' is already joined by pid %d",
+                         req->rank, g->name, (int)g->members[req->rank].pid);
+                return DEVAL_EINVAL;
+        }
+        if (!g) {
+                if (d->ngroups >= d->max_groups) {
+                        snprintf(msg, msglen, "devald already runs %d groups (--max-groups)",
+                                 d->ngroups);
+                        return DEVAL_ENOMEM;
+                }
+                if ((r = group_new(d, req, c->uid, &g)) < 0) {
+                        snprintf(msg, msglen, "out of memory");
+                        return r;
+                }
+                log_info("group '%s' forming: world size %d, uid %u", g->name, g->world,
+                         (unsigned)c->uid);
+        }
+        Member *m = &g->members[req->rank];
+        m->conn = c;
+        m->pid = c->pid;
+        m->state = MEMBER_JOINED;
+        m->timeout_ms = req->timeout_ms;
+        m->join_deadline_ns = req->timeout_ms > 0
+                                      ? dv_now_ns() + (uint64_t)req->timeout_ms * 1000000ull
+                                      : 0;
+        c->group = g;
+        c->rank = req->rank;
+        g->joined++;
+        log_debug("group '%s': rank %d joined (pid %d)", g->name, req->rank, (int)c->pid);
+        if (g->joined < g->world)
+                return 1;
+
+        if ((r = group_activate(g, msg, msglen)) < 0) {
+                log_err("%s", msg);
+                g->state = DV_GROUP_FAILED;
+                g->listed = false;
+                group_reply_all(g, r, msg);
+                return 0;
+        }
+        log_info("group '%s' active: %d ranks", g->name, g->world);
+        group_reply_all(g, 0, "");
+        return 0;
+}
+
+/**
+ * group_fail() - fail the group for good: every rank's current and later collectives return
+ * status with the message. The worker publishes it between steps, so a step in flight
+ * either completes on every rank or on none. The name becomes free for a new group.
+ */
+void group_fail(Group *g, int status, const char *fmt, ...) {
+        va_list ap;
+        bool first = false;
+
+        pthread_mutex_lock(&g->lock);
+        if (!g->abort_status) {
+                g->abort_status = status;
+                va_start(ap, fmt);
+                vsnprintf(g->abort_msg, sizeof(g->abort_msg), fmt, ap);
+                va_end(ap);
+                first = true;
+        }
+        pthread_mutex_unlock(&g->lock);
+        /* a rank leaving after its last collective is how a group normally ends */
+        if (first)
+                log_printf(status == DEVAL_EPEER && strstr(g->abort_msg, "left the group")
+                                   ? LOG_LEVEL_DEBUG
+                                   : LOG_LEVEL_INFO,
+                           "group '%s' failed: %s", g->name, g->abort_msg);
+        g->state = DV_GROUP_FAILED;
+        g->listed = false;
+        if (g->worker_started) {
+                atomic_fetch_add_explicit(&g->hdr->arrive, 1, memory_order_release);
+                dv_futex_wake(&g->hdr->arrive);
+        }
+}
+
+/* What the group is doing now, for messages: "during collective #7 (gather)". */
+static void group_where(Group *g, char *buf, size_t len) {
+        pthread_mutex_lock(&g->lock);
+        uint32_t seq = g->waiting_seq;
+        pthread_mutex_unlock(&g->lock);
+        for (int k = 0; k < g->world; k++) {
+                DvSlot *s = &g->hdr->slots[k];
+                if (atomic_load_explicit(&s->arrived_seq, memory_order_acquire) == seq) {
+                        snprintf(buf, len, "during collective #%u (%s)", seq,
+                                 dv_op_name(s->req.op));
+                        return;
+                }
+        }
+        if (seq > 1)
+                snprintf(buf, len, "between collectives (#%u was the last to complete)", seq - 1);
+        else
+                snprintf(buf, len, "before its first collective");
+}
+
+/**
+ * group_member_gone() - rank's client left (left=true) or hung up. A forming group gives the
+ * rank back; an active group fails with DEVAL_EPEER naming the rank and its pid.
+ */
+void group_member_gone(Group *g, int rank, bool left) {
+        Member *m = &g->members[rank];
+        char where[128];
+
+        m->conn = NULL;
+        if (g->state == DV_GROUP_FORMING) {
+                m->state = MEMBER_EMPTY;
+                g->joined--;
+                log_debug("group '%s': rank %d gave up before the group formed", g->name, rank);
+                return;
+        }
+        if (m->state != MEMBER_JOINED)
+                return;
+        m->state = left ? MEMBER_LEFT : MEMBER_DEAD;
+        if (g->state != DV_GROUP_ACTIVE)
+                return;
+        group_where(g, where, sizeof(where));
+        group_fail(g, DEVAL_EPEER, "rank %d (pid %d) %s %s", rank, (int)m->pid,
+                   left ? "left the group" : "exited", where);
+}
+
+/* Answer joins whose deadline passed with DEVAL_ETIMEDOUT naming the missing ranks. */
+void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns) {
+        for (Group *g = d->groups; g; g = g->next) {
+                if (g->state != DV_GROUP_FORMING)
+                        continue;
+                for (int k = 0; k < g->world; k++) {
+                        Member *m = &g->members[k];
+                        if (m->state != MEMBER_JOINED || !m->join_deadline_ns)
+                                continue;
+                        if (m->join_deadline_ns > now) {
+                                int64_t left = (int64_t)(m->join_deadline_ns - now);
+                                if (*next_ns < 0 || left < *next_ns)
+                                        *next_ns = left;
+                                continue;
+                        }
+                        char msg[DV_MSG_MAX];
+                        int n = snprintf(msg, sizeof(msg),
+                                         "group '%s' did not form within %d ms: %d of %d ranks "
+                                         "joined; never joined:",
+                                         g->name, m->timeout_ms, g->joined, g->world);
+                        for (int j = 0; j < g->world && n < (int)sizeof(msg) - 16; j++)
+                                if (g->members[j].state == MEMBER_EMPTY)
+                                        n += snprintf(msg + n, sizeof(msg) - (size_t)n, " %d", j);
+                        Conn *c = m->conn;
+                        conn_send_reply(c, DEVAL_ETIMEDOUT, msg, NULL, 0, NULL, 0);
+                        c->group = NULL;
+                        group_member_gone(g, k, true);
+                }
+        }
+        for (Group **p = &d->groups; *p;) {
+                Group *g = *p;
+                if (g->state == DV_GROUP_FORMING && g->joined == 0) {
+                        group_free(g); /* unlinks *p */
+                        continue;
+                }
+                p = &g->next;
+        }
+}
+
+/**
+ * group_grow_input() - give rank a larger input arena of at least size bytes, within the
+ * group's quota. The worker swaps it in before the rank's next step.
+ * Return: 0 with *ret describing the new arena (fd owned by the group; send it, don't close
+ * it), DEVAL_ENOMEM past the quota, DEVAL_EINVAL when size is absurd.
+ */
+int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, size_t msglen) {
+        Member *m = &g->members[rank];
+        Arena a;
+        char name[96];
+        int r;
+
+        uint64_t want = DV_MAX(size, m->in.size + m->in.size / 2);
+        want = DV_ALIGN(want, 4096);
+        pthread_mutex_lock(&g->lock);
+        /* bytes_mapped counts the arena the rank will use next: the pending one, if any */
+        uint64_t current = m->in_pending.map ? m->in_pending.size : m->in.size;
+        uint64_t others = g->bytes_mapped - current;
+        pthread_mutex_unlock(&g->lock);
+        if (size > g->d->max_group_bytes || others + size > g->d->max_group_bytes) {
+                snprintf(msg, msglen,
+                         "rank %d needs %llu bytes of input, which would take group '%s' past its "
+                         "quota of %llu bytes (--max-group-bytes)",
+                         rank, (unsigned long long)size, g->name,
+                         (unsigned long long)g->d->max_group_bytes);
+                return DEVAL_ENOMEM;
+        }
+        if (others + want > g->d->max_group_bytes)
+                want = DV_ALIGN(size, 4096);
+        snprintf(name, sizeof(name), "deval-in-%s-%d", g->name, rank);
+        if ((r = arena_new(name, want, ARENA_INPUT, &a)) < 0) {
+                snprintf(msg, msglen, "devald could not allocate %llu bytes: %s",
+                         (unsigned long long)want, deval_strerror(r));
+                return r;
+        }
+        pthread_mutex_lock(&g->lock);
+        arena_deinit(&m->in_pending);
+        m->in_pending = a;
+        g->bytes_mapped = others + want;
+        pthread_mutex_unlock(&g->lock);
+        *ret = a;
+        return 0;
+}
+
+/* The current output arena's fd (owned by the group), its size and generation, or -1. */
+int group_output_fd(Group *g, uint64_t *size, uint64_t *gen) {
+        pthread_mutex_lock(&g->lock);
+        int fd = g->out.fd;
+        *size = g->out.size;
+        *gen = g->out_gen;
+        pthread_mutex_unlock(&g->lock);
+        return fd;
+}
+
+/* Fail every group with status (devald is stopping) and wait for their workers. */
+void group_stop_all(Daemon *d, int status, const char *why) {
+        for (Group *g = d->groups; g; g = g->next) {
+                if (g->state == DV_GROUP_FORMING) {
+                        for (int k = 0; k < g->world; k++)
+                                if (g->members[k].conn)
+                                        conn_send_reply(g->members[k].conn, status, why, NULL, 0,
+                                                        NULL, 0);
+                        continue;
+                }
+                group_fail(g, status, "%s", why);
+        }
+        for (Group *g = d->groups; g; g = g->next)
+                if (g->worker_started) {
+                        pthread_join(g->worker, NULL);
+                        g->worker_started = false;
+                }
+}

@@ -1,0 +1,618 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * step.c - run one collective on a group's worker: copy every rank's request out of shared
+ * memory once, check it against the rank's arena and against the other ranks, plan, grow the
+ * output if needed, execute, and write each rank's result. A request is client-written
+ * memory, so every field is checked before use; a malformed one fails the step on every rank
+ * with DEVAL_EPROTO naming the rank, and disagreeing ranks get DEVAL_EMISMATCH naming the
+ * ranks and the field.
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "dtype.h"
+#include "log.h"
+#include "util.h"
+
+typedef struct {
+        Group *g;
+        uint32_t seq;
+        const DvRequest *reqs;
+        DvCtlHeader *h;
+        char msg[DV_MSG_MAX];
+} Step;
+
+static int step_fail(Step *s, int status, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+static int step_fail(Step *s, int status, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(s->msg, sizeof(s->msg), fmt, ap);
+        va_end(ap);
+        return status;
+}
+
+static DvResult *res_of(Step *s, int k) {
+        return &s->h->slots[k].res;
+}
+
+#define SAME_ON_ALL(s, field, fmtspec, what)                                                       \
+        do {                                                                                       \
+                for (int _k = 1; _k < (s)->g->world; _k++)                                         \
+                        if ((s)->reqs[_k].field != (s)->reqs[0].field)                             \
+                                return step_fail((s), DEVAL_EMISMATCH,                             \
+                                                 "collective #%u (%s): ranks disagree on " what    \
+                                                 ": rank 0 has " fmtspec ", rank %d has " fmtspec, \
+                                                 (s)->seq, dv_op_name((s)->reqs[0].op),            \
+                                                 (s)->reqs[0].field, _k, (s)->reqs[_k].field);     \
+        } while (0)
+
+/* A descriptor some rank wrote: its shape must be sane; with data, it must lie in the arena. */
+static int check_desc(Step *s, int k, int i, bool with_data) {
+        const DvTensorDesc *t = &s->reqs[k].t[i];
+        const Member *m = &s->g->members[k];
+        int64_t numel = 1, bytes;
+
+        if (!dv_dtype_valid(t->dtype) || t->ndim < 0 || t->ndim > DEVAL_MAX_DIMS)
+                return step_fail(s, DEVAL_EPROTO,
+                                 "malformed request from rank %d (pid %d): tensor %d has dtype "
+                                 "%d and ndim %d",
+                                 k, (int)m->pid, i, t->dtype, t->ndim);
+        for (int d = 0; d < t->ndim; d++)
+                if (t->shape[d] < 0 || !dv_mul_ok(numel, t->shape[d], &numel))
+                        return step_fail(s, DEVAL_EPROTO,
+                                         "malformed request from rank %d (pid %d): tensor %d has "
+                                         "a negative or overflowing shape",
+                                         k, (int)m->pid, i);
+        if (!with_data)
+                return 0;
+        if (!dv_mul_ok(numel, (int64_t)dv_dtype_size(t->dtype), &bytes) ||
+            (uint64_t)bytes != t->nbytes || t->offset % 8 != 0 || t->offset > m->in.size ||
+            t->nbytes > m->in.size - t->offset)
+                return step_fail(s, DEVAL_EPROTO,
+                                 "malformed request from rank %d (pid %d): tensor %d's %llu bytes "
+                                 "at offset %llu do not match its shape or its %llu-byte arena",
+                                 k, (int)m->pid, i, (unsigned long long)t->nbytes,
+                                 (unsigned long long)t->offset, (unsigned long long)m->in.size);
+        return 0;
+}
+
+static int check_ntensors(Step *s, uint32_t lo, uint32_t hi) {
+        for (int k = 0; k < s->g->world; k++)
+                if (s->reqs[k].ntensors < lo || s->reqs[k].ntensors > hi)
+                        return step_fail(s, DEVAL_EPROTO,
+                                         "malformed request from rank %d (pid %d): %u tensors",
+                                         k, (int)s->g->members[k].pid, s->reqs[k].ntensors);
+        return 0;
+}
+
+static DvShape shape_of(const DvTensorDesc *t) {
+        DvShape sh = {.dtype = t->dtype, .ndim = t->ndim};
+        memcpy(sh.shape, t->shape, sizeof(sh.shape));
+        return sh;
+}
+
+static void desc_of(const DvShape *sh, uint64_t offset, uint64_t nbytes, DvTensorDesc *t) {
+        memset(t, 0, sizeof(*t));
+        t->dtype = sh->dtype;
+        t->ndim = sh->ndim;
+        memcpy(t->shape, sh->shape, sizeof(t->shape));
+        t->offset = offset;
+        t->nbytes = nbytes;
+}
+
+typedef struct {
+        Group *g;
+        const DvRequest *reqs;
+        bool first_tensor; /* pad plans read each rank's only tensor */
+} SrcCtx;
+
+static const uint8_t *src_of(void *arg, int rank, int tensor) {
+        SrcCtx *c = arg;
+        return c->g->members[rank].in.map + c->reqs[rank].t[c->first_tensor ? 0 : tensor].offset;
+}
+
+static int same_shapes(Step *s, const char *what) {
+        const DvTensorDesc *a = &s->reqs[0].t[0];
+        for (int k = 1; k < s->g->world; k++) {
+                const DvTensorDesc *b = &s->reqs[k].t[0];
+                if (a->dtype != b->dtype)
+                        return step_fail(s, DEVAL_EMISMATCH,
+                                         "%s: ranks disagree on the dtype: rank 0 has %s, rank %d "
+                                         "has %s",
+                                         what, dv_dtype_name(a->dtype), k, dv_dtype_name(b->dtype));
+                if (a->ndim != b->ndim)
+                        return step_fail(s, DEVAL_EMISMATCH,
+                                         "%s: ranks disagree on the ndim: rank 0 has %d, rank %d "
+                                         "has %d",
+                                         what, a->ndim, k, b->ndim);
+                for (int d = 0; d < a->ndim; d++)
+                        if (a->shape[d] != b->shape[d])
+                                return step_fail(s, DEVAL_EMISMATCH,
+                                                 "%s: ranks disagree on the shape: dim %d is %lld "
+                                                 "on rank 0, %lld on rank %d",
+                                                 what, d, (long long)a->shape[d],
+                                                 (long long)b->shape[d], k);
+        }
+        return 0;
+}
+
+static int pad_value_same(Step *s) {
+        for (int k = 1; k < s->g->world; k++)
+                if (memcmp(&s->reqs[k].pad_value, &s->reqs[0].pad_value, sizeof(double)) != 0)
+                        return step_fail(s, DEVAL_EMISMATCH,
+                                         "collective #%u (%s): ranks disagree on pad_value: rank "
+                                         "0 has %g, rank %d has %g",
+                                         s->seq, dv_op_name(s->reqs[0].op), s->reqs[0].pad_value, k,
+                                         s->reqs[k].pad_value);
+        return 0;
+}
+
+static int plan_status(Step *s, int r, const DvPlan *p) {
+        return step_fail(s, r, "collective #%u (%s): %s", s->seq, dv_op_name(s->reqs[0].op),
+                         p->err);
+}
+
+/* Which eval-pass stream an op counts in: 0 tensors, 1 objects, -1 none. */
+static int pass_stream(const Group *g, uint32_t op) {
+        if (!g->pass.active)
+                return -1;
+        if (op == DV_OP_GATHER_METRICS)
+                return 0;
+        if (op == DV_OP_OBJECTS_METRICS)
+                return 1;
+        return -1;
+}
+
+static void plan_input(Step *s, int n, const DvShape *shapes, const int64_t *valid,
+                       DvPlanInput *in) {
+        Group *g = s->g;
+        const DvRequest *q = &s->reqs[0];
+        int stream = pass_stream(g, q->op);
+
+        *in = (DvPlanInput){.world = g->world, .ntensors = n, .in = shapes, .valid_rows = valid,
+                            .keep_rows = q->keep_rows, .order = q->order,
+                            .pad_first = q->pad_first != 0, .pad_value = q->pad_value,
+                            .max_out = g->d->max_group_bytes};
+        if (stream >= 0) {
+                in->in_pass = true;
+                in->order = g->pass.order;
+                in->num_samples = g->pass.num_samples;
+                in->pass_total = g->pass.total[stream];
+                in->pass_rows = g->pass.rows[stream];
+        }
+}
+
+static void pass_advance(Group *g, uint32_t op, const DvPlan *p) {
+        int stream = pass_stream(g, op);
+        if (stream < 0)
+                return;
+        for (int k = 0; k < g->world; k++) {
+                g->pass.rows[stream][k] += p->contributed[k];
+                g->pass.total[stream] += p->contributed[k];
+        }
+}
+
+static int check_gather_opts(Step *s) {
+        int r;
+        SAME_ON_ALL(s, pad_first, "%u", "pad_first");
+        SAME_ON_ALL(s, keep_rows, "%" PRId64, "keep_rows");
+        SAME_ON_ALL(s, root, "%d", "root");
+        if (pass_stream(s->g, s->reqs[0].op) < 0)
+                SAME_ON_ALL(s, order, "%d", "order");
+        if ((r = pad_value_same(s)) < 0)
+                return r;
+        if (s->reqs[0].root < -1 || s->reqs[0].root >= s->g->world)
+                return step_fail(s, DEVAL_EPROTO, "root %d is out of range", s->reqs[0].root);
+        if (pass_stream(s->g, s->reqs[0].op) < 0 && s->reqs[0].order != DEVAL_ORDER_RANK &&
+            s->reqs[0].order != DEVAL_ORDER_STRIDED)
+                return step_fail(s, DEVAL_EPROTO, "order %d is unknown", s->reqs[0].order);
+        return 0;
+}
+
+static void result_root_only(Step *s, int k, DvResult *res) {
+        int root = s->reqs[0].root;
+        if (root < 0 || k == root)
+                return;
+        for (uint32_t i = 0; i < res->ntensors; i++) {
+                res->t[i].shape[0] = 0;
+                res->t[i].nbytes = 0;
+                res->t[i].offset = 0;
+        }
+}
+
+static int step_gather(Step *s) {
+        Group *g = s->g;
+        int W = g->world, r;
+
+        if ((r = check_ntensors(s, 1, DEVAL_MAX_TENSORS)) < 0)
+                return r;
+        SAME_ON_ALL(s, ntensors, "%u", "the number of tensors");
+        if ((r = check_gather_opts(s)) < 0)
+                return r;
+        int n = (int)s->reqs[0].ntensors;
+        _cleanup_(freep) DvShape *shapes = calloc((size_t)W * (size_t)n, sizeof(*shapes));
+        _cleanup_(freep) int64_t *valid = calloc((size_t)W, sizeof(*valid));
+        if (!shapes || !valid)
+                return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
+        for (int k = 0; k < W; k++) {
+                for (int i = 0; i < n; i++) {
+                        if ((r = check_desc(s, k, i, true)) < 0)
+                                return r;
+                        shapes[k * n + i] = shape_of(&s->reqs[k].t[i]);
+                }
+                valid[k] = s->reqs[k].valid_rows;
+        }
+
+        DvPlanInput in;
+        DvPlan p;
+        plan_input(s, n, shapes, valid, &in);
+        dv_plan_init(&p);
+        if ((r = dv_plan_gather(&in, &p)) < 0)
+                goto out;
+        if ((r = worker_ensure_output(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
+                goto out_msg;
+        SrcCtx ctx = {.g = g, .reqs = s->reqs};
+        ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->out.map};
+        exec_host(g, &job);
+        pass_advance(g, s->reqs[0].op, &p);
+        atomic_fetch_add_explicit(&g->bytes_moved, p.out_end, memory_order_relaxed);
+        for (int k = 0; k < W; k++) {
+                DvResult *res = res_of(s, k);
+                res->ntensors = (uint32_t)n;
+                for (int i = 0; i < n; i++)
+                        desc_of(&p.out[i], p.out_offset[i], p.out_nbytes[i], &res->t[i]);
+                result_root_only(s, k, res);
+        }
+        dv_plan_deinit(&p);
+        return 0;
+out:
+        plan_status(s, r, &p);
+out_msg:
+        dv_plan_deinit(&p);
+        return r;
+}
+
+/* Objects: t[0] is an i64 [n] of item lengths, t[1] the u8 [sum] of their bytes. */
+static int step_objects(Step *s) {
+        Group *g = s->g;
+        int W = g->world, r;
+
+        if ((r = check_ntensors(s, 2, 2)) < 0)
+                return r;
+        if ((r = check_gather_opts(s)) < 0)
+                return r;
+        _cleanup_(freep) DvShape *shapes = calloc((size_t)W, sizeof(*shapes));
+        _cleanup_(freep) int64_t *valid = calloc((size_t)W, sizeof(*valid));
+        _cleanup_(freep) int64_t **prefix = calloc((size_t)W, sizeof(*prefix));
+        if (!shapes || !valid || !prefix)
+                return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
+        for (int k = 0; k < W; k++) {
+                const DvTensorDesc *lens = &s->reqs[k].t[0], *blob = &s->reqs[k].t[1];
+                if ((r = check_desc(s, k, 0, true)) < 0 || (r = check_desc(s, k, 1, true)) < 0)
+                        goto out;
+                if (lens->dtype != DEVAL_I64 || lens->ndim != 1 || blob->dtype != DEVAL_U8 ||
+                    blob->ndim != 1) {
+                        r = step_fail(s, DEVAL_EPROTO,
+                                      "malformed object request from rank %d (pid %d)", k,
+                                      (int)g->members[k].pid);
+                        goto out;
+                }
+                /* lengths are copied out of the arena once, then checked and used */
+                int64_t n = lens->shape[0];
+                prefix[k] = malloc(((size_t)n + 1) * sizeof(int64_t));
+                if (!prefix[k]) {
+                        r = step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
+                        goto out;
+                }
+                const uint8_t *src = g->members[k].in.map + lens->offset;
+                bool bad = false;
+                prefix[k][0] = 0;
+                for (int64_t j = 0; j < n && !bad; j++) {
+                        int64_t len;
+                        memcpy(&len, src + j * 8, 8);
+                        bad = len < 0 || __builtin_add_overflow(prefix[k][j], len, &prefix[k][j + 1]);
+                }
+                if (bad || prefix[k][n] != blob->shape[0]) {
+                        r = step_fail(s, DEVAL_EPROTO,
+                                      "malformed object request from rank %d (pid %d): item "
+                                      "lengths do not add up to its %lld bytes",
+                                      k, (int)g->members[k].pid, (long long)blob->shape[0]);
+                        goto out;
+                }
+                shapes[k] = shape_of(lens);
+                valid[k] = s->reqs[k].valid_rows;
+        }
+
+        DvPlanInput in;
+        DvPlan p;
+        plan_input(s, 1, shapes, valid, &in);
+        dv_plan_init(&p);
+        if ((r = dv_plan_gather(&in, &p)) < 0) {
+                plan_status(s, r, &p);
+                dv_plan_deinit(&p);
+                goto out;
+        }
+        uint64_t blob_bytes = 0;
+        for (size_t j = 0; j < p.nruns; j++) {
+                const DvRun *run = &p.runs[j];
+                blob_bytes += (uint64_t)(prefix[run->rank][run->first + run->count] -
+                                         prefix[run->rank][run->first]);
+        }
+        uint64_t lens_off = 0, lens_bytes = (uint64_t)p.samples * 8;
+        uint64_t blob_off = DV_ALIGN(lens_bytes, DV_ARENA_ALIGN);
+        if ((r = worker_ensure_output(g, blob_off + blob_bytes, s->msg, sizeof(s->msg))) < 0) {
+                dv_plan_deinit(&p);
+                goto out;
+        }
+        uint8_t *o = g->out.map;
+        uint64_t li = 0, bo = 0;
+        for (size_t j = 0; j < p.nruns; j++) {
+                const DvRun *run = &p.runs[j];
+                const int64_t *pre = prefix[run->rank];
+                for (int64_t q = run->first; q < run->first + run->count; q++) {
+                        int64_t len = pre[q + 1] - pre[q];
+                        memcpy(o + lens_off + li++ * 8, &len, 8);
+                }
+                uint64_t b = (uint64_t)(pre[run->first + run->count] - pre[run->first]);
+                memcpy(o + blob_off + bo,
+                       g->members[run->rank].in.map + s->reqs[run->rank].t[1].offset +
+                               pre[run->first],
+                       b);
+                bo += b;
+        }
+        pass_advance(g, s->reqs[0].op, &p);
+        atomic_fetch_add_explicit(&g->bytes_moved, blob_off + blob_bytes, memory_order_relaxed);
+        for (int k = 0; k < W; k++) {
+                DvResult *res = res_of(s, k);
+                DvShape ls = {.dtype = DEVAL_I64, .ndim = 1, .shape = {p.samples}};
+                DvShape bs = {.dtype = DEVAL_U8, .ndim = 1, .shape = {(int64_t)blob_bytes}};
+                res->ntensors = 2;
+                desc_of(&ls, lens_off, lens_bytes, &res->t[0]);
+                desc_of(&bs, blob_off, blob_bytes, &res->t[1]);
+                result_root_only(s, k, res);
+        }
+        dv_plan_deinit(&p);
+        r = 0;
+out:
+        for (int k = 0; k < W; k++)
+                free(prefix[k]);
+        return r;
+}
+
+static int step_pad(Step *s) {
+        Group *g = s->g;
+        int W = g->world, r;
+
+        if ((r = check_ntensors(s, 1, 1)) < 0)
+                return r;
+        SAME_ON_ALL(s, dim, "%d", "dim");
+        SAME_ON_ALL(s, pad_first, "%u", "pad_first");
+        if ((r = pad_value_same(s)) < 0)
+                return r;
+        _cleanup_(freep) DvShape *shapes = calloc((size_t)W, sizeof(*shapes));
+        if (!shapes)
+                return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
+        for (int k = 0; k < W; k++) {
+                if ((r = check_desc(s, k, 0, true)) < 0)
+                        return r;
+                shapes[k] = shape_of(&s->reqs[k].t[0]);
+        }
+        SAME_ON_ALL(s, t[0].ndim, "%d", "ndim");
+        if (s->reqs[0].dim < 0 || s->reqs[0].dim >= s->reqs[0].t[0].ndim)
+                return step_fail(s, DEVAL_EPROTO, "dim %d is out of range", s->reqs[0].dim);
+
+        DvPlan p;
+        dv_plan_init(&p);
+        r = dv_plan_pad(W, shapes, s->reqs[0].dim, s->reqs[0].pad_first != 0, s->reqs[0].pad_value,
+                        0, g->d->max_group_bytes, &p);
+        if (r < 0) {
+                plan_status(s, r, &p);
+                goto out;
+        }
+        if ((r = worker_ensure_output(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
+                goto out;
+        SrcCtx ctx = {.g = g, .reqs = s->reqs, .first_tensor = true};
+        ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->out.map};
+        exec_host(g, &job);
+        atomic_fetch_add_explicit(&g->bytes_moved, p.out_end, memory_order_relaxed);
+        for (int k = 0; k < W; k++) {
+                DvResult *res = res_of(s, k);
+                res->ntensors = 1;
+                desc_of(&p.out[k], p.out_offset[k], p.out_nbytes[k], &res->t[0]);
+        }
+out:
+        dv_plan_deinit(&p);
+        return r;
+}
+
+#define REDUCE_CHUNK 4096
+
+static int step_reduce(Step *s) {
+        Group *g = s->g;
+        int W = g->world, r;
+
+        if ((r = check_ntensors(s, 1, 1)) < 0)
+                return r;
+        SAME_ON_ALL(s, reduce_op, "%d", "the reduce op");
+        for (int k = 0; k < W; k++)
+                if ((r = check_desc(s, k, 0, true)) < 0)
+                        return r;
+        if ((r = same_shapes(s, "reduce")) < 0)
+                return r;
+        const DvTensorDesc *t = &s->reqs[0].t[0];
+        int op = s->reqs[0].reduce_op;
+        if (op < DEVAL_SUM || op > DEVAL_PROD)
+                return step_fail(s, DEVAL_EPROTO, "reduce op %d is unknown", op);
+        if (op == DEVAL_MEAN && !dv_dtype_is_float(t->dtype))
+                return step_fail(s, DEVAL_EINVAL, "mean needs a floating dtype, not %s",
+                                 dv_dtype_name(t->dtype));
+        if ((r = worker_ensure_output(g, t->nbytes, s->msg, sizeof(s->msg))) < 0)
+                return r;
+
+        size_t es = dv_dtype_size(t->dtype);
+        uint64_t numel = t->nbytes / es;
+        double acc[REDUCE_CHUNK]; /* as <= sizeof(double) */
+        for (uint64_t e = 0; e < numel; e += REDUCE_CHUNK) {
+                size_t n = (size_t)DV_MIN((uint64_t)REDUCE_CHUNK, numel - e);
+                const uint8_t *x0 = g->members[0].in.map + s->reqs[0].t[0].offset + e * es;
+                dv_reduce_init(t->dtype, acc, x0, n);
+                for (int k = 1; k < W; k++) {
+                        const uint8_t *x = g->members[k].in.map + s->reqs[k].t[0].offset + e * es;
+                        dv_reduce_accumulate(t->dtype, op, acc, x, n);
+                }
+                dv_reduce_finish(t->dtype, op, W, acc, g->out.map + e * es, n);
+        }
+        atomic_fetch_add_explicit(&g->bytes_moved, t->nbytes, memory_order_relaxed);
+        DvShape sh = shape_of(t);
+        for (int k = 0; k < W; k++) {
+                DvResult *res = res_of(s, k);
+                res->ntensors = 1;
+                desc_of(&sh, 0, t->nbytes, &res->t[0]);
+        }
+        return 0;
+}
+
+static int step_broadcast(Step *s, bool bytes) {
+        Group *g = s->g;
+        int W = g->world, r;
+
+        SAME_ON_ALL(s, root, "%d", "root");
+        int root = s->reqs[0].root;
+        if (root < 0 || root >= W)
+                return step_fail(s, DEVAL_EPROTO, "root %d is out of range", root);
+        if (bytes) {
+                if (s->reqs[root].ntensors != 1)
+                        return step_fail(s, DEVAL_EPROTO, "malformed request from root %d", root);
+        } else {
+                if ((r = check_ntensors(s, 1, 1)) < 0)
+                        return r;
+                for (int k = 0; k < W; k++)
+                        if ((r = check_desc(s, k, 0, k == root)) < 0)
+                                return r;
+                if ((r = same_shapes(s, "broadcast")) < 0)
+                        return r;
+        }
+        if ((r = check_desc(s, root, 0, true)) < 0)
+                return r;
+        const DvTensorDesc *t = &s->reqs[root].t[0];
+        if ((r = worker_ensure_output(g, t->nbytes, s->msg, sizeof(s->msg))) < 0)
+                return r;
+        memcpy(g->out.map, g->members[root].in.map + t->offset, t->nbytes);
+        atomic_fetch_add_explicit(&g->bytes_moved, t->nbytes, memory_order_relaxed);
+        DvShape sh = shape_of(t);
+        for (int k = 0; k < W; k++) {
+                DvResult *res = res_of(s, k);
+                res->ntensors = 1;
+                desc_of(&sh, 0, t->nbytes, &res->t[0]);
+        }
+        return 0;
+}
+
+static int step_eval(Step *s, bool begin) {
+        Group *g = s->g;
+
+        if (!begin) {
+                if (!g->pass.active)
+                        return step_fail(s, DEVAL_EINVAL, "no eval pass is open on group '%s'",
+                                         g->name);
+                g->pass.active = 0;
+                return 0;
+        }
+        SAME_ON_ALL(s, num_samples, "%" PRId64, "num_samples");
+        SAME_ON_ALL(s, order, "%d", "order");
+        if (s->reqs[0].num_samples < 0 ||
+            (s->reqs[0].order != DEVAL_ORDER_RANK && s->reqs[0].order != DEVAL_ORDER_STRIDED))
+                return step_fail(s, DEVAL_EPROTO, "malformed eval_begin request");
+        if (g->pass.active)
+                return step_fail(s, DEVAL_EINVAL,
+                                 "an eval pass is already open on group '%s'; end it with "
+                                 "deval_eval_end first",
+                                 g->name);
+        g->pass.active = 1;
+        g->pass.order = s->reqs[0].order;
+        g->pass.num_samples = s->reqs[0].num_samples;
+        for (int st = 0; st < 2; st++) {
+                g->pass.total[st] = 0;
+                memset(g->pass.rows[st], 0, (size_t)g->world * sizeof(int64_t));
+        }
+        return 0;
+}
+
+static int step_dispatch(Step *s) {
+        const DvRequest *q = s->reqs;
+
+        for (int k = 0; k < s->g->world; k++) {
+                if (q[k].seq != s->seq)
+                        return step_fail(s, DEVAL_EPROTO,
+                                         "malformed request from rank %d (pid %d): it is for "
+                                         "collective #%u, not #%u",
+                                         k, (int)s->g->members[k].pid, q[k].seq, s->seq);
+                if (q[k].op < DV_OP_GATHER || q[k].op >= DV_OP_MAX_)
+                        return step_fail(s, DEVAL_EPROTO,
+                                         "malformed request from rank %d (pid %d): unknown op %u",
+                                         k, (int)s->g->members[k].pid, q[k].op);
+        }
+        for (int k = 1; k < s->g->world; k++) {
+                /* gather and gather_for_metrics are one collective outside a pass */
+                uint32_t a = q[0].op, b = q[k].op;
+                if (a != b)
+                        return step_fail(s, DEVAL_EMISMATCH,
+                                         "collective #%u: ranks disagree on the op: rank 0 called "
+                                         "%s, rank %d called %s",
+                                         s->seq, dv_op_name(a), k, dv_op_name(b));
+        }
+        switch (q[0].op) {
+        case DV_OP_GATHER:
+        case DV_OP_GATHER_METRICS:
+                return step_gather(s);
+        case DV_OP_OBJECTS:
+        case DV_OP_OBJECTS_METRICS:
+                return step_objects(s);
+        case DV_OP_PAD:
+                return step_pad(s);
+        case DV_OP_REDUCE:
+                return step_reduce(s);
+        case DV_OP_BROADCAST:
+                return step_broadcast(s, false);
+        case DV_OP_BROADCAST_BYTES:
+                return step_broadcast(s, true);
+        case DV_OP_EVAL_BEGIN:
+                return step_eval(s, true);
+        case DV_OP_EVAL_END:
+                return step_eval(s, false);
+        case DV_OP_BARRIER:
+                return 0;
+        }
+        return step_fail(s, DEVAL_EPROTO, "unknown op");
+}
+
+/**
+ * step_run() - run step seq of g on its worker thread and write every rank's result; the
+ * caller publishes done_seq afterwards.
+ * Return: the step's status (0 or a negative DEVAL_E*), as every rank will see it.
+ */
+int step_run(Group *g, uint32_t seq) {
+        Step s = {.g = g, .seq = seq, .reqs = g->reqs, .h = g->hdr};
+
+        for (int k = 0; k < g->world; k++) {
+                memcpy(&g->reqs[k], &g->hdr->slots[k].req, sizeof(DvRequest));
+                memset(&g->hdr->slots[k].res, 0, offsetof(DvResult, t));
+        }
+        int r = step_dispatch(&s);
+        if (r < 0) {
+                for (int k = 0; k < g->world; k++) {
+                        DvResult *res = res_of(&s, k);
+                        res->status = r;
+                        res->ntensors = 0;
+                }
+                log_debug("group '%s': %s", g->name, s.msg);
+        }
+        memcpy(g->hdr->msg, s.msg, sizeof(s.msg));
+        return r;
+}

@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * worker.c - one thread per active group: wait until every rank has arrived at the next
+ * step (futex on the control segment's arrive word), run the step, publish it (done_seq)
+ * and wake the ranks. A failure of the group (a rank gone, a timeout, devald stopping) is
+ * published here too, between steps, so that no step is seen done by some ranks and failed
+ * by others.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "util.h"
+
+#define SPIN_NS   (50 * 1000)
+#define SLICE_NS  (100 * 1000 * 1000)
+
+static void worker_publish_abort(Group *g) {
+        DvCtlHeader *h = g->hdr;
+
+        pthread_mutex_lock(&g->lock);
+        memcpy(h->abort_msg, g->abort_msg, sizeof(h->abort_msg));
+        int status = g->abort_status;
+        pthread_mutex_unlock(&g->lock);
+        /* release: abort_msg is complete before a client can see abort_status */
+        atomic_store_explicit(&h->abort_status, status, memory_order_release);
+        atomic_fetch_add_explicit(&h->wake, 1, memory_order_release);
+        dv_futex_wake(&h->wake);
+}
+
+static int worker_aborted(Group *g) {
+        pthread_mutex_lock(&g->lock);
+        int s = g->abort_status;
+        pthread_mutex_unlock(&g->lock);
+        return s;
+}
+
+/* Describe the ranks missing from step seq and fail the group with DEVAL_ETIMEDOUT. */
+static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
+        char msg[DV_MSG_MAX];
+        int n = snprintf(msg, sizeof(msg), "collective #%u (%s) timed out after %lld ms;", seq,
+                         dv_op_name(op), (long long)(g->timeout_ns / 1000000));
+        for (int k = 0; k < g->world && n < (int)sizeof(msg) - 64; k++) {
+                if (atomic_load_explicit(&g->hdr->slots[k].arrived_seq, memory_order_acquire) ==
+                    seq)
+                        continue;
+                n += snprintf(msg + n, sizeof(msg) - (size_t)n, " rank %d (pid %d)", k,
+                              (int)g->members[k].pid);
+                if (seq > 1)
+                        n += snprintf(msg + n, sizeof(msg) - (size_t)n,
+                                      " never arrived, still after collective #%u (%s);", seq - 1,
+                                      dv_op_name(g->reqs[k].op));
+                else
+                        n += snprintf(msg + n, sizeof(msg) - (size_t)n,
+                                      " never arrived at its first collective;");
+        }
+        if (n > 0 && msg[n - 1] == ';')
+                msg[n - 1] = '\0';
+        pthread_mutex_lock(&g->lock);
+        if (!g->abort_status) {
+                g->abort_status = DEVAL_ETIMEDOUT;
+                memcpy(g->abort_msg, msg, sizeof(msg));
+        }
+        pthread_mutex_unlock(&g->lock);
+        log_info("group '%s': %s", g->name, msg);
+}
+
+/* Wait for every rank at seq. Return: 0 when all arrived, else the group's failure. */
+static int worker_wait(Group *g, uint32_t seq) {
+        DvCtlHeader *h = g->hdr;
+        uint64_t first_ns = 0, spin_until = dv_now_ns() + SPIN_NS;
+        uint32_t op = 0;
+
+        for (;;) {
+                /* acquire pairs with the clients' release increments of arrive */
+                uint32_t w = atomic_load_explicit(&h->arrive, memory_order_acquire);
+                int s = worker_aborted(g);
+                if (s)
+                        return s;
+                int arrived = 0;
+                for (int k = 0; k < g->world; k++) {
+                        /* acquire pairs with the client's release store after it filled req */
+                        if (atomic_load_explicit(&h->slots[k].arrived_seq, memory_order_acquire) ==
+                            seq) {
+                                arrived++;
+                                op = h->slots[k].req.op;
+                        }
+                }
+                if (arrived == g->world)
+                        return 0;
+                uint64_t now = dv_now_ns();
+                if (arrived && !first_ns)
+                        first_ns = now;
+                int64_t wait_ns = SLICE_NS;
+                if (first_ns && g->timeout_ns >= 0) {
+                        int64_t left = g->timeout_ns - (int64_t)(now - first_ns);
+                        if (left <= 0) {
+                                worker_timeout(g, seq, op);
+                                return DEVAL_ETIMEDOUT;
+                        }
+                        wait_ns = DV_MIN(wait_ns, left);
+                }
+                if (now < spin_until) {
+                        dv_cpu_relax();
+                        continue;
+                }
+                dv_futex_wait(&h->arrive, w, wait_ns);
+        }
+}
+
+/* Swap in input arenas grown since the last step; the old ones are the worker's to unmap. */
+static void worker_take_inputs(Group *g) {
+        pthread_mutex_lock(&g->lock);
+        for (int k = 0; k < g->world; k++) {
+                Member *m = &g->members[k];
+                if (!m->in_pending.map)
+                        continue;
+                arena_deinit(&m->in);
+                m->in = m->in_pending;
+                m->in_pending = ARENA_NULL;
+                close(m->in.fd); /* sent to the client already */
+                m->in.fd = -1;
+        }
+        pthread_mutex_unlock(&g->lock);
+}
+
+/**
+ * worker_ensure_output() - make the output arena at least size bytes, within the quota. A
+ * new arena gets a new generation; clients fetch it when they see the generation change.
+ * Return: 0, or DEVAL_ENOMEM with msg.
+ */
+int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen) {
+        Arena a;
+        char name[96];
+        int r;
+
+        if (size <= g->out.size)
+                return 0;
+        pthread_mutex_lock(&g->lock);
+        uint64_t others = g->bytes_mapped - g->out.size;
+        pthread_mutex_unlock(&g->lock);
+        uint64_t max = g->d->max_group_bytes;
+        if (size > max || others + size > max) {
+                snprintf(msg, msglen,
+                         "the result needs %llu bytes, which would take group '%s' past its quota "
+                         "of %llu bytes (--max-group-bytes)",
+                         (unsigned long long)size, g->name, (unsigned long long)max);
+                return DEVAL_ENOMEM;
+        }
+        uint64_t want = DV_ALIGN(DV_MAX(size, g->out.size + g->out.size / 2), 4096);
+        if (others + want > max)
+                want = DV_ALIGN(size, 4096);
+        snprintf(name, sizeof(name), "deval-out-%s", g->name);
+        if ((r = arena_new(name, want, ARENA_OUTPUT, &a)) < 0) {
+                snprintf(msg, msglen, "devald could not allocate %llu bytes for the result",
+                         (unsigned long long)want);
+                return r;
+        }
+        pthread_mutex_lock(&g->lock);
+        Arena old = g->out;
+        g->out = a;
+        g->out_gen++;
+        g->bytes_mapped = others + want;
+        pthread_mutex_unlock(&g->lock);
+        arena_deinit(&old);
+        g->hdr->out_gen = g->out_gen;
+        g->hdr->out_size = g->out.size;
+        return 0;
+}
+
+void *worker_main(void *arg) {
+        Group *g = arg;
+        DvCtlHeader *h = g->hdr;
+
+        for (uint32_t seq = 1;; seq++) {
+                pthread_mutex_lock(&g->lock);
+                g->waiting_seq = seq;
+                pthread_mutex_unlock(&g->lock);
+                if (worker_wait(g, seq) != 0)
+                        break;
+                worker_take_inputs(g);
+                step_run(g, seq);
+                atomic_fetch_add_explicit(&g->collectives, 1, memory_order_relaxed);
+                /* release: every slot's res and msg are written before done_seq says so */
+                atomic_store_explicit(&h->done_seq, seq, memory_order_release);
+                atomic_fetch_add_explicit(&h->wake, 1, memory_order_release);
+                dv_futex_wake(&h->wake);
+        }
+        worker_publish_abort(g);
+        return NULL;
+}

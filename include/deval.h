@@ -1,0 +1,132 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * deval.h - the public API of libdeval, the client library of the deval daemon.
+ *
+ * An evaluation process joins a named group of world_size ranks at the node-local devald,
+ * then runs collectives (gather, gather_for_metrics, reduce, broadcast, ...) on it. Results
+ * are views into shared memory that stay valid until the next collective on the same group.
+ * Every call returns 0 or a negative DEVAL_E* status; deval_errmsg() says what happened.
+ *
+ * Thread safety: a deval_group handle must not be used by two threads at once; distinct
+ * handles are independent. The library installs no signal handlers and keeps no mutable
+ * globals.
+ */
+#ifndef DEVAL_H
+#define DEVAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DEVAL_VERSION_MAJOR 0
+#define DEVAL_VERSION_MINOR 1
+
+/* Status codes. The same numbers travel on the wire. */
+#define DEVAL_OK        0
+#define DEVAL_EINVAL    (-1)  /* bad argument in this call */
+#define DEVAL_EMISMATCH (-2)  /* ranks disagree */
+#define DEVAL_EPEER     (-3)  /* another rank died or left */
+#define DEVAL_EDAEMON   (-4)  /* daemon unreachable or gone */
+#define DEVAL_ETIMEDOUT (-5)  /* some ranks never arrived */
+#define DEVAL_ENOMEM    (-6)  /* over the group's quota, or out of memory */
+#define DEVAL_EPERM     (-7)  /* not allowed */
+#define DEVAL_EPROTO    (-8)  /* version mismatch or malformed message */
+#define DEVAL_EABORTED  (-9)  /* group aborted */
+#define DEVAL_ENOTSUP   (-10) /* not supported by this build or backend */
+#define DEVAL_ESYS      (-11) /* a system call failed */
+
+typedef struct deval_group deval_group; /* one rank's membership of a group */
+
+typedef enum {
+        DEVAL_BOOL = 1,
+        DEVAL_U8,
+        DEVAL_I8,
+        DEVAL_I16,
+        DEVAL_I32,
+        DEVAL_I64,
+        DEVAL_F16,
+        DEVAL_BF16,
+        DEVAL_F32,
+        DEVAL_F64,
+} deval_dtype;
+
+#define DEVAL_MAX_DIMS    8
+#define DEVAL_MAX_TENSORS 64 /* tensors in one collective */
+#define DEVAL_MAX_WORLD   512
+
+typedef struct {
+        void *data;      /* contiguous, row-major */
+        int32_t dtype;   /* deval_dtype */
+        int32_t ndim;    /* 0..DEVAL_MAX_DIMS; a 0-d tensor gathers as shape [1] */
+        int64_t shape[DEVAL_MAX_DIMS];
+        int32_t device;  /* -1: host memory; >= 0: CUDA device ordinal */
+        int32_t reserved;
+} deval_tensor;
+
+typedef struct {
+        const void *data;
+        size_t len;
+} deval_bytes;
+
+typedef struct {
+        const char *socket_path; /* NULL: $DEVAL_SOCKET, else the default path */
+        int32_t timeout_ms;      /* join and every collective; 0: default (300 s); < 0: forever */
+} deval_join_opts;
+
+typedef enum { DEVAL_ORDER_RANK = 0, DEVAL_ORDER_STRIDED = 1 } deval_order;
+
+typedef struct {
+        double pad_value;   /* converted to each tensor's dtype */
+        int32_t pad_first;  /* bool: pad at the start of a dim instead of the end */
+        int32_t order;      /* deval_order */
+        int64_t valid_rows; /* this rank's real rows; < 0: all */
+        int64_t keep_rows;  /* keep only the first rows of the result; < 0: all */
+        int32_t root;       /* only this rank receives the result; -1: every rank */
+        int32_t reserved;
+} deval_gather_opts;
+#define DEVAL_GATHER_OPTS_INIT {0.0, 0, DEVAL_ORDER_RANK, -1, -1, -1, 0}
+
+typedef enum { DEVAL_SUM = 0, DEVAL_MEAN, DEVAL_MAX, DEVAL_MIN, DEVAL_PROD } deval_reduce_op;
+
+const char *deval_version(void);
+const char *deval_strerror(int status);
+const char *deval_errmsg(const deval_group *g);
+
+int deval_join(const char *group, int rank, int world_size, const deval_join_opts *opts,
+               deval_group **out);
+int deval_leave(deval_group *g);
+int deval_rank(const deval_group *g);
+int deval_world_size(const deval_group *g);
+
+/* n tensors per rank in one collective; out[i] are views valid until the next call on g */
+int deval_gather(deval_group *g, int n, const deval_tensor in[], const deval_gather_opts *opts,
+                 deval_tensor out[]);
+int deval_eval_begin(deval_group *g, int64_t num_samples, deval_order order);
+int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
+                             const deval_gather_opts *opts, deval_tensor out[]);
+int deval_eval_end(deval_group *g);
+int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, double pad_value,
+                               bool pad_first, deval_tensor *out);
+int deval_gather_objects(deval_group *g, size_t n, const deval_bytes items[],
+                         const deval_gather_opts *opts, size_t *out_n,
+                         const deval_bytes **out_items);
+int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes items[],
+                                     const deval_gather_opts *opts, size_t *out_n,
+                                     const deval_bytes **out_items);
+int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op);
+int deval_broadcast(deval_group *g, deval_tensor *inout, int root);
+int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root,
+                          deval_bytes *out);
+int deval_barrier(deval_group *g);
+
+/* Size in bytes of one element of dtype, 0 for an unknown dtype. */
+size_t deval_dtype_size(int dtype);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,342 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * client.c - libdeval's connection to devald: joining a group (socket, JOIN, mapping the
+ * segments it sends), leaving, the request/reply exchange for the rare control messages
+ * (growing the input arena, fetching a new output arena), and error reporting.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "deval.h"
+#include "client.h"
+#include "sock.h"
+#include "util.h"
+
+#define DEFAULT_TIMEOUT_MS 300000
+#define REPLY_GRACE_MS     5000
+
+/* deval_errmsg(NULL): why this thread's last deval_join failed. */
+static __thread char join_errmsg[DV_MSG_MAX + 128];
+
+const char *deval_version(void) {
+        return DV_VERSION_STRING;
+}
+
+const char *deval_errmsg(const deval_group *g) {
+        return g ? g->errmsg : join_errmsg;
+}
+
+int deval_rank(const deval_group *g) {
+        return g ? g->rank : DEVAL_EINVAL;
+}
+
+int deval_world_size(const deval_group *g) {
+        return g ? g->world : DEVAL_EINVAL;
+}
+
+static int vset_err(char *buf, size_t len, bool debug, int status, const char *fmt, va_list ap) {
+        vsnprintf(buf, len, fmt, ap);
+        if (debug)
+                fprintf(stderr, "deval: %s: %s\n", deval_strerror(status), buf);
+        return status;
+}
+
+/**
+ * dv_set_err() - record why a call on g failed. Return: status, for tail calls.
+ */
+int dv_set_err(deval_group *g, int status, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vset_err(g->errmsg, sizeof(g->errmsg), g->debug, status, fmt, ap);
+        va_end(ap);
+        return status;
+}
+
+static int join_err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int join_err(int status, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vset_err(join_errmsg, sizeof(join_errmsg), getenv("DEVAL_DEBUG") != NULL, status, fmt, ap);
+        va_end(ap);
+        return status;
+}
+
+/* Wait up to timeout_ms (< 0: forever) for a reply; fds are closed if the status is bad. */
+static int recv_reply(int sock, int timeout_ms, DvReply *rep, int *fds, int *nfds) {
+        struct pollfd p = {.fd = sock, .events = POLLIN};
+        int r;
+        do
+                r = poll(&p, 1, timeout_ms);
+        while (r < 0 && errno == EINTR);
+        if (r == 0)
+                return DEVAL_ETIMEDOUT;
+        ssize_t n = dv_recv_msg(sock, rep, sizeof(*rep), fds, nfds, 0);
+        if (n == 0 || n == -ECONNRESET)
+                return DEVAL_EDAEMON;
+        if (n < 0 || (size_t)n != sizeof(*rep) || rep->hdr.version != DV_PROTO_VERSION ||
+            rep->hdr.type != DV_MSG_REPLY) {
+                if (n > 0)
+                        for (int i = 0; i < *nfds; i++)
+                                close(fds[i]);
+                return DEVAL_EPROTO;
+        }
+        rep->msg[sizeof(rep->msg) - 1] = '\0';
+        if ((uint32_t)*nfds != rep->nfds) {
+                for (int i = 0; i < *nfds; i++)
+                        close(fds[i]);
+                return DEVAL_EPROTO;
+        }
+        return 0;
+}
+
+/**
+ * dv_request() - send a control message and wait for devald's reply.
+ * @fds: room for DV_MAX_FDS received descriptors; *nfds holds how many arrived.
+ * Return: 0 with *rep filled (rep->status may still be a failure), or DEVAL_EDAEMON /
+ * DEVAL_EPROTO / DEVAL_ETIMEDOUT with g's message set.
+ */
+int dv_request(deval_group *g, const void *req, size_t len, DvReply *rep, int *fds, int *nfds) {
+        ssize_t n = dv_send_msg(g->sock, req, len, NULL, 0, 0);
+        if (n < 0)
+                return dv_set_err(g, DEVAL_EDAEMON, "devald at %s is gone: %s", g->socket_path,
+                                  strerror((int)-n));
+        *nfds = DV_MAX_FDS;
+        int r = recv_reply(g->sock, g->timeout_ms < 0 ? -1 : g->timeout_ms + REPLY_GRACE_MS, rep,
+                           fds, nfds);
+        if (r == DEVAL_EDAEMON)
+                return dv_set_err(g, r, "devald at %s is gone", g->socket_path);
+        if (r < 0)
+                return dv_set_err(g, r, "devald at %s did not answer properly (%s)",
+                                  g->socket_path, deval_strerror(r));
+        return 0;
+}
+
+static int map_fd(int fd, uint64_t size, int prot, void **ret) {
+        void *p = mmap(NULL, size ? size : 1, prot, MAP_SHARED, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED)
+                return -errno;
+        *ret = p;
+        return 0;
+}
+
+/**
+ * dv_reserve_input() - make sure the input arena holds size bytes, asking devald to grow it.
+ * Return: 0, DEVAL_ENOMEM past the group's quota, or a connection failure.
+ */
+int dv_reserve_input(deval_group *g, uint64_t size) {
+        DvGrowReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_GROW}, .size = size};
+        DvReply rep;
+        int fds[DV_MAX_FDS], nfds, r;
+        void *p = NULL;
+
+        if (size <= g->in_size)
+                return 0;
+        if ((r = dv_request(g, &req, sizeof(req), &rep, fds, &nfds)) < 0)
+                return r;
+        if (rep.status < 0)
+                return dv_set_err(g, rep.status, "%s", rep.msg);
+        if (nfds != 1 || rep.size[0] < size) {
+                for (int i = 0; i < nfds; i++)
+                        close(fds[i]);
+                return dv_set_err(g, DEVAL_EPROTO, "devald sent a malformed arena");
+        }
+        if ((r = map_fd(fds[0], rep.size[0], PROT_READ | PROT_WRITE, &p)) < 0)
+                return dv_set_err(g, DEVAL_ENOMEM, "cannot map %llu bytes of input: %s",
+                                  (unsigned long long)rep.size[0], strerror(-r));
+        munmap(g->in, g->in_size ? g->in_size : 1);
+        g->in = p;
+        g->in_size = rep.size[0];
+        return 0;
+}
+
+/**
+ * dv_refresh_output() - map the current output arena if devald replaced it.
+ * Return: 0, or a connection failure.
+ */
+int dv_refresh_output(deval_group *g) {
+        DvMsgHdr req = {DV_PROTO_VERSION, DV_MSG_OUTPUT};
+        DvReply rep;
+        int fds[DV_MAX_FDS], nfds, r;
+        void *p = NULL;
+
+        if (g->hdr->out_gen == g->out_gen)
+                return 0;
+        if ((r = dv_request(g, &req, sizeof(req), &rep, fds, &nfds)) < 0)
+                return r;
+        if (rep.status < 0)
+                return dv_set_err(g, rep.status, "%s", rep.msg);
+        if (nfds != 1) {
+                for (int i = 0; i < nfds; i++)
+                        close(fds[i]);
+                return dv_set_err(g, DEVAL_EPROTO, "devald sent a malformed arena");
+        }
+        if ((r = map_fd(fds[0], rep.size[0], PROT_READ, &p)) < 0)
+                return dv_set_err(g, DEVAL_ENOMEM, "cannot map %llu bytes of output: %s",
+                                  (unsigned long long)rep.size[0], strerror(-r));
+        munmap((void *)g->out, g->out_size ? g->out_size : 1);
+        g->out = p;
+        g->out_size = rep.size[0];
+        g->out_gen = rep.gen;
+        return 0;
+}
+
+static void group_free(deval_group *g) {
+        if (!g)
+                return;
+        if (g->hdr)
+                munmap(g->hdr, g->ctl_size);
+        if (g->in)
+                munmap(g->in, g->in_size ? g->in_size : 1);
+        if (g->out)
+                munmap((void *)g->out, g->out_size ? g->out_size : 1);
+        if (g->sock >= 0)
+                close(g->sock);
+        free(g->items);
+        free(g);
+}
+
+static void group_freep(deval_group **g) {
+        group_free(*g);
+}
+
+static int resolve_socket(const deval_join_opts *opts, char *buf, size_t len) {
+        if (opts && opts->socket_path) {
+                if (strlen(opts->socket_path) >= len)
+                        return -ENAMETOOLONG;
+                snprintf(buf, len, "%s", opts->socket_path);
+                return 0;
+        }
+        return dv_default_socket_path(buf, len);
+}
+
+/**
+ * deval_join() - join group as rank of world_size ranks, waiting until every rank joined.
+ * @opts: socket path and timeout; NULL for the defaults.
+ * @out: the handle, set only on success; free it with deval_leave().
+ *
+ * Return: 0; DEVAL_EINVAL for bad arguments, a rank already taken or a world size that
+ * differs from the group's; DEVAL_EDAEMON when devald cannot be reached; DEVAL_ETIMEDOUT
+ * when the group did not form in time (the message names the missing ranks); DEVAL_EPERM,
+ * DEVAL_ENOMEM. deval_errmsg(NULL) says why, on this thread.
+ */
+int deval_join(const char *group, int rank, int world_size, const deval_join_opts *opts,
+               deval_group **out) {
+        _cleanup_(group_freep) deval_group *g = NULL;
+        DvJoinReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_JOIN}};
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        DvReply rep;
+        int fds[DV_MAX_FDS], nfds = DV_MAX_FDS, r;
+
+        if (!out)
+                return join_err(DEVAL_EINVAL, "deval_join: out is NULL");
+        if (!group || !*group || strlen(group) >= DV_GROUP_NAME_MAX)
+                return join_err(DEVAL_EINVAL, "deval_join: the group name must be 1 to %d bytes",
+                                DV_GROUP_NAME_MAX - 1);
+        if (world_size < 1 || world_size > DEVAL_MAX_WORLD)
+                return join_err(DEVAL_EINVAL, "deval_join: world size %d is out of range 1..%d",
+                                world_size, DEVAL_MAX_WORLD);
+        if (rank < 0 || rank >= world_size)
+                return join_err(DEVAL_EINVAL,
+                                "deval_join: rank %d is out of range for world size %d", rank,
+                                world_size);
+
+        g = calloc(1, sizeof(*g));
+        if (!g)
+                return join_err(DEVAL_ENOMEM, "deval_join: out of memory");
+        g->sock = -1;
+        g->rank = rank;
+        g->world = world_size;
+        g->debug = getenv("DEVAL_DEBUG") != NULL;
+        g->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
+        if (g->timeout_ms < 0)
+                g->timeout_ms = -1;
+        snprintf(g->name, sizeof(g->name), "%s", group);
+        if (resolve_socket(opts, g->socket_path, sizeof(g->socket_path)) < 0 ||
+            strlen(g->socket_path) >= sizeof(sa.sun_path))
+                return join_err(DEVAL_EINVAL, "deval_join: the socket path is too long");
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g->socket_path);
+
+        g->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (g->sock < 0)
+                return join_err(DEVAL_ESYS, "deval_join: socket: %s", strerror(errno));
+        if (connect(g->sock, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+                return join_err(DEVAL_EDAEMON,
+                                "cannot reach devald at %s: %s (is it running? start it with "
+                                "'devald --socket %s')",
+                                g->socket_path, strerror(errno), g->socket_path);
+
+        snprintf(req.group, sizeof(req.group), "%s", group);
+        req.rank = rank;
+        req.world_size = world_size;
+        req.timeout_ms = g->timeout_ms;
+        ssize_t n = dv_send_msg(g->sock, &req, sizeof(req), NULL, 0, 0);
+        if (n < 0)
+                return join_err(DEVAL_EDAEMON, "devald at %s is gone: %s", g->socket_path,
+                                strerror((int)-n));
+        r = recv_reply(g->sock, g->timeout_ms < 0 ? -1 : g->timeout_ms + REPLY_GRACE_MS, &rep,
+                       fds, &nfds);
+        if (r == DEVAL_ETIMEDOUT)
+                return join_err(r, "devald at %s did not answer the join of group '%s' in time",
+                                g->socket_path, group);
+        if (r < 0)
+                return join_err(r, "devald at %s hung up during the join of group '%s'",
+                                g->socket_path, group);
+        if (rep.status < 0)
+                return join_err(rep.status, "%s", rep.msg);
+        if (nfds != 3 || rep.size[0] < dv_ctl_size(world_size)) {
+                for (int i = 0; i < nfds; i++)
+                        close(fds[i]);
+                return join_err(DEVAL_EPROTO, "devald sent malformed segments");
+        }
+        void *ctl = NULL, *in = NULL, *outp = NULL;
+        int e1 = map_fd(fds[0], rep.size[0], PROT_READ | PROT_WRITE, &ctl);
+        int e2 = map_fd(fds[1], rep.size[1], PROT_READ | PROT_WRITE, &in);
+        int e3 = map_fd(fds[2], rep.size[2], PROT_READ, &outp);
+        g->hdr = ctl;
+        g->ctl_size = rep.size[0];
+        g->in = in;
+        g->in_size = rep.size[1];
+        g->out = outp;
+        g->out_size = rep.size[2];
+        g->out_gen = rep.gen;
+        if (e1 < 0 || e2 < 0 || e3 < 0)
+                return join_err(DEVAL_ENOMEM, "cannot map the group's shared memory");
+        if (g->hdr->magic != DV_CTL_MAGIC || g->hdr->version != DV_PROTO_VERSION ||
+            g->hdr->world_size != world_size)
+                return join_err(DEVAL_EPROTO, "devald's control segment has another layout");
+        g->seq = atomic_load_explicit(&g->hdr->done_seq, memory_order_acquire);
+        *out = TAKE_PTR(g);
+        return 0;
+}
+
+/**
+ * deval_leave() - leave the group and free the handle (NULL is a no-op). The other ranks'
+ * next collectives fail with DEVAL_EPEER. Views from the last collective become invalid.
+ * Return: 0, or DEVAL_EDAEMON when devald was already gone (the handle is freed anyway).
+ */
+int deval_leave(deval_group *g) {
+        DvMsgHdr req = {DV_PROTO_VERSION, DV_MSG_LEAVE};
+        DvReply rep;
+        int fds[DV_MAX_FDS], nfds, r = 0;
+
+        if (!g)
+                return 0;
+        if (g->failed != DEVAL_EDAEMON) {
+                g->timeout_ms = 2000;
+                r = dv_request(g, &req, sizeof(req), &rep, fds, &nfds);
+                for (int i = 0; r == 0 && i < nfds; i++)
+                        close(fds[i]);
+        }
+        group_free(g);
+        return r;
+}

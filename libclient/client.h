@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * client.h - libdeval's internals: the group handle and the helpers its collectives share.
+ */
+#pragma once
+
+#include <stdint.h>
+
+#include "deval.h"
+#include "wire.h"
+
+struct deval_group {
+        int sock;
+        int rank, world;
+        int timeout_ms; /* < 0: forever */
+        char name[DV_GROUP_NAME_MAX];
+        char socket_path[108];
+        DvCtlHeader *hdr;
+        uint64_t ctl_size;
+        uint8_t *in;
+        uint64_t in_size;
+        const uint8_t *out;
+        uint64_t out_size;
+        uint64_t out_gen;
+        uint32_t seq;
+        int failed; /* sticky status once the group is unusable */
+        bool debug;
+        deval_bytes *items;
+        size_t items_cap;
+        char errmsg[DV_MSG_MAX + 128];
+};
+
+int dv_set_err(deval_group *g, int status, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+int dv_request(deval_group *g, const void *req, size_t len, DvReply *rep, int *fds, int *nfds);
+int dv_reserve_input(deval_group *g, uint64_t size);
+int dv_refresh_output(deval_group *g);

@@ -1,0 +1,595 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * collective.c - libdeval's collectives. Each one checks its arguments, copies the inputs
+ * into this rank's input arena, fills this rank's slot of the control segment, arrives
+ * (release store + futex wake of the worker) and sleeps on the group's wake word until
+ * devald publishes the step, a failure of the group, or hangs up. No socket traffic on this
+ * path, except to grow the input arena or map a new output arena.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deval.h"
+#include "client.h"
+#include "dtype.h"
+#include "util.h"
+
+#define SPIN_NS       (30 * 1000)
+#define SLICE_NS      (20 * 1000 * 1000) /* how often a sleeping rank checks devald is alive */
+#define WAIT_GRACE_NS (5000ll * 1000 * 1000)
+
+static int group_fail_local(deval_group *g, int status, const char *msg) {
+        g->failed = status;
+        return dv_set_err(g, status, "%s", msg);
+}
+
+/* A collective may start: the handle is usable and the group has not failed. */
+static int coll_begin(deval_group *g, const char *fn) {
+        if (g->failed)
+                return g->failed;
+        int s = atomic_load_explicit(&g->hdr->abort_status, memory_order_acquire);
+        if (s)
+                return group_fail_local(g, s, g->hdr->abort_msg);
+        (void)fn;
+        return 0;
+}
+
+static int check_tensor(deval_group *g, const char *fn, int i, const deval_tensor *t,
+                        bool need_data, uint64_t *ret_bytes) {
+        int64_t numel = 1, bytes;
+
+        if (!dv_dtype_valid(t->dtype))
+                return dv_set_err(g, DEVAL_EINVAL, "%s: tensor %d has unknown dtype %d", fn, i,
+                                  t->dtype);
+        if (t->ndim < 0 || t->ndim > DEVAL_MAX_DIMS)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: tensor %d has ndim %d, not 0..%d", fn, i,
+                                  t->ndim, DEVAL_MAX_DIMS);
+        for (int d = 0; d < t->ndim; d++) {
+                if (t->shape[d] < 0)
+                        return dv_set_err(g, DEVAL_EINVAL,
+                                          "%s: tensor %d has a negative size %" PRId64
+                                          " in dim %d",
+                                          fn, i, t->shape[d], d);
+                if (!dv_mul_ok(numel, t->shape[d], &numel))
+                        return dv_set_err(g, DEVAL_EINVAL, "%s: tensor %d's size overflows", fn,
+                                          i);
+        }
+        if (!dv_mul_ok(numel, (int64_t)dv_dtype_size(t->dtype), &bytes) ||
+            bytes > INT64_MAX / 2)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: tensor %d's size overflows", fn, i);
+        if (t->device != -1)
+                return dv_set_err(g, DEVAL_ENOTSUP,
+                                  "%s: tensor %d is on CUDA device %d; this build has only the "
+                                  "host backend (device must be -1)",
+                                  fn, i, t->device);
+        if (need_data && bytes > 0 && !t->data)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: tensor %d's data is NULL", fn, i);
+        *ret_bytes = (uint64_t)bytes;
+        return 0;
+}
+
+static DvRequest *req_start(deval_group *g, uint32_t op) {
+        DvRequest *q = &g->hdr->slots[g->rank].req;
+        memset(q, 0, offsetof(DvRequest, t));
+        q->seq = g->seq + 1;
+        q->op = op;
+        q->valid_rows = -1;
+        q->keep_rows = -1;
+        q->root = -1;
+        return q;
+}
+
+static void desc_set(DvTensorDesc *d, const deval_tensor *t, uint64_t offset, uint64_t bytes) {
+        memset(d, 0, sizeof(*d));
+        d->dtype = t->dtype;
+        d->ndim = t->ndim;
+        for (int k = 0; k < t->ndim; k++)
+                d->shape[k] = t->shape[k];
+        d->offset = offset;
+        d->nbytes = bytes;
+}
+
+/* Is devald still there? Its hang-up (or any unexpected message) means it is gone. */
+static bool daemon_alive(deval_group *g) {
+        struct pollfd p = {.fd = g->sock, .events = POLLIN | POLLRDHUP};
+        return poll(&p, 1, 0) == 0;
+}
+
+/**
+ * coll_run() - arrive at the step filled in this rank's slot and wait for it.
+ * Return: 0 with the rank's result ready; the step's status with its message; or the group's
+ * failure (DEVAL_EPEER, DEVAL_EDAEMON, DEVAL_ETIMEDOUT, DEVAL_EABORTED), which sticks.
+ */
+static int coll_run(deval_group *g, const char *fn, DvResult **ret) {
+        DvCtlHeader *h = g->hdr;
+        DvSlot *slot = &h->slots[g->rank];
+        uint32_t seq = ++g->seq;
+        uint64_t start = dv_now_ns();
+        int64_t limit = g->timeout_ms < 0 ? -1 : (int64_t)g->timeout_ms * 1000000 + WAIT_GRACE_NS;
+
+        /* release: the request is complete before devald's worker can see the arrival */
+        atomic_store_explicit(&slot->arrived_seq, seq, memory_order_release);
+        atomic_fetch_add_explicit(&h->arrive, 1, memory_order_release);
+        dv_futex_wake(&h->arrive);
+
+        for (;;) {
+                uint32_t w = atomic_load_explicit(&h->wake, memory_order_acquire);
+                /* acquire pairs with the worker's release store after it wrote every result */
+                uint32_t done = atomic_load_explicit(&h->done_seq, memory_order_acquire);
+                if ((int32_t)(done - seq) >= 0)
+                        break;
+                int s = atomic_load_explicit(&h->abort_status, memory_order_acquire);
+                if (s)
+                        return group_fail_local(g, s, h->abort_msg);
+                uint64_t now = dv_now_ns();
+                if (now - start < SPIN_NS) {
+                        dv_cpu_relax();
+                        continue;
+                }
+                if (limit >= 0 && (int64_t)(now - start) > limit) {
+                        char msg[256];
+                        snprintf(msg, sizeof(msg),
+                                 "%s: devald did not finish collective #%u within %d ms", fn, seq,
+                                 g->timeout_ms);
+                        return group_fail_local(g, DEVAL_ETIMEDOUT, msg);
+                }
+                dv_futex_wait(&h->wake, w, SLICE_NS);
+                if (!daemon_alive(g)) {
+                        /* devald publishes its shutdown before it hangs up: prefer its words */
+                        s = atomic_load_explicit(&h->abort_status, memory_order_acquire);
+                        if (s)
+                                return group_fail_local(g, s, h->abort_msg);
+                        char msg[256];
+                        snprintf(msg, sizeof(msg), "%s: devald at %s is gone (collective #%u)", fn,
+                                 g->socket_path, seq);
+                        return group_fail_local(g, DEVAL_EDAEMON, msg);
+                }
+        }
+        DvResult *res = &slot->res;
+        if (res->status < 0) {
+                int status = res->status;
+                if (status < DEVAL_ESYS)
+                        status = DEVAL_EPROTO;
+                return dv_set_err(g, status, "%s: %.*s", fn, DV_MSG_MAX, h->msg);
+        }
+        if (res->ntensors > DEVAL_MAX_TENSORS)
+                return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
+        int r = dv_refresh_output(g);
+        if (r < 0)
+                return r;
+        *ret = res;
+        return 0;
+}
+
+/* A result descriptor as a view into the output arena, after checking it fits. */
+static int view_of(deval_group *g, const char *fn, const DvTensorDesc *d, deval_tensor *out) {
+        int64_t numel = 1;
+        if (!dv_dtype_valid(d->dtype) || d->ndim < 0 || d->ndim > DEVAL_MAX_DIMS ||
+            d->offset > g->out_size || d->nbytes > g->out_size - d->offset)
+                return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
+        memset(out, 0, sizeof(*out));
+        out->dtype = d->dtype;
+        out->ndim = d->ndim;
+        for (int k = 0; k < d->ndim; k++) {
+                out->shape[k] = d->shape[k];
+                if (d->shape[k] < 0 || !dv_mul_ok(numel, d->shape[k], &numel))
+                        return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result",
+                                          fn);
+        }
+        if ((uint64_t)numel * dv_dtype_size(d->dtype) != d->nbytes)
+                return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
+        out->device = -1;
+        out->data = d->nbytes ? (void *)(g->out + d->offset) : NULL;
+        return 0;
+}
+
+static const deval_gather_opts default_opts = DEVAL_GATHER_OPTS_INIT;
+
+static int check_opts(deval_group *g, const char *fn, const deval_gather_opts *o) {
+        if (o->order != DEVAL_ORDER_RANK && o->order != DEVAL_ORDER_STRIDED)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: unknown order %d", fn, o->order);
+        if (o->root < -1 || o->root >= g->world)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: root %d is out of range -1..%d", fn,
+                                  o->root, g->world - 1);
+        return 0;
+}
+
+static void req_set_opts(DvRequest *q, const deval_gather_opts *o) {
+        q->pad_value = o->pad_value;
+        q->pad_first = o->pad_first != 0;
+        q->order = o->order;
+        q->valid_rows = o->valid_rows < 0 ? -1 : o->valid_rows;
+        q->keep_rows = o->keep_rows < 0 ? -1 : o->keep_rows;
+        q->root = o->root;
+}
+
+/* Copy n tensors into the input arena, 64-byte aligned, and describe them in q. */
+static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor *in,
+                       const bool *with_data, DvRequest *q) {
+        uint64_t bytes[DEVAL_MAX_TENSORS], off[DEVAL_MAX_TENSORS], end = 0;
+        int r;
+
+        for (int i = 0; i < n; i++) {
+                bool wd = with_data ? with_data[i] : true;
+                if ((r = check_tensor(g, fn, i, &in[i], wd, &bytes[i])) < 0)
+                        return r;
+                if (!wd)
+                        bytes[i] = 0;
+                off[i] = DV_ALIGN(end, DV_ARENA_ALIGN);
+                if (bytes[i] > UINT64_MAX / 4 - off[i])
+                        return dv_set_err(g, DEVAL_EINVAL, "%s: the inputs are too large", fn);
+                end = off[i] + bytes[i];
+        }
+        if ((r = dv_reserve_input(g, end)) < 0)
+                return r;
+        for (int i = 0; i < n; i++) {
+                if (bytes[i])
+                        memcpy(g->in + off[i], in[i].data, bytes[i]);
+                desc_set(&q->t[i], &in[i], off[i], bytes[i]);
+                if (with_data && !with_data[i]) {
+                        int64_t numel = 1;
+                        for (int k = 0; k < in[i].ndim; k++)
+                                numel *= in[i].shape[k];
+                        q->t[i].nbytes = (uint64_t)numel * dv_dtype_size(in[i].dtype);
+                        q->t[i].offset = 0;
+                }
+        }
+        q->ntensors = (uint32_t)n;
+        return 0;
+}
+
+static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
+                         const deval_tensor in[], const deval_gather_opts *opts,
+                         deval_tensor out[]) {
+        DvResult *res;
+        int r;
+
+        if (!g)
+                return DEVAL_EINVAL;
+        if ((r = coll_begin(g, fn)) < 0)
+                return r;
+        if (n < 1 || n > DEVAL_MAX_TENSORS)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: n is %d, not 1..%d", fn, n,
+                                  DEVAL_MAX_TENSORS);
+        if (!in || !out)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: in or out is NULL", fn);
+        if (!opts)
+                opts = &default_opts;
+        if ((r = check_opts(g, fn, opts)) < 0)
+                return r;
+        DvRequest *q = req_start(g, op);
+        req_set_opts(q, opts);
+        if ((r = put_tensors(g, fn, n, in, NULL, q)) < 0)
+                return r;
+        if ((r = coll_run(g, fn, &res)) < 0)
+                return r;
+        if (res->ntensors != (uint32_t)n)
+                return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
+        for (int i = 0; i < n; i++)
+                if ((r = view_of(g, fn, &res->t[i], &out[i])) < 0)
+                        return r;
+        return 0;
+}
+
+/**
+ * deval_gather() - gather n tensors from every rank in one collective. Dim 0 (samples) is
+ * concatenated in opts->order; every other dim that differs is padded with pad_value.
+ * @out: n views into shared memory, read-only, valid until the next call on g. A rank other
+ *       than opts->root (when root >= 0) gets shapes with 0 rows and NULL data.
+ * Return: 0; DEVAL_EINVAL (bad argument, nothing sent); DEVAL_EMISMATCH (ranks disagree: the
+ * message names the ranks and the field); DEVAL_ENOMEM (over quota); DEVAL_EPEER,
+ * DEVAL_EDAEMON, DEVAL_ETIMEDOUT (the group failed for good).
+ */
+int deval_gather(deval_group *g, int n, const deval_tensor in[], const deval_gather_opts *opts,
+                 deval_tensor out[]) {
+        return gather_common(g, DV_OP_GATHER, "deval_gather", n, in, opts, out);
+}
+
+/**
+ * deval_gather_for_metrics() - deval_gather() that, inside an eval pass, drops every sample
+ * whose dataset position is past num_samples and orders by the pass's order. Outside a pass
+ * it is deval_gather().
+ */
+int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
+                             const deval_gather_opts *opts, deval_tensor out[]) {
+        return gather_common(g, DV_OP_GATHER_METRICS, "deval_gather_for_metrics", n, in, opts,
+                             out);
+}
+
+static int simple_op(deval_group *g, uint32_t op, const char *fn, int64_t num_samples,
+                     int order) {
+        DvResult *res;
+        int r;
+
+        if (!g)
+                return DEVAL_EINVAL;
+        if ((r = coll_begin(g, fn)) < 0)
+                return r;
+        DvRequest *q = req_start(g, op);
+        q->num_samples = num_samples;
+        q->order = order;
+        return coll_run(g, fn, &res);
+}
+
+/**
+ * deval_eval_begin() - open an eval pass over a dataset of num_samples samples, in order.
+ * Return: 0; DEVAL_EINVAL (negative num_samples, unknown order, a pass already open);
+ * DEVAL_EMISMATCH when ranks pass different values; the group's failures.
+ */
+int deval_eval_begin(deval_group *g, int64_t num_samples, deval_order order) {
+        if (!g)
+                return DEVAL_EINVAL;
+        if (num_samples < 0)
+                return dv_set_err(g, DEVAL_EINVAL, "deval_eval_begin: num_samples is %" PRId64,
+                                  num_samples);
+        if (order != DEVAL_ORDER_RANK && order != DEVAL_ORDER_STRIDED)
+                return dv_set_err(g, DEVAL_EINVAL, "deval_eval_begin: unknown order %d", order);
+        return simple_op(g, DV_OP_EVAL_BEGIN, "deval_eval_begin", num_samples, order);
+}
+
+/** deval_eval_end() - close the eval pass. Return: 0, DEVAL_EINVAL if none is open. */
+int deval_eval_end(deval_group *g) {
+        return simple_op(g, DV_OP_EVAL_END, "deval_eval_end", 0, 0);
+}
+
+/** deval_barrier() - return once every rank has called it. */
+int deval_barrier(deval_group *g) {
+        return simple_op(g, DV_OP_BARRIER, "deval_barrier", 0, 0);
+}
+
+/**
+ * deval_pad_across_processes() - pad in along dim to the largest size any rank has there,
+ * like Accelerate's pad_across_processes. dim may be negative; a dim outside the tensor's
+ * rank returns *in unchanged without a collective.
+ * @out: this rank's padded tensor, a view valid until the next call on g.
+ */
+int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, double pad_value,
+                               bool pad_first, deval_tensor *out) {
+        const char *fn = "deval_pad_across_processes";
+        DvResult *res;
+        int r;
+
+        if (!g)
+                return DEVAL_EINVAL;
+        if ((r = coll_begin(g, fn)) < 0)
+                return r;
+        if (!in || !out)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: in or out is NULL", fn);
+        uint64_t bytes;
+        if ((r = check_tensor(g, fn, 0, in, true, &bytes)) < 0)
+                return r;
+        if (dim >= in->ndim || dim < -in->ndim) {
+                *out = *in;
+                return 0;
+        }
+        if (dim < 0)
+                dim += in->ndim;
+        DvRequest *q = req_start(g, DV_OP_PAD);
+        q->dim = dim;
+        q->pad_value = pad_value;
+        q->pad_first = pad_first;
+        if ((r = put_tensors(g, fn, 1, in, NULL, q)) < 0)
+                return r;
+        if ((r = coll_run(g, fn, &res)) < 0)
+                return r;
+        if (res->ntensors != 1)
+                return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
+        return view_of(g, fn, &res->t[0], out);
+}
+
+static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
+                          const deval_bytes items[], const deval_gather_opts *opts,
+                          size_t *out_n, const deval_bytes **out_items) {
+        DvResult *res;
+        int r;
+
+        if (!g)
+                return DEVAL_EINVAL;
+        if ((r = coll_begin(g, fn)) < 0)
+                return r;
+        if ((n > 0 && !items) || !out_n || !out_items)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: items, out_n or out_items is NULL", fn);
+        if (n > (size_t)INT64_MAX / 16)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: too many items", fn);
+        if (!opts)
+                opts = &default_opts;
+        if ((r = check_opts(g, fn, opts)) < 0)
+                return r;
+        uint64_t total = 0;
+        for (size_t i = 0; i < n; i++) {
+                if (!items[i].data && items[i].len)
+                        return dv_set_err(g, DEVAL_EINVAL, "%s: item %zu's data is NULL", fn, i);
+                if (items[i].len > (uint64_t)INT64_MAX / 4 - total)
+                        return dv_set_err(g, DEVAL_EINVAL, "%s: the items are too large", fn);
+                total += items[i].len;
+        }
+        uint64_t blob_off = DV_ALIGN(n * 8, DV_ARENA_ALIGN);
+        if ((r = dv_reserve_input(g, blob_off + total)) < 0)
+                return r;
+        DvRequest *q = req_start(g, op);
+        req_set_opts(q, opts);
+        uint64_t pos = 0;
+        for (size_t i = 0; i < n; i++) {
+                int64_t len = (int64_t)items[i].len;
+                memcpy(g->in + i * 8, &len, 8);
+                if (items[i].len)
+                        memcpy(g->in + blob_off + pos, items[i].data, items[i].len);
+                pos += items[i].len;
+        }
+        deval_tensor lens = {.dtype = DEVAL_I64, .ndim = 1, .shape = {(int64_t)n}, .device = -1};
+        deval_tensor blob = {.dtype = DEVAL_U8, .ndim = 1, .shape = {(int64_t)total},
+                             .device = -1};
+        desc_set(&q->t[0], &lens, 0, n * 8);
+        desc_set(&q->t[1], &blob, blob_off, total);
+        q->ntensors = 2;
+        if ((r = coll_run(g, fn, &res)) < 0)
+                return r;
+        deval_tensor ol, ob;
+        if (res->ntensors != 2 || (r = view_of(g, fn, &res->t[0], &ol)) < 0 ||
+            (r = view_of(g, fn, &res->t[1], &ob)) < 0 || ol.dtype != DEVAL_I64 ||
+            ob.dtype != DEVAL_U8)
+                return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: malformed result", fn);
+        size_t count = (size_t)ol.shape[0];
+        if (count > g->items_cap) {
+                deval_bytes *p = realloc(g->items, DV_MAX(count, (size_t)1) * sizeof(*p));
+                if (!p)
+                        return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory", fn);
+                g->items = p;
+                g->items_cap = count;
+        }
+        uint64_t at = 0;
+        for (size_t i = 0; i < count; i++) {
+                int64_t len;
+                memcpy(&len, (const uint8_t *)ol.data + i * 8, 8);
+                if (len < 0 || (uint64_t)len > (uint64_t)ob.shape[0] - at)
+                        return dv_set_err(g, DEVAL_EPROTO, "%s: malformed result", fn);
+                g->items[i].data = (const uint8_t *)ob.data + at;
+                g->items[i].len = (size_t)len;
+                at += (uint64_t)len;
+        }
+        *out_n = count;
+        *out_items = g->items;
+        return 0;
+}
+
+/**
+ * deval_gather_objects() - gather lists of byte strings with deval_gather()'s ordering and
+ * de-duplication rules (valid_rows, keep_rows, order, root).
+ * @out_items: *out_n views, valid until the next call on g.
+ */
+int deval_gather_objects(deval_group *g, size_t n, const deval_bytes items[],
+                         const deval_gather_opts *opts, size_t *out_n,
+                         const deval_bytes **out_items) {
+        return objects_common(g, DV_OP_OBJECTS, "deval_gather_objects", n, items, opts, out_n,
+                              out_items);
+}
+
+/**
+ * deval_gather_objects_for_metrics() - deval_gather_objects() that, inside an eval pass,
+ * drops items past the dataset's end. Objects count in their own stream of the pass, so a
+ * loop that gathers tensors and objects once per batch drops the same samples from both.
+ */
+int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes items[],
+                                     const deval_gather_opts *opts, size_t *out_n,
+                                     const deval_bytes **out_items) {
+        return objects_common(g, DV_OP_OBJECTS_METRICS, "deval_gather_objects_for_metrics", n,
+                              items, opts, out_n, out_items);
+}
+
+/**
+ * deval_reduce() - element-wise op over every rank's inout, in rank order (bitwise
+ * reproducible); the result replaces inout's data. f16/bf16 are computed in double and
+ * rounded once. MEAN needs a floating dtype.
+ */
+int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op) {
+        const char *fn = "deval_reduce";
+        DvResult *res;
+        deval_tensor out;
+        int r;
+
+        if (!g)
+                return DEVAL_EINVAL;
+        if ((r = coll_begin(g, fn)) < 0)
+                return r;
+        if (!inout)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: inout is NULL", fn);
+        if (op < DEVAL_SUM || op > DEVAL_PROD)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: unknown op %d", fn, op);
+        if (op == DEVAL_MEAN && dv_dtype_valid(inout->dtype) && !dv_dtype_is_float(inout->dtype))
+                return dv_set_err(g, DEVAL_EINVAL, "%s: mean needs a floating dtype, not %s", fn,
+                                  dv_dtype_name(inout->dtype));
+        DvRequest *q = req_start(g, DV_OP_REDUCE);
+        q->reduce_op = op;
+        if ((r = put_tensors(g, fn, 1, inout, NULL, q)) < 0)
+                return r;
+        if ((r = coll_run(g, fn, &res)) < 0)
+                return r;
+        if (res->ntensors != 1 || (r = view_of(g, fn, &res->t[0], &out)) < 0)
+                return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: malformed result", fn);
+        if (res->t[0].nbytes)
+                memcpy(inout->data, out.data, res->t[0].nbytes);
+        return 0;
+}
+
+/**
+ * deval_broadcast() - every rank's inout gets root's data. All ranks pass the same dtype
+ * and shape (DEVAL_EMISMATCH otherwise); non-root data is overwritten.
+ */
+int deval_broadcast(deval_group *g, deval_tensor *inout, int root) {
+        const char *fn = "deval_broadcast";
+        DvResult *res;
+        deval_tensor out;
+        int r;
+
+        if (!g)
+                return DEVAL_EINVAL;
+        if ((r = coll_begin(g, fn)) < 0)
+                return r;
+        if (!inout)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: inout is NULL", fn);
+        if (root < 0 || root >= g->world)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: root %d is out of range 0..%d", fn, root,
+                                  g->world - 1);
+        DvRequest *q = req_start(g, DV_OP_BROADCAST);
+        q->root = root;
+        bool with_data = g->rank == root;
+        uint64_t bytes;
+        if ((r = check_tensor(g, fn, 0, inout, true, &bytes)) < 0)
+                return r;
+        if ((r = put_tensors(g, fn, 1, inout, &with_data, q)) < 0)
+                return r;
+        if ((r = coll_run(g, fn, &res)) < 0)
+                return r;
+        if (res->ntensors != 1 || (r = view_of(g, fn, &res->t[0], &out)) < 0 ||
+            res->t[0].nbytes != bytes)
+                return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: malformed result", fn);
+        if (g->rank != root && bytes)
+                memcpy(inout->data, out.data, bytes);
+        return 0;
+}
+
+/**
+ * deval_broadcast_bytes() - every rank gets root's len bytes; data and len are ignored on
+ * the other ranks. @out: a view valid until the next call on g.
+ */
+int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root,
+                          deval_bytes *out) {
+        const char *fn = "deval_broadcast_bytes";
+        DvResult *res;
+        deval_tensor view;
+        int r;
+
+        if (!g)
+                return DEVAL_EINVAL;
+        if ((r = coll_begin(g, fn)) < 0)
+                return r;
+        if (!out)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: out is NULL", fn);
+        if (root < 0 || root >= g->world)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: root %d is out of range 0..%d", fn, root,
+                                  g->world - 1);
+        if (g->rank == root && len > (size_t)INT64_MAX / 4)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: len %zu is too large", fn, len);
+        if (g->rank == root && len && !data)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: data is NULL", fn);
+        DvRequest *q = req_start(g, DV_OP_BROADCAST_BYTES);
+        q->root = root;
+        if (g->rank == root) {
+                deval_tensor t = {.data = (void *)data, .dtype = DEVAL_U8, .ndim = 1,
+                                  .shape = {(int64_t)len}, .device = -1};
+                if ((r = put_tensors(g, fn, 1, &t, NULL, q)) < 0)
+                        return r;
+        }
+        if ((r = coll_run(g, fn, &res)) < 0)
+                return r;
+        if (res->ntensors != 1 || (r = view_of(g, fn, &res->t[0], &view)) < 0)
+                return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: malformed result", fn);
+        out->data = view.data ? view.data : (const void *)g->out;
+        out->len = (size_t)res->t[0].nbytes;
+        return 0;
+}

@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * deval-ctl - devald's status and administration tool.
+ *
+ *   deval-ctl [--socket PATH] [--json[=pretty|short]] status
+ *
+ * Exit status: 0 ok, 1 failure (devald unreachable included), 2 usage.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "sock.h"
+#include "util.h"
+#include "wire.h"
+
+enum { JSON_OFF, JSON_PRETTY, JSON_SHORT };
+
+static const char *arg_socket;
+static int arg_json = JSON_OFF;
+
+static const char *state_name(uint32_t s) {
+        switch (s) {
+        case DV_GROUP_FORMING:
+                return "forming";
+        case DV_GROUP_ACTIVE:
+                return "active";
+        case DV_GROUP_FAILED:
+                return "failed";
+        case DV_GROUP_CLOSING:
+                return "closing";
+        }
+        return "unknown";
+}
+
+/* Group names are user text: escape them for JSON. */
+static void json_string(const char *s) {
+        putchar('"');
+        for (; *s; s++) {
+                unsigned char c = (unsigned char)*s;
+                if (c == '"' || c == '\\')
+                        printf("\\%c", c);
+                else if (c < 0x20)
+                        printf("\\u%04x", c);
+                else
+                        putchar(c);
+        }
+        putchar('"');
+}
+
+static void print_json(const DvStatusReply *r) {
+        const char *nl = arg_json == JSON_PRETTY ? "\n" : "";
+        const char *in1 = arg_json == JSON_PRETTY ? "  " : "";
+        const char *in2 = arg_json == JSON_PRETTY ? "    " : "";
+        const char *sp = arg_json == JSON_PRETTY ? " " : "";
+
+        printf("{%s%s\"pid\":%s%d,%s%s\"version\":%s", nl, in1, sp, r->pid, nl, in1, sp);
+        json_string(r->version);
+        printf(",%s%s\"backend\":%s", nl, in1, sp);
+        json_string(r->backend);
+        printf(",%s%s\"uptime_us\":%s%" PRIu64 ",%s%s\"max_group_bytes\":%s%" PRIu64
+               ",%s%s\"total_groups\":%s%u,%s%s\"groups\":%s[",
+               nl, in1, sp, r->uptime_us, nl, in1, sp, r->max_group_bytes, nl, in1, sp,
+               r->total_groups, nl, in1, sp);
+        for (uint32_t i = 0; i < r->ngroups; i++) {
+                const DvGroupInfo *g = &r->groups[i];
+                printf("%s%s%s{\"name\":%s", i ? "," : "", nl, in2, sp);
+                json_string(g->name);
+                printf(",%s\"uid\":%s%u,%s\"state\":%s\"%s\",%s\"world_size\":%s%d,%s\"joined\":%s%d,"
+                       "%s\"collectives\":%s%" PRIu64 ",%s\"bytes_moved\":%s%" PRIu64
+                       ",%s\"bytes_mapped\":%s%" PRIu64 ",%s\"age_us\":%s%" PRIu64 "}",
+                       sp, sp, g->uid, sp, sp, state_name(g->state), sp, sp, g->world_size, sp, sp,
+                       g->joined, sp, sp, g->collectives, sp, sp, g->bytes_moved, sp, sp,
+                       g->bytes_mapped, sp, sp, g->age_us);
+        }
+        printf("%s%s]%s}\n", r->ngroups ? nl : "", r->ngroups ? in1 : "", nl);
+}
+
+static void human_bytes(uint64_t b, char *buf, size_t len) {
+        const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+        double v = (double)b;
+        int u = 0;
+        while (v >= 1024 && u < 4) {
+                v /= 1024;
+                u++;
+        }
+        if (u == 0)
+                snprintf(buf, len, "%" PRIu64 " B", b);
+        else
+                snprintf(buf, len, "%.1f %s", v, units[u]);
+}
+
+static void print_table(const DvStatusReply *r) {
+        char quota[32];
+        human_bytes(r->max_group_bytes, quota, sizeof(quota));
+        printf("devald pid %d, version %s, backend %s, up %.1f s, quota %s per group\n", r->pid,
+               r->version, r->backend, (double)r->uptime_us / 1e6, quota);
+        printf("%u group%s\n", r->total_groups, r->total_groups == 1 ? "" : "s");
+        if (!r->ngroups)
+                return;
+        printf("%-24s %5s %6s %11s %11s %11s %-8s\n", "GROUP", "WORLD", "JOINED", "COLLECTIVES",
+               "MOVED", "MAPPED", "STATE");
+        for (uint32_t i = 0; i < r->ngroups; i++) {
+                const DvGroupInfo *g = &r->groups[i];
+                char moved[32], mapped[32];
+                human_bytes(g->bytes_moved, moved, sizeof(moved));
+                human_bytes(g->bytes_mapped, mapped, sizeof(mapped));
+                printf("%-24s %5d %6d %11" PRIu64 " %11s %11s %-8s\n", g->name, g->world_size,
+                       g->joined, g->collectives, moved, mapped, state_name(g->state));
+        }
+        if (r->ngroups < r->total_groups)
+                printf("(%u more not shown)\n", r->total_groups - r->ngroups);
+}
+
+static int cmd_status(void) {
+        char path[108];
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+        if (arg_socket)
+                snprintf(path, sizeof(path), "%s", arg_socket);
+        else if (dv_default_socket_path(path, sizeof(path)) < 0) {
+                fprintf(stderr, "deval-ctl: the default socket path is too long\n");
+                return 1;
+        }
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        _cleanup_(closep) int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                fprintf(stderr, "deval-ctl: cannot reach devald at %s: %s\n", path,
+                        strerror(errno));
+                return 1;
+        }
+        DvMsgHdr req = {DV_PROTO_VERSION, DV_MSG_STATUS};
+        if (dv_send_msg(fd, &req, sizeof(req), NULL, 0, 0) < 0) {
+                fprintf(stderr, "deval-ctl: devald at %s hung up\n", path);
+                return 1;
+        }
+        size_t cap = sizeof(DvStatusReply) + DV_STATUS_MAX_GROUPS * sizeof(DvGroupInfo);
+        _cleanup_(freep) DvStatusReply *r = calloc(1, cap);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (!r || poll(&p, 1, 5000) <= 0) {
+                fprintf(stderr, "deval-ctl: devald at %s did not answer\n", path);
+                return 1;
+        }
+        ssize_t n = dv_recv_msg(fd, r, cap, NULL, NULL, 0);
+        if (n < (ssize_t)sizeof(DvStatusReply) || r->hdr.version != DV_PROTO_VERSION ||
+            r->hdr.type != DV_MSG_STATUS || r->ngroups > DV_STATUS_MAX_GROUPS ||
+            (size_t)n != sizeof(DvStatusReply) + r->ngroups * sizeof(DvGroupInfo)) {
+                fprintf(stderr, "deval-ctl: devald at %s sent a malformed status\n", path);
+                return 1;
+        }
+        r->version[sizeof(r->version) - 1] = r->backend[sizeof(r->backend) - 1] = '\0';
+        for (uint32_t i = 0; i < r->ngroups; i++)
+                r->groups[i].name[DV_GROUP_NAME_MAX - 1] = '\0';
+        if (arg_json)
+                print_json(r);
+        else
+                print_table(r);
+        return 0;
+}
+
+static void help(void) {
+        printf("Usage: deval-ctl [OPTIONS] COMMAND\n\n"
+               "Query and administer devald.\n\n"
+               "Commands:\n"
+               "  status                  daemon pid, version, backend, uptime and its groups\n\n"
+               "Options:\n"
+               "  -s --socket=PATH        devald's socket (default: $DEVAL_SOCKET, else the\n"
+               "                          per-user or system default)\n"
+               "     --json[=pretty|short] JSON on stdout (bare: pretty on a terminal)\n"
+               "  -h --help               show this help\n"
+               "     --version            show the version\n");
+}
+
+int main(int argc, char **argv) {
+        enum { ARG_JSON = 0x100, ARG_VERSION };
+        static const struct option opts[] = {
+                {"socket", required_argument, NULL, 's'},
+                {"json", optional_argument, NULL, ARG_JSON},
+                {"help", no_argument, NULL, 'h'},
+                {"version", no_argument, NULL, ARG_VERSION},
+                {},
+        };
+        int c;
+
+        while ((c = getopt_long(argc, argv, "s:h", opts, NULL)) >= 0) {
+                switch (c) {
+                case 's':
+                        arg_socket = optarg;
+                        break;
+                case ARG_JSON:
+                        if (!optarg)
+                                arg_json = isatty(STDOUT_FILENO) ? JSON_PRETTY : JSON_SHORT;
+                        else if (strcmp(optarg, "pretty") == 0)
+                                arg_json = JSON_PRETTY;
+                        else if (strcmp(optarg, "short") == 0)
+                                arg_json = JSON_SHORT;
+                        else {
+                                fprintf(stderr, "deval-ctl: --json takes pretty or short, not "
+                                                "'%s'\n", optarg);
+                                return 2;
+                        }
+                        break;
+                case 'h':
+                        help();
+                        return 0;
+                case ARG_VERSION:
+                        printf("deval-ctl %s\n", DV_VERSION_STRING);
+                        return 0;
+                default:
+                        return 2;
+                }
+        }
+        if (optind >= argc) {
+                fprintf(stderr, "deval-ctl: missing command (try 'deval-ctl status')\n");
+                return 2;
+        }
+        if (strcmp(argv[optind], "status") == 0 && optind + 1 == argc)
+                return cmd_status();
+        fprintf(stderr, "deval-ctl: unknown command '%s'\n", argv[optind]);
+        return 2;
+}
