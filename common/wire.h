@@ -128,6 +128,9 @@ typedef struct {
         int32_t reduce_op;
         int32_t dim;
         int64_t num_samples;
+        int32_t status;        /* < 0: this rank could not stage its input; the step fails */
+        uint32_t reserved;
+        uint64_t staged_bytes; /* with status: how much it tried to stage */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
 } DvRequest;
 

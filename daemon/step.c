@@ -558,8 +558,22 @@ static int step_dispatch(Step *s) {
                                          "malformed request from rank %d (pid %d): unknown op %u",
                                          k, (int)s->g->members[k].pid, q[k].op);
         }
+        for (int k = 0; k < s->g->world; k++) {
+                if (q[k].status == 0)
+                        continue;
+                if (q[k].status != DEVAL_ENOMEM)
+                        return step_fail(s, DEVAL_EPROTO,
+                                         "malformed request from rank %d (pid %d): status %d", k,
+                                         (int)s->g->members[k].pid, q[k].status);
+                return step_fail(s, DEVAL_ENOMEM,
+                                 "collective #%u (%s): rank %d (pid %d) could not stage its %llu "
+                                 "bytes of input within group '%s''s quota of %llu bytes "
+                                 "(--max-group-bytes)",
+                                 s->seq, dv_op_name(q[k].op), k, (int)s->g->members[k].pid,
+                                 (unsigned long long)q[k].staged_bytes, s->g->name,
+                                 (unsigned long long)s->g->d->max_group_bytes);
+        }
         for (int k = 1; k < s->g->world; k++) {
-                /* gather and gather_for_metrics are one collective outside a pass */
                 uint32_t a = q[0].op, b = q[k].op;
                 if (a != b)
                         return step_fail(s, DEVAL_EMISMATCH,

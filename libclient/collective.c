@@ -208,6 +208,22 @@ static void req_set_opts(DvRequest *q, const deval_gather_opts *o) {
         q->root = o->root;
 }
 
+/*
+ * The input did not fit: over the quota, every rank must learn it, so arrive with the
+ * failure and let the step fail everywhere. A dead devald needs no arrival.
+ */
+static int stage_failed(deval_group *g, const char *fn, DvRequest *q, int status,
+                        uint64_t bytes) {
+        DvResult *res;
+        if (status != DEVAL_ENOMEM)
+                return status;
+        q->status = status;
+        q->staged_bytes = bytes;
+        q->ntensors = 0;
+        int r = coll_run(g, fn, &res);
+        return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: devald accepted a failed stage", fn);
+}
+
 /* Copy n tensors into the input arena, 64-byte aligned, and describe them in q. */
 static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor *in,
                        const bool *with_data, DvRequest *q) {
@@ -226,7 +242,7 @@ static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor
                 end = off[i] + bytes[i];
         }
         if ((r = dv_reserve_input(g, end)) < 0)
-                return r;
+                return stage_failed(g, fn, q, r, end);
         for (int i = 0; i < n; i++) {
                 if (bytes[i])
                         memcpy(g->in + off[i], in[i].data, bytes[i]);
@@ -409,10 +425,10 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
                 total += items[i].len;
         }
         uint64_t blob_off = DV_ALIGN(n * 8, DV_ARENA_ALIGN);
-        if ((r = dv_reserve_input(g, blob_off + total)) < 0)
-                return r;
         DvRequest *q = req_start(g, op);
         req_set_opts(q, opts);
+        if ((r = dv_reserve_input(g, blob_off + total)) < 0)
+                return stage_failed(g, fn, q, r, blob_off + total);
         uint64_t pos = 0;
         for (size_t i = 0; i < n; i++) {
                 int64_t len = (int64_t)items[i].len;

@@ -1,0 +1,501 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test-collectives.c - every collective of the API against a real devald with forked ranks:
+ * ragged gathers in both orders with padding, valid_rows, keep_rows, root and several
+ * tensors per sample, for every dtype; 0-d and 0-row inputs; arena growth; objects; every
+ * reduce op; broadcasts; barriers; pad_across_processes; independent groups at once.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "dtype.h"
+#include "harness.h"
+
+static Harness H;
+
+static int setup(void **state) {
+        (void)state;
+        harness_start(&H, NULL);
+        return 0;
+}
+
+static int teardown(void **state) {
+        (void)state;
+        harness_stop(&H);
+        return 0;
+}
+
+/* The value every test writes at element e of rank r's tensor, as a double. */
+static double val(int r, int64_t row, int64_t col) {
+        return (double)(r * 1000 + row * 10 + col);
+}
+
+typedef struct {
+        int dtype;
+        int order;
+        int pad_first;
+        int64_t keep_rows;
+        int valid_tail; /* rank r keeps rows - (valid_tail ? r % 2 : 0) */
+        int root;
+} GatherArgs;
+
+/* rank r: rows = r + 1 (rank 2 has 0), cols = 2 + r, element (row, col) = val(r, row, col) */
+static int64_t rows_of(int r) {
+        return r == 2 ? 0 : r + 1;
+}
+
+static int rank_gather(const Harness *h, int rank, int world, void *arg) {
+        const GatherArgs *a = arg;
+        deval_group *g;
+        size_t es = dv_dtype_size(a->dtype);
+        CHECK_OK(harness_join(h, "gather", rank, world, 10000, &g), NULL);
+
+        int64_t rows = rows_of(rank), cols = 2 + rank;
+        uint8_t *x = malloc((size_t)(rows * cols) * es + 1);
+        for (int64_t i = 0; i < rows; i++)
+                for (int64_t j = 0; j < cols; j++)
+                        dv_dtype_encode(a->dtype, val(rank, i, j), x + (i * cols + j) * es);
+        deval_tensor in = {.data = x, .dtype = a->dtype, .ndim = 2, .shape = {rows, cols},
+                           .device = -1};
+        deval_tensor out;
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        o.pad_value = -1;
+        o.order = a->order;
+        o.pad_first = a->pad_first;
+        o.keep_rows = a->keep_rows;
+        o.valid_rows = a->valid_tail ? rows - rank % 2 : -1;
+        if (o.valid_rows < -1)
+                o.valid_rows = 0;
+        o.root = a->root;
+        CHECK_OK(deval_gather(g, 1, &in, &o, &out), g);
+
+        /* expected: the samples in order, each padded to the widest row */
+        int64_t maxc = 1 + world, want_rows = 0;
+        int pr[64];
+        int64_t prow[64];
+        int64_t have[8];
+        for (int r = 0; r < world; r++) {
+                have[r] = rows_of(r);
+                if (a->valid_tail && have[r] - r % 2 < have[r])
+                        have[r] = have[r] - r % 2 < 0 ? 0 : have[r] - r % 2;
+        }
+        if (a->order == DEVAL_ORDER_RANK) {
+                for (int r = 0; r < world; r++)
+                        for (int64_t i = 0; i < have[r]; i++) {
+                                pr[want_rows] = r;
+                                prow[want_rows++] = i;
+                        }
+        } else {
+                for (int64_t i = 0; i < 8; i++)
+                        for (int r = 0; r < world; r++)
+                                if (i < have[r]) {
+                                        pr[want_rows] = r;
+                                        prow[want_rows++] = i;
+                                }
+        }
+        if (a->keep_rows >= 0 && a->keep_rows < want_rows)
+                want_rows = a->keep_rows;
+        if (a->root >= 0 && rank != a->root) {
+                CHECK(out.shape[0] == 0 && out.data == NULL, "non-root got %lld rows",
+                      (long long)out.shape[0]);
+                deval_leave(g);
+                free(x);
+                return 0;
+        }
+        CHECK(out.dtype == a->dtype && out.ndim == 2, "dtype %d ndim %d", out.dtype, out.ndim);
+        CHECK(out.shape[0] == want_rows && out.shape[1] == maxc, "shape %lld x %lld",
+              (long long)out.shape[0], (long long)out.shape[1]);
+        uint8_t want[8];
+        for (int64_t k = 0; k < want_rows; k++) {
+                int r = pr[k];
+                int64_t c = 2 + r, pad = maxc - c;
+                for (int64_t j = 0; j < maxc; j++) {
+                        int64_t sj = a->pad_first ? j - pad : j;
+                        double v = sj >= 0 && sj < c ? val(r, prow[k], sj) : -1.0;
+                        dv_dtype_encode(a->dtype, v, want);
+                        CHECK(memcmp((uint8_t *)out.data + (k * maxc + j) * (int64_t)es, want,
+                                     es) == 0,
+                              "row %lld col %lld (rank %d) differs", (long long)k, (long long)j, r);
+                }
+        }
+        free(x);
+        CHECK_OK(deval_leave(g), NULL);
+        return 0;
+}
+
+static void test_gather_every_dtype(void **state) {
+        (void)state;
+        for (int dt = DEVAL_BOOL; dt <= DEVAL_F64; dt++) {
+                GatherArgs a = {.dtype = dt, .keep_rows = -1, .root = -1};
+                /* bool cannot hold the test values; it checks truthiness only */
+                assert_int_equal(harness_run(&H, 4, rank_gather, &a, 20), 0);
+        }
+}
+
+static void test_gather_options(void **state) {
+        (void)state;
+        GatherArgs cases[] = {
+                {.dtype = DEVAL_F32, .order = DEVAL_ORDER_STRIDED, .keep_rows = -1, .root = -1},
+                {.dtype = DEVAL_I64, .pad_first = 1, .keep_rows = -1, .root = -1},
+                {.dtype = DEVAL_I32, .keep_rows = 3, .root = -1},
+                {.dtype = DEVAL_I32, .order = DEVAL_ORDER_STRIDED, .keep_rows = 4, .root = -1},
+                {.dtype = DEVAL_F64, .valid_tail = 1, .keep_rows = -1, .root = -1},
+                {.dtype = DEVAL_F64, .order = DEVAL_ORDER_STRIDED, .valid_tail = 1,
+                 .keep_rows = -1, .root = -1},
+                {.dtype = DEVAL_F16, .keep_rows = -1, .root = 1},
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                for (int world = 1; world <= 5; world += 2)
+                        if (cases[i].root < world)
+                                assert_int_equal(harness_run(&H, world, rank_gather, &cases[i], 20), 0);
+        }
+}
+
+/* Generation with num_return_sequences=3: tensor 1 has 3 rows per sample, ragged in length;
+ * the last rank drops its duplicate last sample, and samples never split. */
+static int rank_multi_k(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "multik", rank, world, 10000, &g), NULL);
+        int64_t samples = 1 + rank, len = 2 + rank;
+        int64_t ids[8];
+        int32_t seqs[8 * 3 * 8];
+        for (int64_t s = 0; s < samples; s++) {
+                ids[s] = rank * 100 + s;
+                for (int64_t q = 0; q < 3; q++)
+                        for (int64_t t = 0; t < len; t++)
+                                seqs[(s * 3 + q) * len + t] = (int32_t)(ids[s] * 100 + q * 10 + t);
+        }
+        deval_tensor in[2] = {
+                {.data = ids, .dtype = DEVAL_I64, .ndim = 1, .shape = {samples}, .device = -1},
+                {.data = seqs, .dtype = DEVAL_I32, .ndim = 2, .shape = {samples * 3, len},
+                 .device = -1},
+        };
+        deval_tensor out[2];
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        o.order = DEVAL_ORDER_STRIDED;
+        o.pad_value = -5;
+        o.valid_rows = rank == world - 1 ? samples - 1 : -1; /* last rank: a duplicate tail */
+        CHECK_OK(deval_gather(g, 2, in, &o, out), g);
+        int64_t maxlen = 1 + world;
+        const int64_t *oid = out[0].data;
+        const int32_t *oseq = out[1].data;
+        CHECK(out[1].shape[0] == out[0].shape[0] * 3, "%lld seq rows for %lld samples",
+              (long long)out[1].shape[0], (long long)out[0].shape[0]);
+        CHECK(out[1].shape[1] == maxlen, "seq len %lld", (long long)out[1].shape[1]);
+        int64_t k = 0;
+        for (int64_t s = 0; s < 8; s++)
+                for (int r = 0; r < world; r++) {
+                        int64_t have = 1 + r - (r == world - 1);
+                        if (s >= have)
+                                continue;
+                        int64_t id = r * 100 + s;
+                        CHECK(oid[k] == id, "sample %lld is %lld, not %lld", (long long)k,
+                              (long long)oid[k], (long long)id);
+                        for (int64_t q = 0; q < 3; q++)
+                                for (int64_t t = 0; t < maxlen; t++) {
+                                        int32_t want = t < 2 + r ? (int32_t)(id * 100 + q * 10 + t)
+                                                                 : -5;
+                                        CHECK(oseq[(k * 3 + q) * maxlen + t] == want,
+                                              "sample %lld seq %lld tok %lld", (long long)k,
+                                              (long long)q, (long long)t);
+                                }
+                        k++;
+                }
+        CHECK(k == out[0].shape[0], "%lld samples, want %lld", (long long)out[0].shape[0],
+              (long long)k);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_samples_move_whole(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_multi_k, NULL, 20), 0);
+        assert_int_equal(harness_run(&H, 1, rank_multi_k, NULL, 20), 0);
+}
+
+/* 0-d tensors gather as [world]; zero-row inputs on every rank give a [0, ...] result. */
+static int rank_scalars(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "scalar", rank, world, 10000, &g), NULL);
+        double loss = rank + 0.5;
+        deval_tensor in = {.data = &loss, .dtype = DEVAL_F64, .ndim = 0, .device = -1}, out;
+        CHECK_OK(deval_gather(g, 1, &in, NULL, &out), g);
+        CHECK(out.ndim == 1 && out.shape[0] == world, "shape [%lld]", (long long)out.shape[0]);
+        for (int r = 0; r < world; r++)
+                CHECK(((double *)out.data)[r] == r + 0.5, "element %d", r);
+        deval_tensor empty = {.data = NULL, .dtype = DEVAL_I16, .ndim = 3,
+                              .shape = {0, 2 + rank, 3}, .device = -1};
+        CHECK_OK(deval_gather(g, 1, &empty, NULL, &out), g);
+        CHECK(out.shape[0] == 0 && out.shape[1] == 1 + world && out.shape[2] == 3,
+              "shape [%lld, %lld, %lld]", (long long)out.shape[0], (long long)out.shape[1],
+              (long long)out.shape[2]);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_scalars_and_empty(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 4, rank_scalars, NULL, 20), 0);
+}
+
+/* Inputs far past the initial arenas: devald grows input and output arenas. */
+static int rank_large(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "large", rank, world, 20000, &g), NULL);
+        for (int round = 0; round < 3; round++) {
+                int64_t rows = 1000 * (round + 1) + rank, cols = 257 + rank;
+                float *x = malloc((size_t)(rows * cols) * sizeof(float));
+                for (int64_t i = 0; i < rows * cols; i++)
+                        x[i] = (float)(rank * 1e6 + i);
+                deval_tensor in = {.data = x, .dtype = DEVAL_F32, .ndim = 2,
+                                   .shape = {rows, cols}, .device = -1},
+                             out;
+                CHECK_OK(deval_gather(g, 1, &in, NULL, &out), g);
+                int64_t off = 0;
+                for (int r = 0; r < rank; r++)
+                        off += 1000 * (round + 1) + r;
+                const float *o = (const float *)out.data + off * out.shape[1];
+                for (int64_t i = 0; i < rows; i++)
+                        for (int64_t j = 0; j < out.shape[1]; j++) {
+                                float want = j < cols ? (float)(rank * 1e6 + i * cols + j) : 0.0f;
+                                CHECK(o[i * out.shape[1] + j] == want, "round %d (%lld, %lld)",
+                                      round, (long long)i, (long long)j);
+                        }
+                free(x);
+        }
+        deval_leave(g);
+        return 0;
+}
+
+static void test_arena_growth(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_large, NULL, 60), 0);
+}
+
+static int rank_objects(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "objects", rank, world, 10000, &g), NULL);
+        char text[4][32];
+        deval_bytes items[4];
+        int n = rank + 1;
+        for (int i = 0; i < n; i++) {
+                snprintf(text[i], sizeof(text[i]), "rank %d item %d%s", rank, i,
+                         i % 2 ? " (odd)" : "");
+                items[i] = (deval_bytes){text[i], strlen(text[i])};
+        }
+        items[0].len = rank == 1 ? 0 : items[0].len; /* an empty object */
+        size_t on;
+        const deval_bytes *oi;
+        for (int order = 0; order < 2; order++) {
+                deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+                o.order = order;
+                CHECK_OK(deval_gather_objects(g, (size_t)n, items, &o, &on, &oi), g);
+                size_t k = 0;
+                for (int a = 0; a < 4; a++)
+                        for (int b = 0; b < 4; b++) {
+                                int r = order ? b : a, i = order ? a : b;
+                                if (r >= world || i > r)
+                                        continue;
+                                char want[32];
+                                snprintf(want, sizeof(want), "rank %d item %d%s", r, i,
+                                         i % 2 ? " (odd)" : "");
+                                size_t wl = r == 1 && i == 0 ? 0 : strlen(want);
+                                CHECK(k < on && oi[k].len == wl &&
+                                              memcmp(oi[k].data, want, wl) == 0,
+                                      "object %zu (order %d)", k, order);
+                                k++;
+                        }
+                CHECK(k == on, "%zu objects, want %zu", on, k);
+        }
+        CHECK_OK(deval_gather_objects(g, 0, NULL, NULL, &on, &oi), g);
+        CHECK(on == 0, "%zu objects from nothing", on);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_objects(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_objects, NULL, 20), 0);
+}
+
+static int rank_reduce(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "reduce", rank, world, 10000, &g), NULL);
+        for (int dt = DEVAL_BOOL; dt <= DEVAL_F64; dt++) {
+                for (int op = DEVAL_SUM; op <= DEVAL_PROD; op++) {
+                        size_t es = dv_dtype_size(dt);
+                        uint8_t x[6 * 8], want[6 * 8];
+                        double accd[6];
+                        uint8_t acc[6 * 8];
+                        for (int e = 0; e < 6; e++)
+                                dv_dtype_encode(dt, (rank + 1) * (e + 1) * (e % 2 ? -1 : 1), x + e * es);
+                        deval_tensor t = {.data = x, .dtype = dt, .ndim = 2, .shape = {2, 3},
+                                          .device = -1};
+                        int r = deval_reduce(g, &t, (deval_reduce_op)op);
+                        if (op == DEVAL_MEAN && !dv_dtype_is_float(dt)) {
+                                CHECK(r == DEVAL_EINVAL, "mean of %s -> %d", dv_dtype_name(dt), r);
+                                continue;
+                        }
+                        CHECK(r == 0, "reduce %d of %s: %s", op, dv_dtype_name(dt),
+                              deval_errmsg(g));
+                        /* the reference: the same element-wise fold in rank order */
+                        void *a = (dt == DEVAL_F16 || dt == DEVAL_BF16) ? (void *)accd : acc;
+                        for (int k = 0; k < world; k++) {
+                                uint8_t y[6 * 8];
+                                for (int e = 0; e < 6; e++)
+                                        dv_dtype_encode(dt, (k + 1) * (e + 1) * (e % 2 ? -1 : 1),
+                                                        y + e * es);
+                                if (k == 0)
+                                        dv_reduce_init(dt, a, y, 6);
+                                else
+                                        dv_reduce_accumulate(dt, op, a, y, 6);
+                        }
+                        dv_reduce_finish(dt, op, world, a, want, 6);
+                        CHECK(memcmp(x, want, 6 * es) == 0, "reduce %d of %s differs", op,
+                              dv_dtype_name(dt));
+                }
+        }
+        /* a concrete one: sum of i32 over 3 ranks */
+        int32_t v = rank + 1;
+        deval_tensor t = {.data = &v, .dtype = DEVAL_I32, .ndim = 0, .device = -1};
+        CHECK_OK(deval_reduce(g, &t, DEVAL_SUM), g);
+        CHECK(v == world * (world + 1) / 2, "sum is %d", v);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_reduce_all(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_reduce, NULL, 30), 0);
+}
+
+static int rank_broadcast(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "bcast", rank, world, 10000, &g), NULL);
+        for (int root = 0; root < world; root++) {
+                int16_t x[5];
+                for (int e = 0; e < 5; e++)
+                        x[e] = (int16_t)(rank == root ? root * 10 + e : -1);
+                deval_tensor t = {.data = x, .dtype = DEVAL_I16, .ndim = 1, .shape = {5},
+                                  .device = -1};
+                CHECK_OK(deval_broadcast(g, &t, root), g);
+                for (int e = 0; e < 5; e++)
+                        CHECK(x[e] == root * 10 + e, "root %d element %d is %d", root, e, x[e]);
+                char msg[64];
+                int n = snprintf(msg, sizeof(msg), "config from %d", root);
+                deval_bytes b;
+                CHECK_OK(deval_broadcast_bytes(g, rank == root ? msg : NULL,
+                                               rank == root ? (size_t)n : 0, root, &b),
+                         g);
+                snprintf(msg, sizeof(msg), "config from %d", root);
+                CHECK(b.len == strlen(msg) && memcmp(b.data, msg, b.len) == 0, "bytes differ");
+                CHECK_OK(deval_barrier(g), g);
+        }
+        deval_leave(g);
+        return 0;
+}
+
+static void test_broadcast_and_barrier(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_broadcast, NULL, 20), 0);
+}
+
+static int rank_pad(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "pad", rank, world, 10000, &g), NULL);
+        int64_t rows = 1 + rank, cols = 3 - rank % 2;
+        int64_t x[16];
+        for (int i = 0; i < rows * cols; i++)
+                x[i] = rank * 100 + i;
+        deval_tensor in = {.data = x, .dtype = DEVAL_I64, .ndim = 2, .shape = {rows, cols},
+                           .device = -1},
+                     out;
+        /* dim 1 (and -1), padding at the end and at the start */
+        for (int dim = 1; dim >= -1; dim -= 2)
+                for (int first = 0; first < 2; first++) {
+                        CHECK_OK(deval_pad_across_processes(g, &in, dim, -100, first, &out), g);
+                        CHECK(out.shape[0] == rows && out.shape[1] == 3, "shape");
+                        const int64_t *o = out.data;
+                        for (int64_t i = 0; i < rows; i++)
+                                for (int64_t j = 0; j < 3; j++) {
+                                        int64_t sj = first ? j - (3 - cols) : j;
+                                        int64_t want = sj >= 0 && sj < cols ? x[i * cols + sj]
+                                                                            : -100;
+                                        CHECK(o[i * 3 + j] == want, "dim %d first %d (%lld,%lld)",
+                                              dim, first, (long long)i, (long long)j);
+                                }
+                }
+        /* dim 0 pads rows */
+        CHECK_OK(deval_pad_across_processes(g, &in, 0, 7, false, &out), g);
+        CHECK(out.shape[0] == world && out.shape[1] == cols, "dim 0 shape");
+        for (int64_t i = rows; i < world; i++)
+                for (int64_t j = 0; j < cols; j++)
+                        CHECK(((int64_t *)out.data)[i * cols + j] == 7, "dim 0 pad");
+        /* past the rank: unchanged, no collective */
+        CHECK_OK(deval_pad_across_processes(g, &in, 2, 0, false, &out), g);
+        CHECK(out.data == x && out.shape[1] == cols, "dim 2 changed the tensor");
+        CHECK_OK(deval_pad_across_processes(g, &in, -3, 0, false, &out), g);
+        CHECK(out.data == x, "dim -3 changed the tensor");
+        deval_leave(g);
+        return 0;
+}
+
+static void test_pad_across_processes(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_pad, NULL, 20), 0);
+}
+
+/* Two groups at once on one devald, each with its own ranks. */
+static int rank_two_groups(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        (void)world;
+        deval_group *g;
+        const char *name = rank < 2 ? "left" : "right";
+        int r = rank % 2;
+        CHECK_OK(harness_join(h, name, r, 2, 10000, &g), NULL);
+        for (int i = 0; i < 200; i++) {
+                int64_t v = rank * 1000 + i;
+                deval_tensor t = {.data = &v, .dtype = DEVAL_I64, .ndim = 0, .device = -1};
+                CHECK_OK(deval_reduce(g, &t, DEVAL_SUM), g);
+                int64_t want = (rank < 2 ? 1000 : 5000) + 2 * i;
+                CHECK(v == want, "%s: %lld, want %lld", name, (long long)v, (long long)want);
+        }
+        deval_leave(g);
+        return 0;
+}
+
+static void test_groups_are_independent(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 4, rank_two_groups, NULL, 30), 0);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_gather_every_dtype),
+                cmocka_unit_test(test_gather_options),
+                cmocka_unit_test(test_samples_move_whole),
+                cmocka_unit_test(test_scalars_and_empty),
+                cmocka_unit_test(test_arena_growth),
+                cmocka_unit_test(test_objects),
+                cmocka_unit_test(test_reduce_all),
+                cmocka_unit_test(test_broadcast_and_barrier),
+                cmocka_unit_test(test_pad_across_processes),
+                cmocka_unit_test(test_groups_are_independent),
+        };
+        return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,521 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test-failures.c - what happens when things go wrong, with a real devald and real ranks:
+ * a rank killed or exiting mid-collective, devald killed or stopped, a rank that never
+ * arrives, ranks that disagree, bad arguments, quotas, a client that scribbles on shared
+ * memory. Every other rank must get the right status quickly with a message that names who
+ * and where, devald must survive and keep serving other groups, and a failed group's memory
+ * must be freed.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "client.h"
+#include "harness.h"
+#include "util.h"
+
+static Harness H;
+
+/* Shared between ranks: pids and timestamps, in an anonymous shared mapping. */
+typedef struct {
+        pid_t pid[8];
+        double t_event;
+        int flag;
+} Shared;
+static Shared *S;
+
+static int setup(void **state) {
+        (void)state;
+        S = mmap(NULL, sizeof(*S), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        assert_true(S != MAP_FAILED);
+        return 0;
+}
+
+static int before(void **state) {
+        (void)state;
+        memset(S, 0, sizeof(*S));
+        harness_start(&H, NULL);
+        return 0;
+}
+
+static int after(void **state) {
+        (void)state;
+        harness_stop(&H);
+        return 0;
+}
+
+/* Everyone but the victim gathers; the victim dies 300 ms into the collective. */
+static int rank_victim(const Harness *h, int rank, int world, void *arg) {
+        int how = *(int *)arg; /* 0: SIGKILL, 1: exit without leaving */
+        deval_group *g;
+        CHECK_OK(harness_join(h, "victim", rank, world, 20000, &g), NULL);
+        S->pid[rank] = getpid();
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == world - 1) {
+                usleep(300000);
+                S->t_event = harness_now();
+                if (how == 0)
+                        raise(SIGKILL);
+                _exit(0);
+        }
+        float x[4] = {1, 2, 3, 4};
+        deval_tensor in = {.data = x, .dtype = DEVAL_F32, .ndim = 1, .shape = {4}, .device = -1},
+                     out;
+        int r = deval_gather(g, 1, &in, NULL, &out);
+        double now = harness_now();
+        CHECK(r == DEVAL_EPEER, "got %s: %s", deval_strerror(r), deval_errmsg(g));
+        CHECK(now - S->t_event < 1.0, "EPEER came %.3f s after the death", now - S->t_event);
+        char want[64];
+        snprintf(want, sizeof(want), "rank %d (pid %d)", world - 1, (int)S->pid[world - 1]);
+        CHECK(strstr(deval_errmsg(g), want), "message '%s' does not name '%s'", deval_errmsg(g),
+              want);
+        CHECK(strstr(deval_errmsg(g), "gather"), "message '%s' does not say where",
+              deval_errmsg(g));
+        /* the failure sticks */
+        CHECK(deval_barrier(g) == DEVAL_EPEER, "later collectives must fail too");
+        deval_leave(g);
+        return 0;
+}
+
+static void test_rank_killed(void **state) {
+        (void)state;
+        int how = 0;
+        assert_int_equal(harness_run(&H, 3, rank_victim, &how, 20), 1); /* the victim itself */
+}
+
+static void test_rank_exits(void **state) {
+        (void)state;
+        int how = 1;
+        assert_int_equal(harness_run(&H, 4, rank_victim, &how, 20), 0);
+}
+
+/* devald is killed while every rank waits: each gets DEVAL_EDAEMON within 1 s. */
+static int rank_daemon_killed(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "dkill", rank, world, 20000, &g), NULL);
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == 0) {
+                usleep(300000);
+                S->t_event = harness_now();
+                kill(h->daemon, SIGKILL);
+        }
+        int r = deval_barrier(g);
+        double now = harness_now();
+        CHECK(r == DEVAL_EDAEMON, "got %s: %s", deval_strerror(r), deval_errmsg(g));
+        CHECK(now - S->t_event < 1.0, "EDAEMON came %.3f s after the kill", now - S->t_event);
+        CHECK(deval_barrier(g) == DEVAL_EDAEMON, "the failure must stick");
+        deval_leave(g);
+        return 0;
+}
+
+static void test_daemon_killed(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_daemon_killed, NULL, 20), 0);
+        int st;
+        assert_int_equal(waitpid(H.daemon, &st, 0), H.daemon);
+        assert_true(WIFSIGNALED(st));
+        H.daemon = 0;
+        unlink(H.socket);
+        rmdir(H.dir);
+}
+
+/* SIGTERM mid-collective: ranks get DEVAL_EDAEMON saying devald is shutting down. */
+static int rank_daemon_stopped(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "dstop", rank, world, 20000, &g), NULL);
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == 0) {
+                usleep(300000);
+                S->t_event = harness_now();
+                kill(h->daemon, SIGTERM);
+        }
+        /* a step already in flight may finish; the first that fails says why, quickly */
+        int r = 0;
+        for (int i = 0; i < 1000 && r == 0; i++)
+                r = deval_barrier(g);
+        CHECK(r == DEVAL_EDAEMON, "got %s: %s", deval_strerror(r), deval_errmsg(g));
+        CHECK(strstr(deval_errmsg(g), "shutting down"), "'%s'", deval_errmsg(g));
+        CHECK(harness_now() - S->t_event < 1.0, "EDAEMON came %.3f s after SIGTERM",
+              harness_now() - S->t_event);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_daemon_sigterm(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_daemon_stopped, NULL, 20), 0);
+        int st;
+        assert_int_equal(waitpid(H.daemon, &st, 0), H.daemon);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+        H.daemon = 0;
+        struct stat sb;
+        assert_int_equal(stat(H.socket, &sb), -1);
+        rmdir(H.dir);
+}
+
+/* Rank 2 never arrives at collective #2: the others time out naming it and where it is. */
+static int rank_straggler(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "late", rank, world, 1000, &g), NULL);
+        S->pid[rank] = getpid();
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == 2) {
+                usleep(2500000);
+                deval_leave(g);
+                return 0;
+        }
+        double t0 = harness_now();
+        int64_t v = 1;
+        deval_tensor t = {.data = &v, .dtype = DEVAL_I64, .ndim = 0, .device = -1};
+        int r = deval_reduce(g, &t, DEVAL_SUM);
+        double dt = harness_now() - t0;
+        CHECK(r == DEVAL_ETIMEDOUT, "got %s: %s", deval_strerror(r), deval_errmsg(g));
+        CHECK(dt >= 0.95 && dt < 2.0, "timed out after %.3f s, the timeout is 1 s", dt);
+        char want[64];
+        snprintf(want, sizeof(want), "rank 2 (pid %d)", (int)S->pid[2]);
+        const char *m = deval_errmsg(g);
+        CHECK(strstr(m, want) && strstr(m, "collective #1 (barrier)") &&
+                      strstr(m, "collective #2 (reduce)"),
+              "message '%s' must name the rank, its pid and where it is", m);
+        CHECK(!strstr(m, "rank 0 (") && !strstr(m, "rank 1 ("), "'%s' blames arrived ranks", m);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_timeout(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_straggler, NULL, 20), 0);
+}
+
+/* The group never forms: the joiner times out naming the ranks that never came. */
+static int rank_lonely(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        (void)world;
+        deval_group *g = NULL;
+        int r = harness_join(h, "lonely", rank, 4, 500, &g);
+        CHECK(r == DEVAL_ETIMEDOUT, "got %s", deval_strerror(r));
+        CHECK(strstr(deval_errmsg(NULL), "never joined: 1 2 3"), "'%s'", deval_errmsg(NULL));
+        CHECK(g == NULL, "no handle on failure");
+        return 0;
+}
+
+static void test_join_timeout(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 1, rank_lonely, NULL, 10), 0);
+}
+
+typedef struct {
+        const char *field;
+        int what;
+} MismatchArgs;
+
+static int rank_mismatch(const Harness *h, int rank, int world, void *arg) {
+        const MismatchArgs *a = arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "mismatch", rank, world, 10000, &g), NULL);
+        int odd = rank == world - 1;
+        float xf[6] = {0};
+        double xd[6] = {0};
+        deval_tensor in = {.data = xf, .dtype = DEVAL_F32, .ndim = 2, .shape = {2, 3},
+                           .device = -1},
+                     out;
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        int r;
+        if (odd) {
+                switch (a->what) {
+                case 1:
+                        in.data = xd;
+                        in.dtype = DEVAL_F64;
+                        break;
+                case 2:
+                        in.ndim = 1;
+                        in.shape[0] = 6;
+                        break;
+                case 3:
+                        o.order = DEVAL_ORDER_STRIDED;
+                        break;
+                case 4:
+                        o.pad_first = 1;
+                        break;
+                case 5:
+                        o.keep_rows = 3;
+                        break;
+                case 6:
+                        o.pad_value = -1;
+                        break;
+                case 7:
+                        o.root = 0;
+                        break;
+                }
+        }
+        if (a->what == 0 && odd)
+                r = deval_barrier(g);
+        else
+                r = deval_gather(g, 1, &in, &o, &out);
+        const char *m = deval_errmsg(g);
+        CHECK(r == DEVAL_EMISMATCH, "got %s: %s", deval_strerror(r), m);
+        char who[32];
+        snprintf(who, sizeof(who), "rank %d", world - 1);
+        CHECK(strstr(m, a->field) && strstr(m, "rank 0") && strstr(m, who),
+              "'%s' must name the field '%s' and the ranks", m, a->field);
+        /* a mismatch fails one step, not the group */
+        CHECK_OK(deval_barrier(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_mismatch(void **state) {
+        (void)state;
+        MismatchArgs cases[] = {{"op", 0},       {"dtype", 1},     {"ndim", 2},
+                                {"order", 3},    {"pad_first", 4}, {"keep_rows", 5},
+                                {"pad_value", 6}, {"root", 7}};
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+                assert_int_equal(harness_run(&H, 3, rank_mismatch, &cases[i], 20), 0);
+}
+
+/* Bad arguments fail fast with DEVAL_EINVAL and leave the group usable. */
+static int rank_bad_args(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "badargs", rank, world, 10000, &g), NULL);
+        float x[4] = {1, 2, 3, 4};
+        deval_tensor ok = {.data = x, .dtype = DEVAL_F32, .ndim = 1, .shape = {4}, .device = -1};
+        deval_tensor bad, out;
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        bad = ok;
+        bad.ndim = 9;
+        CHECK(deval_gather(g, 1, &bad, NULL, &out) == DEVAL_EINVAL, "ndim 9");
+        CHECK(strstr(deval_errmsg(g), "ndim 9"), "'%s'", deval_errmsg(g));
+        bad = ok;
+        bad.shape[0] = -4;
+        CHECK(deval_gather(g, 1, &bad, NULL, &out) == DEVAL_EINVAL, "negative size");
+        CHECK(strstr(deval_errmsg(g), "negative"), "'%s'", deval_errmsg(g));
+        bad = ok;
+        bad.ndim = 4;
+        bad.shape[0] = bad.shape[1] = bad.shape[2] = bad.shape[3] = INT64_MAX / 1000;
+        CHECK(deval_gather(g, 1, &bad, NULL, &out) == DEVAL_EINVAL, "overflow");
+        CHECK(strstr(deval_errmsg(g), "overflow"), "'%s'", deval_errmsg(g));
+        bad = ok;
+        bad.data = NULL;
+        CHECK(deval_gather(g, 1, &bad, NULL, &out) == DEVAL_EINVAL, "NULL data");
+        CHECK(strstr(deval_errmsg(g), "NULL"), "'%s'", deval_errmsg(g));
+        bad = ok;
+        bad.dtype = 42;
+        CHECK(deval_gather(g, 1, &bad, NULL, &out) == DEVAL_EINVAL, "dtype 42");
+        CHECK(strstr(deval_errmsg(g), "dtype 42"), "'%s'", deval_errmsg(g));
+        CHECK(deval_gather(g, 0, &ok, NULL, &out) == DEVAL_EINVAL, "n = 0");
+        CHECK(deval_gather(g, 1, NULL, NULL, &out) == DEVAL_EINVAL, "in NULL");
+        o.root = world;
+        CHECK(deval_gather(g, 1, &ok, &o, &out) == DEVAL_EINVAL, "root = world");
+        o = (deval_gather_opts)DEVAL_GATHER_OPTS_INIT;
+        o.order = 7;
+        CHECK(deval_gather(g, 1, &ok, &o, &out) == DEVAL_EINVAL, "order 7");
+        int32_t iv = 3;
+        deval_tensor it = {.data = &iv, .dtype = DEVAL_I32, .ndim = 0, .device = -1};
+        CHECK(deval_reduce(g, &it, DEVAL_MEAN) == DEVAL_EINVAL, "mean of i32");
+        CHECK(deval_reduce(g, &it, (deval_reduce_op)9) == DEVAL_EINVAL, "op 9");
+        CHECK(deval_broadcast(g, &it, -1) == DEVAL_EINVAL, "root -1");
+        CHECK(deval_eval_begin(g, -5, DEVAL_ORDER_RANK) == DEVAL_EINVAL, "num_samples -5");
+        CHECK(deval_gather_objects(g, 2, NULL, NULL, NULL, NULL) == DEVAL_EINVAL, "objects");
+        CHECK(deval_gather(NULL, 1, &ok, NULL, &out) == DEVAL_EINVAL, "NULL group");
+        /* none of that reached devald: the group works, and in step */
+        CHECK_OK(deval_gather(g, 1, &ok, NULL, &out), g);
+        CHECK(out.shape[0] == 4 * world, "%lld rows", (long long)out.shape[0]);
+        CHECK_OK(deval_reduce(g, &it, DEVAL_SUM), g);
+        CHECK(iv == 3 * world, "sum %d", iv);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_bad_arguments(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_bad_args, NULL, 20), 0);
+}
+
+static int rank_bad_joins(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        (void)world;
+        deval_group *g = NULL, *g2 = NULL;
+        CHECK(harness_join(h, "joins", 2, 2, 1000, &g) == DEVAL_EINVAL, "rank >= world");
+        CHECK(strstr(deval_errmsg(NULL), "rank 2"), "'%s'", deval_errmsg(NULL));
+        CHECK(harness_join(h, "joins", 0, 0, 1000, &g) == DEVAL_EINVAL, "world 0");
+        CHECK(harness_join(h, "joins", -1, 2, 1000, &g) == DEVAL_EINVAL, "rank -1");
+        CHECK(harness_join(h, "", 0, 2, 1000, &g) != 0, "empty name");
+        if (rank == 0) {
+                /* rank 0 takes its place; rank 1 tries to take the same one */
+                S->flag = 1;
+                CHECK_OK(harness_join(h, "joins", 0, 2, 5000, &g), NULL);
+                CHECK_OK(deval_barrier(g), g);
+                deval_leave(g);
+                return 0;
+        }
+        while (!S->flag)
+                usleep(1000);
+        usleep(100000);
+        int r = harness_join(h, "joins", 0, 2, 1000, &g2);
+        CHECK(r == DEVAL_EINVAL, "second rank 0: %s", deval_strerror(r));
+        CHECK(strstr(deval_errmsg(NULL), "already joined"), "'%s'", deval_errmsg(NULL));
+        r = harness_join(h, "joins", 1, 3, 1000, &g2);
+        CHECK(r == DEVAL_EINVAL && strstr(deval_errmsg(NULL), "world size 2"),
+              "other world size: '%s'", deval_errmsg(NULL));
+        CHECK_OK(harness_join(h, "joins", 1, 2, 5000, &g2), NULL);
+        CHECK_OK(deval_barrier(g2), g2);
+        deval_leave(g2);
+        return 0;
+}
+
+static void test_bad_joins(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 2, rank_bad_joins, NULL, 20), 0);
+}
+
+/* One group dies while another keeps working; then devald holds no group at all. */
+static int rank_survive(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        (void)world;
+        deval_group *g;
+        if (rank >= 2) { /* the healthy group */
+                CHECK_OK(harness_join(h, "healthy", rank - 2, 2, 10000, &g), NULL);
+                for (int i = 0; i < 50; i++) {
+                        CHECK_OK(deval_barrier(g), g);
+                        usleep(10000);
+                }
+                deval_leave(g);
+                return 0;
+        }
+        CHECK_OK(harness_join(h, "doomed", rank, 2, 10000, &g), NULL);
+        double big[4096];
+        memset(big, 0, sizeof(big));
+        deval_tensor t = {.data = big, .dtype = DEVAL_F64, .ndim = 1, .shape = {4096},
+                          .device = -1},
+                     out;
+        CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g);
+        if (rank == 1)
+                raise(SIGKILL);
+        CHECK(deval_barrier(g) == DEVAL_EPEER, "EPEER");
+        deval_leave(g);
+        return 0;
+}
+
+static void test_daemon_survives(void **state) {
+        (void)state;
+        char buf[4096];
+        assert_int_equal(harness_run(&H, 4, rank_survive, NULL, 20), 1);
+        usleep(100000);
+        assert_int_equal(harness_ctl(&H, "--json=short status", buf, sizeof(buf)), 0);
+        /* every group, the failed one included, is gone with its memory */
+        assert_non_null(strstr(buf, "\"total_groups\":0"));
+        assert_non_null(strstr(buf, "\"groups\":[]"));
+}
+
+static int rank_quota(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "quota", rank, world, 10000, &g), NULL);
+        size_t n = 1 << 20; /* 8 MiB of f64 per rank: over a 4 MiB quota */
+        double *x = calloc(n, sizeof(double));
+        deval_tensor t = {.data = x, .dtype = DEVAL_F64, .ndim = 1, .shape = {(int64_t)n},
+                          .device = -1},
+                     out;
+        /* rank 0's input is over the quota: every rank's step fails, naming it */
+        t.shape[0] = rank == 0 ? (int64_t)n : 1000;
+        int r = deval_gather(g, 1, &t, NULL, &out);
+        CHECK(r == DEVAL_ENOMEM, "got %s: %s", deval_strerror(r), deval_errmsg(g));
+        CHECK(strstr(deval_errmsg(g), "quota") && strstr(deval_errmsg(g), "rank 0"), "'%s'",
+              deval_errmsg(g));
+        t.shape[0] = 1000;
+        CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g);
+        /* 1 MiB inputs fit; the 2 MiB result does not */
+        t.shape[0] = 1 << 17;
+        r = deval_gather(g, 1, &t, NULL, &out);
+        CHECK(r == DEVAL_ENOMEM && strstr(deval_errmsg(g), "quota"), "got %s: %s",
+              deval_strerror(r), deval_errmsg(g));
+        CHECK_OK(deval_barrier(g), g);
+        free(x);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_quota(void **state) {
+        (void)state;
+        harness_stop(&H);
+        const char *extra[] = {"--max-group-bytes=4M", NULL};
+        harness_start(&H, extra);
+        assert_int_equal(harness_run(&H, 2, rank_quota, NULL, 20), 0);
+}
+
+/* A client that writes garbage into its slot fails the step with EPROTO naming it. */
+static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "hostile", rank, world, 10000, &g), NULL);
+        float x[2] = {1, 2};
+        deval_tensor t = {.data = x, .dtype = DEVAL_F32, .ndim = 1, .shape = {2}, .device = -1},
+                     out;
+        if (rank == 1) {
+                /* forge a request: a tensor far outside the arena */
+                DvSlot *s = &g->hdr->slots[rank];
+                memset(&s->req, 0, offsetof(DvRequest, t));
+                s->req.seq = g->seq + 1;
+                s->req.op = DV_OP_GATHER;
+                s->req.ntensors = 1;
+                s->req.valid_rows = s->req.keep_rows = -1;
+                s->req.root = -1;
+                s->req.t[0] = (DvTensorDesc){.dtype = DEVAL_F32, .ndim = 1, .shape = {1 << 28},
+                                             .offset = 1ull << 40, .nbytes = 1ull << 30};
+                g->seq++;
+                atomic_store(&s->arrived_seq, g->seq);
+                atomic_fetch_add(&g->hdr->arrive, 1);
+                dv_futex_wake(&g->hdr->arrive);
+                while (atomic_load(&g->hdr->done_seq) != g->seq)
+                        usleep(1000);
+                CHECK(s->res.status == DEVAL_EPROTO, "status %d", s->res.status);
+        } else {
+                int r = deval_gather(g, 1, &t, NULL, &out);
+                CHECK(r == DEVAL_EPROTO, "got %s: %s", deval_strerror(r), deval_errmsg(g));
+                CHECK(strstr(deval_errmsg(g), "rank 1"), "'%s'", deval_errmsg(g));
+        }
+        /* the group goes on */
+        CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g);
+        CHECK(out.shape[0] == 2 * world, "rows");
+        deval_leave(g);
+        return 0;
+}
+
+static void test_hostile_client(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_hostile, NULL, 20), 0);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_rank_killed, before, after),
+                cmocka_unit_test_setup_teardown(test_rank_exits, before, after),
+                cmocka_unit_test_setup_teardown(test_daemon_killed, before, NULL),
+                cmocka_unit_test_setup_teardown(test_daemon_sigterm, before, NULL),
+                cmocka_unit_test_setup_teardown(test_timeout, before, after),
+                cmocka_unit_test_setup_teardown(test_join_timeout, before, after),
+                cmocka_unit_test_setup_teardown(test_mismatch, before, after),
+                cmocka_unit_test_setup_teardown(test_bad_arguments, before, after),
+                cmocka_unit_test_setup_teardown(test_bad_joins, before, after),
+                cmocka_unit_test_setup_teardown(test_daemon_survives, before, after),
+                cmocka_unit_test_setup_teardown(test_quota, before, after),
+                cmocka_unit_test_setup_teardown(test_hostile_client, before, after),
+        };
+        return cmocka_run_group_tests(tests, setup, NULL);
+}
