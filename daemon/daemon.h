@@ -66,6 +66,7 @@ struct Group {
         bool listed; /* still findable by name */
         uint64_t created_ns;
         int64_t timeout_ns; /* < 0: none */
+        uint64_t spin_ns;   /* the worker busy-waits this long for arrivals before sleeping */
         Member *members;
 
         Arena ctl;
@@ -107,6 +108,7 @@ struct Daemon {
         uint64_t max_group_bytes;
         int max_groups;
         int threads; /* copy threads per group */
+        int spin_us; /* < 0: decide per group from the cores and the world size */
         uint64_t start_ns;
         Conn *conns;
         Group *groups;

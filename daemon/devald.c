@@ -293,6 +293,8 @@ static void help(void) {
                "                            of RAM); suffixes K, M, G\n"
                "     --max-groups=N         groups at once (default 1024)\n"
                "     --threads=N            copy threads per group (default: online CPUs, max 8)\n"
+               "     --spin-us=N            busy-wait N us for arrivals before sleeping (default:\n"
+               "                            20 when the cores outnumber a group's ranks + 1, else 0)\n"
                "  -h --help                 show this help\n"
                "     --version              show the version\n");
 }
@@ -328,7 +330,7 @@ static int parse_size(const char *s, uint64_t *ret) {
 }
 
 static int parse_args(Daemon *d, int argc, char **argv) {
-        enum { ARG_MAX_GROUP_BYTES = 0x100, ARG_MAX_GROUPS, ARG_THREADS, ARG_VERSION };
+        enum { ARG_MAX_GROUP_BYTES = 0x100, ARG_MAX_GROUPS, ARG_THREADS, ARG_SPIN_US, ARG_VERSION };
         static const struct option opts[] = {
                 {"socket", required_argument, NULL, 's'},
                 {"backend", required_argument, NULL, 'b'},
@@ -336,6 +338,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                 {"max-group-bytes", required_argument, NULL, ARG_MAX_GROUP_BYTES},
                 {"max-groups", required_argument, NULL, ARG_MAX_GROUPS},
                 {"threads", required_argument, NULL, ARG_THREADS},
+                {"spin-us", required_argument, NULL, ARG_SPIN_US},
                 {"help", no_argument, NULL, 'h'},
                 {"version", no_argument, NULL, ARG_VERSION},
                 {},
@@ -346,6 +349,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
 
         d->max_group_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : 1ull << 30;
         d->max_groups = 1024;
+        d->spin_us = -1;
         d->threads = (int)DV_MIN(DV_MAX(ncpu, 1), 8);
         if (dv_default_socket_path(d->socket_path, sizeof(d->socket_path)) < 0)
                 d->socket_path[0] = '\0';
@@ -388,6 +392,13 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                         d->threads = atoi(optarg);
                         if (d->threads < 1 || d->threads > 64) {
                                 fprintf(stderr, "devald: bad --threads '%s' (1..64)\n", optarg);
+                                return 2;
+                        }
+                        break;
+                case ARG_SPIN_US:
+                        d->spin_us = atoi(optarg);
+                        if (d->spin_us < 0 || d->spin_us > 10000) {
+                                fprintf(stderr, "devald: bad --spin-us '%s' (0..10000)\n", optarg);
                                 return 2;
                         }
                         break;

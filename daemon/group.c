@@ -178,6 +178,12 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                 if (t > 0 && (g->timeout_ns < 0 || (int64_t)t * 1000000 < g->timeout_ns))
                         g->timeout_ns = (int64_t)t * 1000000;
         }
+        /* spinning only pays when every rank and the worker can have a core */
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        if (d->spin_us >= 0)
+                g->spin_ns = (uint64_t)d->spin_us * 1000;
+        else
+                g->spin_ns = ncpu >= g->world + 2 ? 20000 : 0;
         g->reqs = calloc((size_t)g->world, sizeof(*g->reqs));
         g->pass.rows[0] = calloc((size_t)g->world, sizeof(int64_t));
         g->pass.rows[1] = calloc((size_t)g->world, sizeof(int64_t));

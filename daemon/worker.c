@@ -14,7 +14,6 @@
 #include "log.h"
 #include "util.h"
 
-#define SPIN_NS   (50 * 1000)
 #define SLICE_NS  (100 * 1000 * 1000)
 
 static void worker_publish_abort(Group *g) {
@@ -70,7 +69,7 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
 /* Wait for every rank at seq. Return: 0 when all arrived, else the group's failure. */
 static int worker_wait(Group *g, uint32_t seq) {
         DvCtlHeader *h = g->hdr;
-        uint64_t first_ns = 0, spin_until = dv_now_ns() + SPIN_NS;
+        uint64_t first_ns = 0, spin_until = dv_now_ns() + g->spin_ns;
         uint32_t op = 0;
 
         for (;;) {

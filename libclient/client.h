@@ -25,6 +25,7 @@ struct deval_group {
         uint32_t seq;
         int failed; /* sticky status once the group is unusable */
         bool debug;
+        uint64_t spin_ns; /* busy-wait this long before sleeping on the futex */
         deval_bytes *items;
         size_t items_cap;
         char errmsg[DV_MSG_MAX + 128];

@@ -19,7 +19,6 @@
 #include "dtype.h"
 #include "util.h"
 
-#define SPIN_NS       (30 * 1000)
 #define SLICE_NS      (20 * 1000 * 1000) /* how often a sleeping rank checks devald is alive */
 #define WAIT_GRACE_NS (5000ll * 1000 * 1000)
 
@@ -127,7 +126,7 @@ static int coll_run(deval_group *g, const char *fn, DvResult **ret) {
                 if (s)
                         return group_fail_local(g, s, h->abort_msg);
                 uint64_t now = dv_now_ns();
-                if (now - start < SPIN_NS) {
+                if (now - start < g->spin_ns) {
                         dv_cpu_relax();
                         continue;
                 }

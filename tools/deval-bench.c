@@ -1,0 +1,295 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * deval-bench - latency and bandwidth of deval's collectives, against memcpy as the limit.
+ *
+ * For 2, 4 and 8 ranks and 64 B to 64 MiB per rank it times a ragged gather (f32, the last
+ * dim one element shorter on odd ranks so it is padded, and the last rank's last row
+ * trimmed with valid_rows), then an 8-byte reduce and a barrier on 2 ranks. Every figure is
+ * printed next to memcpy of the same output size on one thread, measured in the same run,
+ * and their ratio, because the machine is shared and noisy.
+ *
+ *   deval-bench [--devald PATH | --socket PATH] [--quick] [--max-world N]
+ */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "deval.h"
+
+#define MAX_ITERS 4000
+
+static const char *arg_socket;
+static const char *arg_devald;
+static int arg_quick;
+static int arg_max_world = 8;
+
+static double now_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *)a, y = *(const double *)b;
+        return x < y ? -1 : x > y;
+}
+
+static double quantile(double *v, int n, double q) {
+        qsort(v, (size_t)n, sizeof(*v), cmp_double);
+        int i = (int)(q * (n - 1) + 0.5);
+        return v[i];
+}
+
+/* Median time of memcpy of bytes on one thread, buffers touched first. */
+static double memcpy_time(size_t bytes, int iters) {
+        char *a = malloc(bytes), *b = malloc(bytes);
+        double t[64];
+        memset(a, 1, bytes);
+        memset(b, 2, bytes);
+        if (iters > 64)
+                iters = 64;
+        for (int i = 0; i < iters; i++) {
+                double t0 = now_s();
+                memcpy(b, a, bytes);
+                t[i] = now_s() - t0;
+                a[i % bytes] = (char)i; /* keep the copy from being elided */
+        }
+        volatile char sink = b[bytes / 2];
+        (void)sink;
+        free(a);
+        free(b);
+        return quantile(t, iters, 0.5);
+}
+
+typedef struct {
+        int kind; /* 0 gather, 1 reduce, 2 barrier */
+        int world;
+        size_t bytes;
+        int iters;
+        char group[48];
+        double *lat; /* shared, rank 0's latencies */
+        double *out_bytes;
+        int *failed;
+} Job;
+
+static void shape_for(size_t bytes, int rank, int64_t *rows, int64_t *cols) {
+        if (bytes <= 256) {
+                *rows = 2;
+                *cols = (int64_t)(bytes / 8);
+        } else {
+                *cols = 64;
+                *rows = (int64_t)(bytes / 256);
+        }
+        if (rank % 2 && *cols > 1)
+                (*cols)--;
+}
+
+static int rank_main(const Job *j, int rank) {
+        deval_join_opts o = {.socket_path = arg_socket, .timeout_ms = 120000};
+        deval_group *g;
+        int r = deval_join(j->group, rank, j->world, &o, &g);
+        if (r) {
+                fprintf(stderr, "deval-bench: join: %s\n", deval_errmsg(NULL));
+                return 1;
+        }
+        int64_t rows, cols;
+        shape_for(j->bytes, rank, &rows, &cols);
+        float *x = malloc((size_t)(rows * cols) * sizeof(float) + 8);
+        for (int64_t i = 0; i < rows * cols; i++)
+                x[i] = (float)i;
+        deval_tensor in = {.data = x, .dtype = DEVAL_F32, .ndim = 2, .shape = {rows, cols},
+                           .device = -1},
+                     out;
+        double v = rank;
+        deval_tensor red = {.data = &v, .dtype = DEVAL_F64, .ndim = 1, .shape = {1},
+                            .device = -1};
+        deval_gather_opts go = DEVAL_GATHER_OPTS_INIT;
+        if (rank == j->world - 1)
+                go.valid_rows = rows - 1;
+        int warm = j->iters / 10 + 2;
+        for (int it = -warm; it < j->iters && !r; it++) {
+                if (j->kind == 0)
+                        r = deval_barrier(g);
+                double t0 = now_s();
+                if (!r && j->kind == 0)
+                        r = deval_gather(g, 1, &in, &go, &out);
+                else if (!r && j->kind == 1)
+                        r = deval_reduce(g, &red, DEVAL_SUM);
+                else if (!r)
+                        r = deval_barrier(g);
+                double t = now_s() - t0;
+                if (rank == 0 && it >= 0)
+                        j->lat[it] = t;
+                if (rank == 0 && !r && j->kind == 0)
+                        *j->out_bytes = (double)(out.shape[0] * out.shape[1]) * sizeof(float);
+        }
+        if (r)
+                fprintf(stderr, "deval-bench: rank %d: %s\n", rank, deval_errmsg(g));
+        deval_leave(g);
+        free(x);
+        return r != 0;
+}
+
+static int run_job(Job *j) {
+        static int seq;
+        pid_t pids[8];
+        snprintf(j->group, sizeof(j->group), "bench-%d-%d", (int)getpid(), seq++);
+        *j->failed = 0;
+        fflush(NULL);
+        for (int r = 0; r < j->world; r++) {
+                pids[r] = fork();
+                if (pids[r] == 0)
+                        _exit(rank_main(j, r));
+        }
+        int bad = 0;
+        for (int r = 0; r < j->world; r++) {
+                int st;
+                waitpid(pids[r], &st, 0);
+                bad |= !WIFEXITED(st) || WEXITSTATUS(st);
+        }
+        return bad;
+}
+
+static void human(double bytes, char *buf, size_t len) {
+        if (bytes >= 1 << 20)
+                snprintf(buf, len, "%.0f MiB", bytes / (1 << 20));
+        else if (bytes >= 1 << 10)
+                snprintf(buf, len, "%.0f KiB", bytes / (1 << 10));
+        else
+                snprintf(buf, len, "%.0f B", bytes);
+}
+
+static pid_t spawn_devald(char *sock, size_t len) {
+        char dir[] = "/tmp/deval-bench-XXXXXX";
+        if (!mkdtemp(dir))
+                return -1;
+        snprintf(sock, len, "%s/devald.sock", dir);
+        pid_t p = fork();
+        if (p == 0) {
+                execl(arg_devald, arg_devald, "--socket", sock, "--log-level", "warn", NULL);
+                _exit(127);
+        }
+        for (int i = 0; i < 500; i++) {
+                struct sockaddr_un sa = {.sun_family = AF_UNIX};
+                snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+                int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+                int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+                close(fd);
+                if (ok)
+                        return p;
+                usleep(10000);
+        }
+        return -1;
+}
+
+int main(int argc, char **argv) {
+        static const struct option opts[] = {
+                {"socket", required_argument, NULL, 's'},
+                {"devald", required_argument, NULL, 'd'},
+                {"quick", no_argument, NULL, 'q'},
+                {"max-world", required_argument, NULL, 'w'},
+                {"help", no_argument, NULL, 'h'},
+                {},
+        };
+        static char sock[128];
+        int c;
+        pid_t daemon = 0;
+
+        while ((c = getopt_long(argc, argv, "s:d:qw:h", opts, NULL)) >= 0) {
+                switch (c) {
+                case 's':
+                        arg_socket = optarg;
+                        break;
+                case 'd':
+                        arg_devald = optarg;
+                        break;
+                case 'q':
+                        arg_quick = 1;
+                        break;
+                case 'w':
+                        arg_max_world = atoi(optarg);
+                        break;
+                case 'h':
+                        printf("Usage: deval-bench [--devald PATH | --socket PATH] [--quick] "
+                               "[--max-world N]\n");
+                        return 0;
+                default:
+                        return 2;
+                }
+        }
+        if (arg_devald) {
+                daemon = spawn_devald(sock, sizeof(sock));
+                if (daemon < 0) {
+                        fprintf(stderr, "deval-bench: could not start %s\n", arg_devald);
+                        return 1;
+                }
+                arg_socket = sock;
+        }
+
+        double *lat = mmap(NULL, sizeof(double) * (MAX_ITERS + 2), PROT_READ | PROT_WRITE,
+                           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        int *failed = (int *)(lat + MAX_ITERS + 1);
+        double *out_bytes = lat + MAX_ITERS;
+        static const size_t sizes[] = {64, 4 << 10, 256 << 10, 4 << 20, 64 << 20};
+        int rc = 0;
+
+        printf("ragged gather, f32, pad dim 1, last row of the last rank trimmed\n");
+        printf("%5s %9s %11s %11s %11s %11s %11s %8s\n", "ranks", "per rank", "output",
+               "p50 us", "p99 us", "GB/s", "memcpy GB/s", "ratio");
+        for (int world = 2; world <= arg_max_world; world *= 2) {
+                for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+                        size_t bytes = sizes[s];
+                        if (arg_quick && bytes > (4u << 20))
+                                continue;
+                        int iters = bytes >= (64u << 20) ? 10 : bytes >= (4u << 20) ? 40 : 1000;
+                        if (arg_quick)
+                                iters = iters > 200 ? 200 : iters;
+                        Job j = {.kind = 0, .world = world, .bytes = bytes, .iters = iters,
+                                 .lat = lat, .out_bytes = out_bytes, .failed = failed};
+                        if (run_job(&j)) {
+                                rc = 1;
+                                continue;
+                        }
+                        double p50 = quantile(lat, iters, 0.5), p99 = quantile(lat, iters, 0.99);
+                        double mc = memcpy_time((size_t)*out_bytes, iters);
+                        char a[16], b[16];
+                        human((double)bytes, a, sizeof(a));
+                        human(*out_bytes, b, sizeof(b));
+                        printf("%5d %9s %11s %11.1f %11.1f %11.2f %11.2f %7.2fx\n", world, a, b,
+                               p50 * 1e6, p99 * 1e6, *out_bytes / p50 / 1e9,
+                               *out_bytes / mc / 1e9, mc / p50);
+                        fflush(stdout);
+                }
+        }
+
+        const char *names[] = {"8-byte reduce", "barrier"};
+        printf("\n%-14s %5s %11s %11s\n", "collective", "ranks", "p50 us", "p99 us");
+        for (int kind = 1; kind <= 2; kind++) {
+                int iters = arg_quick ? 500 : MAX_ITERS;
+                Job j = {.kind = kind, .world = 2, .bytes = 8, .iters = iters, .lat = lat,
+                         .out_bytes = out_bytes, .failed = failed};
+                if (run_job(&j)) {
+                        rc = 1;
+                        continue;
+                }
+                printf("%-14s %5d %11.1f %11.1f\n", names[kind - 1], 2,
+                       quantile(lat, iters, 0.5) * 1e6, quantile(lat, iters, 0.99) * 1e6);
+        }
+        if (daemon > 0) {
+                kill(daemon, SIGTERM);
+                waitpid(daemon, NULL, 0);
+                char *slash = strrchr(sock, '/');
+                *slash = '\0';
+                rmdir(sock);
+        }
+        return rc;
+}
