@@ -371,17 +371,17 @@ int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, 
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g, fn)) < 0)
-                return r;
         if (!in || !out)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: in or out is NULL", fn);
         uint64_t bytes;
         if ((r = check_tensor(g, fn, 0, in, true, &bytes)) < 0)
                 return r;
-        if (dim >= in->ndim || dim < -in->ndim) {
+        if (dim >= in->ndim || dim < -in->ndim) { /* no collective, whatever the group's state */
                 *out = *in;
                 return 0;
         }
+        if ((r = coll_begin(g, fn)) < 0)
+                return r;
         if (dim < 0)
                 dim += in->ndim;
         DvRequest *q = req_start(g, DV_OP_PAD);

@@ -200,7 +200,7 @@ int main(int argc, char **argv) {
                 {"help", no_argument, NULL, 'h'},
                 {},
         };
-        static char sock[128];
+        static char sock[100];
         int c;
         pid_t daemon = 0;
 
