@@ -5,11 +5,12 @@
  * Half formats are rounded straight from double, never through float, so that a value is
  * rounded once (double rounding would be off by one ulp on ties).
  */
+#include "dtype.h"
+
 #include <math.h>
 #include <string.h>
 
 #include "deval.h"
-#include "dtype.h"
 
 static const struct {
         const char *name;
@@ -221,50 +222,50 @@ size_t dv_reduce_acc_size(int dtype) {
 }
 
 /* Integer ops wrap (two's complement) like torch; unsigned arithmetic keeps that defined. */
-#define REDUCE_INT(T, UT)                                                                          \
-        do {                                                                                       \
-                T *a = acc;                                                                        \
-                const T *b = x;                                                                    \
-                for (size_t k = 0; k < n; k++) {                                                   \
-                        switch (op) {                                                              \
-                        case DEVAL_SUM:                                                            \
-                                a[k] = (T)((UT)a[k] + (UT)b[k]);                                   \
-                                break;                                                             \
-                        case DEVAL_PROD:                                                           \
-                                a[k] = (T)((UT)a[k] * (UT)b[k]);                                   \
-                                break;                                                             \
-                        case DEVAL_MAX:                                                            \
-                                a[k] = b[k] > a[k] ? b[k] : a[k];                                  \
-                                break;                                                             \
-                        case DEVAL_MIN:                                                            \
-                                a[k] = b[k] < a[k] ? b[k] : a[k];                                  \
-                                break;                                                             \
-                        }                                                                          \
-                }                                                                                  \
+#define REDUCE_INT(T, UT)                                         \
+        do {                                                      \
+                T *a = acc;                                       \
+                const T *b = x;                                   \
+                for (size_t k = 0; k < n; k++) {                  \
+                        switch (op) {                             \
+                        case DEVAL_SUM:                           \
+                                a[k] = (T)((UT)a[k] + (UT)b[k]);  \
+                                break;                            \
+                        case DEVAL_PROD:                          \
+                                a[k] = (T)((UT)a[k] * (UT)b[k]);  \
+                                break;                            \
+                        case DEVAL_MAX:                           \
+                                a[k] = b[k] > a[k] ? b[k] : a[k]; \
+                                break;                            \
+                        case DEVAL_MIN:                           \
+                                a[k] = b[k] < a[k] ? b[k] : a[k]; \
+                                break;                            \
+                        }                                         \
+                }                                                 \
         } while (0)
 
 /* NaN propagates through max and min, as in torch. */
-#define REDUCE_FLOAT(T, LOAD)                                                                      \
-        do {                                                                                       \
-                T *a = acc;                                                                        \
-                for (size_t k = 0; k < n; k++) {                                                   \
-                        T b = LOAD;                                                                \
-                        switch (op) {                                                              \
-                        case DEVAL_SUM:                                                            \
-                        case DEVAL_MEAN:                                                           \
-                                a[k] += b;                                                         \
-                                break;                                                             \
-                        case DEVAL_PROD:                                                           \
-                                a[k] *= b;                                                         \
-                                break;                                                             \
-                        case DEVAL_MAX:                                                            \
-                                a[k] = isnan(a[k]) || b <= a[k] ? a[k] : b;                        \
-                                break;                                                             \
-                        case DEVAL_MIN:                                                            \
-                                a[k] = isnan(a[k]) || b >= a[k] ? a[k] : b;                        \
-                                break;                                                             \
-                        }                                                                          \
-                }                                                                                  \
+#define REDUCE_FLOAT(T, LOAD)                                               \
+        do {                                                                \
+                T *a = acc;                                                 \
+                for (size_t k = 0; k < n; k++) {                            \
+                        T b = LOAD;                                         \
+                        switch (op) {                                       \
+                        case DEVAL_SUM:                                     \
+                        case DEVAL_MEAN:                                    \
+                                a[k] += b;                                  \
+                                break;                                      \
+                        case DEVAL_PROD:                                    \
+                                a[k] *= b;                                  \
+                                break;                                      \
+                        case DEVAL_MAX:                                     \
+                                a[k] = isnan(a[k]) || b <= a[k] ? a[k] : b; \
+                                break;                                      \
+                        case DEVAL_MIN:                                     \
+                                a[k] = isnan(a[k]) || b >= a[k] ? a[k] : b; \
+                                break;                                      \
+                        }                                                   \
+                }                                                           \
         } while (0)
 
 void dv_reduce_accumulate(int dtype, int op, void *acc, const void *x, size_t n) {

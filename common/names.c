@@ -3,6 +3,7 @@
  * names.c - names of statuses and collective ops, for messages on both sides of the wire.
  */
 #include "deval.h"
+
 #include "wire.h"
 
 const char *dv_op_name(uint32_t op) {

@@ -9,13 +9,14 @@
  * block dim by dim and merged on the fly into strided pieces, so a block whose only ragged
  * dim is the last becomes one segment.
  */
+#include "plan.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dtype.h"
-#include "plan.h"
 #include "util.h"
 
 void dv_plan_init(DvPlan *p) {
@@ -97,7 +98,8 @@ static int seg_add(DvPlan *p, int kind, int tensor, int rank, uint64_t src, uint
                         return 0;
                 }
                 if (same && s->len == len) {
-                        if (s->count == 1 && dst > s->dst && (kind == DV_SEG_FILL || src > s->src)) {
+                        if (s->count == 1 && dst > s->dst &&
+                            (kind == DV_SEG_FILL || src > s->src)) {
                                 s->src_stride = kind == DV_SEG_COPY ? src - s->src : 0;
                                 s->dst_stride = dst - s->dst;
                                 s->count = 2;
@@ -113,8 +115,13 @@ static int seg_add(DvPlan *p, int kind, int tensor, int rank, uint64_t src, uint
         DvSeg *s = seg_push(p);
         if (!s)
                 return plan_fail(p, DEVAL_ENOMEM, "out of memory while planning");
-        *s = (DvSeg){.kind = kind, .rank = rank, .tensor = tensor, .src = src, .dst = dst,
-                     .len = len, .count = 1};
+        *s = (DvSeg){.kind = kind,
+                     .rank = rank,
+                     .tensor = tensor,
+                     .src = src,
+                     .dst = dst,
+                     .len = len,
+                     .count = 1};
         *open = (size_t)(s - p->segs);
         return 0;
 }
@@ -161,8 +168,13 @@ static int block_dim(Block *b, int k, uint64_t src, uint64_t dst) {
  */
 static int block_emit(DvPlan *p, int tensor, int rank, int ndim, size_t es, const int64_t *sd,
                       const int64_t *dd, bool pad_first, uint64_t src, uint64_t dst) {
-        Block b = {.p = p, .tensor = tensor, .rank = rank, .ndim = ndim, .pad_first = pad_first,
-                   .sd = sd, .dd = dd};
+        Block b = {.p = p,
+                   .tensor = tensor,
+                   .rank = rank,
+                   .ndim = ndim,
+                   .pad_first = pad_first,
+                   .sd = sd,
+                   .dd = dd};
         b.svol[ndim] = b.dvol[ndim] = es;
         for (int k = ndim - 1; k >= 0; k--) {
                 b.svol[k] = b.svol[k + 1] * (uint64_t)sd[k];
@@ -408,9 +420,10 @@ int dv_plan_pad(int world, const DvShape *in, int dim, bool pad_first, double pa
                                          "%s",
                                          dv_dtype_name(in[0].dtype), k, dv_dtype_name(in[k].dtype));
                 if (in[k].ndim != in[0].ndim)
-                        return plan_fail(p, DEVAL_EMISMATCH,
-                                         "ranks disagree on the ndim: rank 0 has %d, rank %d has %d",
-                                         in[0].ndim, k, in[k].ndim);
+                        return plan_fail(
+                                p, DEVAL_EMISMATCH,
+                                "ranks disagree on the ndim: rank 0 has %d, rank %d has %d",
+                                in[0].ndim, k, in[k].ndim);
                 longest = DV_MAX(longest, in[k].shape[dim]);
         }
         uint64_t cursor = out_base;

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "deval.h"
+
 #include "wire.h"
 
 typedef struct {
@@ -20,7 +21,10 @@ typedef struct {
         int64_t shape[DEVAL_MAX_DIMS];
 } DvShape;
 
-enum { DV_SEG_COPY = 1, DV_SEG_FILL = 2 };
+enum {
+        DV_SEG_COPY = 1,
+        DV_SEG_FILL = 2
+};
 
 /*
  * count pieces of len bytes: piece c copies from src + c * src_stride of rank's tensor
@@ -67,7 +71,7 @@ typedef struct {
 
 typedef struct {
         int nout;
-        DvShape *out;        /* [nout] output shapes */
+        DvShape *out;         /* [nout] output shapes */
         uint64_t *out_offset; /* [nout] in the output arena, DV_ARENA_ALIGN aligned */
         uint64_t *out_nbytes; /* [nout] */
         uint8_t (*fill)[8];   /* [nout] the pad element of each output */
@@ -76,8 +80,8 @@ typedef struct {
         size_t nsegs, segs_cap;
         DvRun *runs;
         size_t nruns, runs_cap;
-        int64_t samples;      /* samples in the result */
-        int64_t *contributed; /* [world] samples each rank gave after valid_rows */
+        int64_t samples;             /* samples in the result */
+        int64_t *contributed;        /* [world] samples each rank gave after valid_rows */
         size_t last_copy, last_fill; /* segments open for merging, or SIZE_MAX */
         char err[DV_MSG_MAX];
 } DvPlan;

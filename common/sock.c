@@ -4,14 +4,14 @@
  * tools. Received descriptors are close-on-exec (MSG_CMSG_CLOEXEC); a message that arrives
  * with more descriptors than asked for has the extras closed, never leaked.
  */
+#include "sock.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include "sock.h"
 
 /**
  * dv_send_msg() - send one message, with nfds descriptors (0..DV_MAX_FDS).
@@ -50,7 +50,9 @@ ssize_t dv_recv_msg(int sock, void *buf, size_t len, int *fds, int *nfds, int fl
                 struct cmsghdr align;
         } ctl;
         struct iovec iov = {.iov_base = buf, .iov_len = len};
-        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+        struct msghdr mh = {.msg_iov = &iov,
+                            .msg_iovlen = 1,
+                            .msg_control = ctl.buf,
                             .msg_controllen = sizeof(ctl.buf)};
         int want = nfds ? *nfds : 0, got = 0;
 

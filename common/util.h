@@ -15,25 +15,25 @@
 #include <time.h>
 #include <unistd.h>
 
-#define _cleanup_(f) __attribute__((cleanup(f)))
-#define _unused_     __attribute__((unused))
+#define _cleanup_(f)     __attribute__((cleanup(f)))
+#define _unused_         __attribute__((unused))
 #define DV_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define DV_MIN(a, b)     ((a) < (b) ? (a) : (b))
 #define DV_MAX(a, b)     ((a) > (b) ? (a) : (b))
 #define DV_ALIGN(x, a)   (((x) + (a)-1) & ~((uint64_t)(a)-1))
 
 /* Take ownership of a pointer out of a _cleanup_ variable. */
-#define TAKE_PTR(p)                                                                                \
-        ({                                                                                         \
-                __typeof__(p) _p = (p);                                                            \
-                (p) = NULL;                                                                        \
-                _p;                                                                                \
+#define TAKE_PTR(p)                     \
+        ({                              \
+                __typeof__(p) _p = (p); \
+                (p) = NULL;             \
+                _p;                     \
         })
-#define TAKE_FD(fd)                                                                                \
-        ({                                                                                         \
-                int _fd = (fd);                                                                    \
-                (fd) = -1;                                                                         \
-                _fd;                                                                               \
+#define TAKE_FD(fd)             \
+        ({                      \
+                int _fd = (fd); \
+                (fd) = -1;      \
+                _fd;            \
         })
 
 static inline void freep(void *p) {

@@ -25,10 +25,10 @@
 /* ---- control plane: SOCK_SEQPACKET messages ---------------------------------------------- */
 
 enum {
-        DV_MSG_JOIN = 1,  /* DvJoinReq -> DvReply + fds {control, input, output} */
-        DV_MSG_GROW = 2,  /* DvGrowReq -> DvReply + fd {input} */
+        DV_MSG_JOIN = 1,   /* DvJoinReq -> DvReply + fds {control, input, output} */
+        DV_MSG_GROW = 2,   /* DvGrowReq -> DvReply + fd {input} */
         DV_MSG_OUTPUT = 3, /* DvMsgHdr -> DvReply + fd {output} */
-        DV_MSG_LEAVE = 4, /* DvMsgHdr -> DvReply */
+        DV_MSG_LEAVE = 4,  /* DvMsgHdr -> DvReply */
         DV_MSG_STATUS = 5, /* DvMsgHdr -> DvStatusReply */
         DV_MSG_REPLY = 6,
 };
@@ -61,7 +61,12 @@ typedef struct {
         char msg[DV_MSG_MAX];
 } DvReply;
 
-enum { DV_GROUP_FORMING = 1, DV_GROUP_ACTIVE, DV_GROUP_FAILED, DV_GROUP_CLOSING };
+enum {
+        DV_GROUP_FORMING = 1,
+        DV_GROUP_ACTIVE,
+        DV_GROUP_FAILED,
+        DV_GROUP_CLOSING
+};
 
 typedef struct {
         char name[DV_GROUP_NAME_MAX];
@@ -128,7 +133,7 @@ typedef struct {
         int32_t reduce_op;
         int32_t dim;
         int64_t num_samples;
-        int32_t status;        /* < 0: this rank could not stage its input; the step fails */
+        int32_t status; /* < 0: this rank could not stage its input; the step fails */
         uint32_t reserved;
         uint64_t staged_bytes; /* with status: how much it tried to stage */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
@@ -162,7 +167,7 @@ typedef struct {
         alignas(64) _Atomic uint32_t done_seq;
         /* Non-zero once the group failed for good; abort_msg is written before (release). */
         _Atomic int32_t abort_status;
-        uint64_t out_gen;  /* generation of the output arena the results refer to */
+        uint64_t out_gen; /* generation of the output arena the results refer to */
         uint64_t out_size;
         char msg[DV_MSG_MAX]; /* why step done_seq failed, when it did */
         char abort_msg[DV_MSG_MAX];

@@ -31,11 +31,20 @@ typedef struct {
 #define ARENA_NULL ((Arena){.fd = -1})
 
 /* Who writes an arena: both (the control segment), the client (input), devald (output). */
-enum { ARENA_SHARED, ARENA_INPUT, ARENA_OUTPUT };
+enum {
+        ARENA_SHARED,
+        ARENA_INPUT,
+        ARENA_OUTPUT
+};
 int arena_new(const char *name, uint64_t size, int kind, Arena *ret);
 void arena_deinit(Arena *a);
 
-enum { MEMBER_EMPTY = 0, MEMBER_JOINED, MEMBER_LEFT, MEMBER_DEAD };
+enum {
+        MEMBER_EMPTY = 0,
+        MEMBER_JOINED,
+        MEMBER_LEFT,
+        MEMBER_DEAD
+};
 
 typedef struct {
         Conn *conn; /* NULL once the client hung up */
@@ -51,8 +60,8 @@ typedef struct {
         int active;
         int order;
         int64_t num_samples;
-        int64_t total[2];     /* [stream] samples gathered so far, rank order */
-        int64_t *rows[2];     /* [stream][world] samples each rank gave so far */
+        int64_t total[2]; /* [stream] samples gathered so far, rank order */
+        int64_t *rows[2]; /* [stream][world] samples each rank gave so far */
 } EvalPass;
 
 struct Group {
@@ -62,7 +71,7 @@ struct Group {
         uid_t uid;
         int world;
         int joined;
-        int state; /* DV_GROUP_*, main thread's */
+        int state;   /* DV_GROUP_*, main thread's */
         bool listed; /* still findable by name */
         uint64_t created_ns;
         int64_t timeout_ns; /* < 0: none */

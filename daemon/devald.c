@@ -53,8 +53,10 @@ static void notify(const char *state) {
  */
 void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int nfds,
                      const uint64_t *sizes, uint64_t gen) {
-        DvReply r = {.hdr = {DV_PROTO_VERSION, DV_MSG_REPLY}, .status = status,
-                     .nfds = (uint32_t)nfds, .gen = gen};
+        DvReply r = {.hdr = {DV_PROTO_VERSION, DV_MSG_REPLY},
+                     .status = status,
+                     .nfds = (uint32_t)nfds,
+                     .gen = gen};
         for (int i = 0; i < nfds; i++)
                 r.size[i] = sizes[i];
         snprintf(r.msg, sizeof(r.msg), "%s", msg ? msg : "");
@@ -229,7 +231,11 @@ static void accept_conns(Daemon *d) {
                         close(fd);
                         continue;
                 }
-                *c = (Conn){.next = d->conns, .d = d, .fd = fd, .pid = cred.pid, .uid = cred.uid,
+                *c = (Conn){.next = d->conns,
+                            .d = d,
+                            .fd = fd,
+                            .pid = cred.pid,
+                            .uid = cred.uid,
                             .rank = -1};
                 struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
                 if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
@@ -294,7 +300,8 @@ static void help(void) {
                "     --max-groups=N         groups at once (default 1024)\n"
                "     --threads=N            copy threads per group (default: online CPUs, max 8)\n"
                "     --spin-us=N            busy-wait N us for arrivals before sleeping (default:\n"
-               "                            20 when the cores outnumber a group's ranks + 1, else 0)\n"
+               "                            20 when the cores outnumber a group's ranks + 1, else "
+               "0)\n"
                "  -h --help                 show this help\n"
                "     --version              show the version\n");
 }
@@ -330,7 +337,13 @@ static int parse_size(const char *s, uint64_t *ret) {
 }
 
 static int parse_args(Daemon *d, int argc, char **argv) {
-        enum { ARG_MAX_GROUP_BYTES = 0x100, ARG_MAX_GROUPS, ARG_THREADS, ARG_SPIN_US, ARG_VERSION };
+        enum {
+                ARG_MAX_GROUP_BYTES = 0x100,
+                ARG_MAX_GROUPS,
+                ARG_THREADS,
+                ARG_SPIN_US,
+                ARG_VERSION
+        };
         static const struct option opts[] = {
                 {"socket", required_argument, NULL, 's'},
                 {"backend", required_argument, NULL, 'b'},
@@ -347,7 +360,8 @@ static int parse_args(Daemon *d, int argc, char **argv) {
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 
-        d->max_group_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : 1ull << 30;
+        d->max_group_bytes =
+                pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : 1ull << 30;
         d->max_groups = 1024;
         d->spin_us = -1;
         d->threads = (int)DV_MIN(DV_MAX(ncpu, 1), 8);
@@ -364,8 +378,10 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                         break;
                 case 'b':
                         if (strcmp(optarg, "host") && strcmp(optarg, "auto")) {
-                                fprintf(stderr, "devald: backend '%s' is not available in this "
-                                                "build (host, auto)\n", optarg);
+                                fprintf(stderr,
+                                        "devald: backend '%s' is not available in this "
+                                        "build (host, auto)\n",
+                                        optarg);
                                 return 2;
                         }
                         break;

@@ -167,8 +167,10 @@ static Item *items_make(const DvPlan *plan, size_t *ret_n) {
                                         }
                                         items = t;
                                 }
-                                items[n++] = (Item){.seg = (uint32_t)i, .c0 = c,
-                                                    .c1 = DV_MIN(s->count, c + per), .b0 = b,
+                                items[n++] = (Item){.seg = (uint32_t)i,
+                                                    .c0 = c,
+                                                    .c1 = DV_MIN(s->count, c + per),
+                                                    .b0 = b,
                                                     .b1 = DV_MIN(s->len, b + step)};
                         }
                 }
@@ -199,8 +201,8 @@ void exec_host(Group *g, const ExecJob *job) {
         if (!items) {
                 for (size_t i = 0; i < plan->nsegs; i++) {
                         const DvSeg *s = &plan->segs[i];
-                        Item it = {.seg = (uint32_t)i, .c0 = 0, .c1 = s->count, .b0 = 0,
-                                   .b1 = s->len};
+                        Item it = {
+                                .seg = (uint32_t)i, .c0 = 0, .c1 = s->count, .b0 = 0, .b1 = s->len};
                         item_run(job, &it);
                 }
                 return;

@@ -199,8 +199,7 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
         g->state = DV_GROUP_ACTIVE;
         return 0;
 fail:
-        snprintf(msg, msglen, "devald could not set up group '%s': %s", g->name,
-                 deval_strerror(r));
+        snprintf(msg, msglen, "devald could not set up group '%s': %s", g->name, deval_strerror(r));
         return r;
 }
 
@@ -285,9 +284,8 @@ int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msgle
         m->pid = c->pid;
         m->state = MEMBER_JOINED;
         m->timeout_ms = req->timeout_ms;
-        m->join_deadline_ns = req->timeout_ms > 0
-                                      ? dv_now_ns() + (uint64_t)req->timeout_ms * 1000000ull
-                                      : 0;
+        m->join_deadline_ns =
+                req->timeout_ms > 0 ? dv_now_ns() + (uint64_t)req->timeout_ms * 1000000ull : 0;
         c->group = g;
         c->rank = req->rank;
         g->joined++;

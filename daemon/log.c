@@ -3,13 +3,13 @@
  * log.c - devald's stderr logger. Lines are written with one write(2) so that lines from
  * worker threads never interleave.
  */
+#include "log.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#include "log.h"
 
 static int log_max = LOG_LEVEL_INFO;
 static int log_journal;
@@ -23,9 +23,9 @@ int log_parse_level(const char *s) {
         static const struct {
                 const char *name;
                 int level;
-        } names[] = {{"err", LOG_LEVEL_ERR},   {"error", LOG_LEVEL_ERR}, {"warn", LOG_LEVEL_WARN},
-                     {"warning", LOG_LEVEL_WARN}, {"info", LOG_LEVEL_INFO},
-                     {"debug", LOG_LEVEL_DEBUG}};
+        } names[] = {{"err", LOG_LEVEL_ERR},   {"error", LOG_LEVEL_ERR},
+                     {"warn", LOG_LEVEL_WARN}, {"warning", LOG_LEVEL_WARN},
+                     {"info", LOG_LEVEL_INFO}, {"debug", LOG_LEVEL_DEBUG}};
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
                 if (strcmp(s, names[i].name) == 0)
                         return names[i].level;

@@ -5,7 +5,12 @@
  */
 #pragma once
 
-enum { LOG_LEVEL_ERR = 3, LOG_LEVEL_WARN = 4, LOG_LEVEL_INFO = 6, LOG_LEVEL_DEBUG = 7 };
+enum {
+        LOG_LEVEL_ERR = 3,
+        LOG_LEVEL_WARN = 4,
+        LOG_LEVEL_INFO = 6,
+        LOG_LEVEL_DEBUG = 7
+};
 
 void log_setup(int max_level);
 int log_parse_level(const char *s);

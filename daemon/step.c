@@ -86,8 +86,8 @@ static int check_ntensors(Step *s, uint32_t lo, uint32_t hi) {
         for (int k = 0; k < s->g->world; k++)
                 if (s->reqs[k].ntensors < lo || s->reqs[k].ntensors > hi)
                         return step_fail(s, DEVAL_EPROTO,
-                                         "malformed request from rank %d (pid %d): %u tensors",
-                                         k, (int)s->g->members[k].pid, s->reqs[k].ntensors);
+                                         "malformed request from rank %d (pid %d): %u tensors", k,
+                                         (int)s->g->members[k].pid, s->reqs[k].ntensors);
         return 0;
 }
 
@@ -175,9 +175,14 @@ static void plan_input(Step *s, int n, const DvShape *shapes, const int64_t *val
         const DvRequest *q = &s->reqs[0];
         int stream = pass_stream(g, q->op);
 
-        *in = (DvPlanInput){.world = g->world, .ntensors = n, .in = shapes, .valid_rows = valid,
-                            .keep_rows = q->keep_rows, .order = q->order,
-                            .pad_first = q->pad_first != 0, .pad_value = q->pad_value,
+        *in = (DvPlanInput){.world = g->world,
+                            .ntensors = n,
+                            .in = shapes,
+                            .valid_rows = valid,
+                            .keep_rows = q->keep_rows,
+                            .order = q->order,
+                            .pad_first = q->pad_first != 0,
+                            .pad_value = q->pad_value,
                             .max_out = g->d->max_group_bytes};
         if (stream >= 0) {
                 in->in_pass = true;
@@ -316,7 +321,8 @@ static int step_objects(Step *s) {
                 for (int64_t j = 0; j < n && !bad; j++) {
                         int64_t len;
                         memcpy(&len, src + j * 8, 8);
-                        bad = len < 0 || __builtin_add_overflow(prefix[k][j], len, &prefix[k][j + 1]);
+                        bad = len < 0 ||
+                              __builtin_add_overflow(prefix[k][j], len, &prefix[k][j + 1]);
                 }
                 if (bad || prefix[k][n] != blob->shape[0]) {
                         r = step_fail(s, DEVAL_EPROTO,

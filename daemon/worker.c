@@ -14,7 +14,7 @@
 #include "log.h"
 #include "util.h"
 
-#define SLICE_NS  (100 * 1000 * 1000)
+#define SLICE_NS (100 * 1000 * 1000)
 
 static void worker_publish_abort(Group *g) {
         DvCtlHeader *h = g->hdr;

@@ -59,11 +59,11 @@ typedef enum {
 #define DEVAL_MAX_WORLD   512
 
 typedef struct {
-        void *data;      /* contiguous, row-major */
-        int32_t dtype;   /* deval_dtype */
-        int32_t ndim;    /* 0..DEVAL_MAX_DIMS; a 0-d tensor gathers as shape [1] */
+        void *data;    /* contiguous, row-major */
+        int32_t dtype; /* deval_dtype */
+        int32_t ndim;  /* 0..DEVAL_MAX_DIMS; a 0-d tensor gathers as shape [1] */
         int64_t shape[DEVAL_MAX_DIMS];
-        int32_t device;  /* -1: host memory; >= 0: CUDA device ordinal */
+        int32_t device; /* -1: host memory; >= 0: CUDA device ordinal */
         int32_t reserved;
 } deval_tensor;
 
@@ -77,7 +77,10 @@ typedef struct {
         int32_t timeout_ms;      /* join and every collective; 0: default (300 s); < 0: forever */
 } deval_join_opts;
 
-typedef enum { DEVAL_ORDER_RANK = 0, DEVAL_ORDER_STRIDED = 1 } deval_order;
+typedef enum {
+        DEVAL_ORDER_RANK = 0,
+        DEVAL_ORDER_STRIDED = 1
+} deval_order;
 
 typedef struct {
         double pad_value;   /* converted to each tensor's dtype */
@@ -88,9 +91,16 @@ typedef struct {
         int32_t root;       /* only this rank receives the result; -1: every rank */
         int32_t reserved;
 } deval_gather_opts;
-#define DEVAL_GATHER_OPTS_INIT {0.0, 0, DEVAL_ORDER_RANK, -1, -1, -1, 0}
+#define DEVAL_GATHER_OPTS_INIT \
+        { 0.0, 0, DEVAL_ORDER_RANK, -1, -1, -1, 0 }
 
-typedef enum { DEVAL_SUM = 0, DEVAL_MEAN, DEVAL_MAX, DEVAL_MIN, DEVAL_PROD } deval_reduce_op;
+typedef enum {
+        DEVAL_SUM = 0,
+        DEVAL_MEAN,
+        DEVAL_MAX,
+        DEVAL_MIN,
+        DEVAL_PROD
+} deval_reduce_op;
 
 const char *deval_version(void);
 const char *deval_strerror(int status);
@@ -119,8 +129,7 @@ int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes
                                      const deval_bytes **out_items);
 int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op);
 int deval_broadcast(deval_group *g, deval_tensor *inout, int root);
-int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root,
-                          deval_bytes *out);
+int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root, deval_bytes *out);
 int deval_barrier(deval_group *g);
 
 /* Size in bytes of one element of dtype, 0 for an unknown dtype. */

@@ -5,6 +5,8 @@
  * (growing the input arena, fetching a new output arena), and error reporting.
  */
 #define _GNU_SOURCE
+#include "client.h"
+
 #include <errno.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -17,7 +19,7 @@
 #include <unistd.h>
 
 #include "deval.h"
-#include "client.h"
+
 #include "sock.h"
 #include "util.h"
 
@@ -115,8 +117,8 @@ int dv_request(deval_group *g, const void *req, size_t len, DvReply *rep, int *f
         if (r == DEVAL_EDAEMON)
                 return dv_set_err(g, r, "devald at %s is gone", g->socket_path);
         if (r < 0)
-                return dv_set_err(g, r, "devald at %s did not answer properly (%s)",
-                                  g->socket_path, deval_strerror(r));
+                return dv_set_err(g, r, "devald at %s did not answer properly (%s)", g->socket_path,
+                                  deval_strerror(r));
         return 0;
 }
 
@@ -297,8 +299,8 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         if (n < 0)
                 return join_err(DEVAL_EDAEMON, "devald at %s is gone: %s", g->socket_path,
                                 strerror((int)-n));
-        r = recv_reply(g->sock, g->timeout_ms < 0 ? -1 : g->timeout_ms + REPLY_GRACE_MS, &rep,
-                       fds, &nfds);
+        r = recv_reply(g->sock, g->timeout_ms < 0 ? -1 : g->timeout_ms + REPLY_GRACE_MS, &rep, fds,
+                       &nfds);
         if (r == DEVAL_ETIMEDOUT)
                 return join_err(r, "devald at %s did not answer the join of group '%s' in time",
                                 g->socket_path, group);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "deval.h"
+
 #include "wire.h"
 
 struct deval_group {

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "deval.h"
+
 #include "client.h"
 #include "dtype.h"
 #include "util.h"
@@ -51,15 +52,12 @@ static int check_tensor(deval_group *g, const char *fn, int i, const deval_tenso
         for (int d = 0; d < t->ndim; d++) {
                 if (t->shape[d] < 0)
                         return dv_set_err(g, DEVAL_EINVAL,
-                                          "%s: tensor %d has a negative size %" PRId64
-                                          " in dim %d",
+                                          "%s: tensor %d has a negative size %" PRId64 " in dim %d",
                                           fn, i, t->shape[d], d);
                 if (!dv_mul_ok(numel, t->shape[d], &numel))
-                        return dv_set_err(g, DEVAL_EINVAL, "%s: tensor %d's size overflows", fn,
-                                          i);
+                        return dv_set_err(g, DEVAL_EINVAL, "%s: tensor %d's size overflows", fn, i);
         }
-        if (!dv_mul_ok(numel, (int64_t)dv_dtype_size(t->dtype), &bytes) ||
-            bytes > INT64_MAX / 2)
+        if (!dv_mul_ok(numel, (int64_t)dv_dtype_size(t->dtype), &bytes) || bytes > INT64_MAX / 2)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: tensor %d's size overflows", fn, i);
         if (t->device != -1)
                 return dv_set_err(g, DEVAL_ENOTSUP,
@@ -211,8 +209,7 @@ static void req_set_opts(DvRequest *q, const deval_gather_opts *o) {
  * The input did not fit: over the quota, every rank must learn it, so arrive with the
  * failure and let the step fail everywhere. A dead devald needs no arrival.
  */
-static int stage_failed(deval_group *g, const char *fn, DvRequest *q, int status,
-                        uint64_t bytes) {
+static int stage_failed(deval_group *g, const char *fn, DvRequest *q, int status, uint64_t bytes) {
         DvResult *res;
         if (status != DEVAL_ENOMEM)
                 return status;
@@ -312,12 +309,10 @@ int deval_gather(deval_group *g, int n, const deval_tensor in[], const deval_gat
  */
 int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
                              const deval_gather_opts *opts, deval_tensor out[]) {
-        return gather_common(g, DV_OP_GATHER_METRICS, "deval_gather_for_metrics", n, in, opts,
-                             out);
+        return gather_common(g, DV_OP_GATHER_METRICS, "deval_gather_for_metrics", n, in, opts, out);
 }
 
-static int simple_op(deval_group *g, uint32_t op, const char *fn, int64_t num_samples,
-                     int order) {
+static int simple_op(deval_group *g, uint32_t op, const char *fn, int64_t num_samples, int order) {
         DvResult *res;
         int r;
 
@@ -398,8 +393,8 @@ int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, 
 }
 
 static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
-                          const deval_bytes items[], const deval_gather_opts *opts,
-                          size_t *out_n, const deval_bytes **out_items) {
+                          const deval_bytes items[], const deval_gather_opts *opts, size_t *out_n,
+                          const deval_bytes **out_items) {
         DvResult *res;
         int r;
 
@@ -437,8 +432,7 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
                 pos += items[i].len;
         }
         deval_tensor lens = {.dtype = DEVAL_I64, .ndim = 1, .shape = {(int64_t)n}, .device = -1};
-        deval_tensor blob = {.dtype = DEVAL_U8, .ndim = 1, .shape = {(int64_t)total},
-                             .device = -1};
+        deval_tensor blob = {.dtype = DEVAL_U8, .ndim = 1, .shape = {(int64_t)total}, .device = -1};
         desc_set(&q->t[0], &lens, 0, n * 8);
         desc_set(&q->t[1], &blob, blob_off, total);
         q->ntensors = 2;
@@ -595,8 +589,11 @@ int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root
         DvRequest *q = req_start(g, DV_OP_BROADCAST_BYTES);
         q->root = root;
         if (g->rank == root) {
-                deval_tensor t = {.data = (void *)data, .dtype = DEVAL_U8, .ndim = 1,
-                                  .shape = {(int64_t)len}, .device = -1};
+                deval_tensor t = {.data = (void *)data,
+                                  .dtype = DEVAL_U8,
+                                  .ndim = 1,
+                                  .shape = {(int64_t)len},
+                                  .device = -1};
                 if ((r = put_tensors(g, fn, 1, &t, NULL, q)) < 0)
                         return r;
         }

@@ -106,12 +106,14 @@ static int rank_main(const Job *j, int rank) {
         float *x = malloc((size_t)(rows * cols) * sizeof(float) + 8);
         for (int64_t i = 0; i < rows * cols; i++)
                 x[i] = (float)i;
-        deval_tensor in = {.data = x, .dtype = DEVAL_F32, .ndim = 2, .shape = {rows, cols},
+        deval_tensor in = {.data = x,
+                           .dtype = DEVAL_F32,
+                           .ndim = 2,
+                           .shape = {rows, cols},
                            .device = -1},
                      out;
         double v = rank;
-        deval_tensor red = {.data = &v, .dtype = DEVAL_F64, .ndim = 1, .shape = {1},
-                            .device = -1};
+        deval_tensor red = {.data = &v, .dtype = DEVAL_F64, .ndim = 1, .shape = {1}, .device = -1};
         deval_gather_opts go = DEVAL_GATHER_OPTS_INIT;
         if (rank == j->world - 1)
                 go.valid_rows = rows - 1;
@@ -243,8 +245,8 @@ int main(int argc, char **argv) {
         int rc = 0;
 
         printf("ragged gather, f32, pad dim 1, last row of the last rank trimmed\n");
-        printf("%5s %9s %11s %11s %11s %11s %11s %8s\n", "ranks", "per rank", "output",
-               "p50 us", "p99 us", "GB/s", "memcpy GB/s", "ratio");
+        printf("%5s %9s %11s %11s %11s %11s %11s %8s\n", "ranks", "per rank", "output", "p50 us",
+               "p99 us", "GB/s", "memcpy GB/s", "ratio");
         for (int world = 2; world <= arg_max_world; world *= 2) {
                 for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
                         size_t bytes = sizes[s];
@@ -253,8 +255,13 @@ int main(int argc, char **argv) {
                         int iters = bytes >= (64u << 20) ? 10 : bytes >= (4u << 20) ? 40 : 1000;
                         if (arg_quick)
                                 iters = iters > 200 ? 200 : iters;
-                        Job j = {.kind = 0, .world = world, .bytes = bytes, .iters = iters,
-                                 .lat = lat, .out_bytes = out_bytes, .failed = failed};
+                        Job j = {.kind = 0,
+                                 .world = world,
+                                 .bytes = bytes,
+                                 .iters = iters,
+                                 .lat = lat,
+                                 .out_bytes = out_bytes,
+                                 .failed = failed};
                         if (run_job(&j)) {
                                 rc = 1;
                                 continue;
@@ -265,8 +272,8 @@ int main(int argc, char **argv) {
                         human((double)bytes, a, sizeof(a));
                         human(*out_bytes, b, sizeof(b));
                         printf("%5d %9s %11s %11.1f %11.1f %11.2f %11.2f %7.2fx\n", world, a, b,
-                               p50 * 1e6, p99 * 1e6, *out_bytes / p50 / 1e9,
-                               *out_bytes / mc / 1e9, mc / p50);
+                               p50 * 1e6, p99 * 1e6, *out_bytes / p50 / 1e9, *out_bytes / mc / 1e9,
+                               mc / p50);
                         fflush(stdout);
                 }
         }
@@ -275,8 +282,13 @@ int main(int argc, char **argv) {
         printf("\n%-14s %5s %11s %11s\n", "collective", "ranks", "p50 us", "p99 us");
         for (int kind = 1; kind <= 2; kind++) {
                 int iters = arg_quick ? 500 : MAX_ITERS;
-                Job j = {.kind = kind, .world = 2, .bytes = 8, .iters = iters, .lat = lat,
-                         .out_bytes = out_bytes, .failed = failed};
+                Job j = {.kind = kind,
+                         .world = 2,
+                         .bytes = 8,
+                         .iters = iters,
+                         .lat = lat,
+                         .out_bytes = out_bytes,
+                         .failed = failed};
                 if (run_job(&j)) {
                         rc = 1;
                         continue;

@@ -22,7 +22,11 @@
 #include "util.h"
 #include "wire.h"
 
-enum { JSON_OFF, JSON_PRETTY, JSON_SHORT };
+enum {
+        JSON_OFF,
+        JSON_PRETTY,
+        JSON_SHORT
+};
 
 static const char *arg_socket;
 static int arg_json = JSON_OFF;
@@ -74,7 +78,8 @@ static void print_json(const DvStatusReply *r) {
                 const DvGroupInfo *g = &r->groups[i];
                 printf("%s%s%s{\"name\":%s", i ? "," : "", nl, in2, sp);
                 json_string(g->name);
-                printf(",%s\"uid\":%s%u,%s\"state\":%s\"%s\",%s\"world_size\":%s%d,%s\"joined\":%s%d,"
+                printf(",%s\"uid\":%s%u,%s\"state\":%s\"%s\",%s\"world_size\":%s%d,%s\"joined\":%s%"
+                       "d,"
                        "%s\"collectives\":%s%" PRIu64 ",%s\"bytes_moved\":%s%" PRIu64
                        ",%s\"bytes_mapped\":%s%" PRIu64 ",%s\"age_us\":%s%" PRIu64 "}",
                        sp, sp, g->uid, sp, sp, state_name(g->state), sp, sp, g->world_size, sp, sp,
@@ -180,7 +185,10 @@ static void help(void) {
 }
 
 int main(int argc, char **argv) {
-        enum { ARG_JSON = 0x100, ARG_VERSION };
+        enum {
+                ARG_JSON = 0x100,
+                ARG_VERSION
+        };
         static const struct option opts[] = {
                 {"socket", required_argument, NULL, 's'},
                 {"json", optional_argument, NULL, ARG_JSON},
@@ -203,8 +211,10 @@ int main(int argc, char **argv) {
                         else if (strcmp(optarg, "short") == 0)
                                 arg_json = JSON_SHORT;
                         else {
-                                fprintf(stderr, "deval-ctl: --json takes pretty or short, not "
-                                                "'%s'\n", optarg);
+                                fprintf(stderr,
+                                        "deval-ctl: --json takes pretty or short, not "
+                                        "'%s'\n",
+                                        optarg);
                                 return 2;
                         }
                         break;

@@ -51,8 +51,8 @@ static int pred_tag(int64_t i, int t) {
 }
 
 typedef struct {
-        long correct, total;       /* through deval */
-        long rows;                 /* rows gathered */
+        long correct, total; /* through deval */
+        long rows;           /* rows gathered */
         long local_correct[MAX_RANKS], local_total[MAX_RANKS], local_rows[MAX_RANKS];
         int failed;
         char msg[512];
@@ -104,12 +104,20 @@ static int rank_main(Shared *s, int rank) {
                         }
                 }
                 s->local_rows[rank] += lens[b];
-                deval_tensor in[2] = {
-                        {.data = pred, .dtype = DEVAL_I32, .ndim = 2, .shape = {lens[b], width},
-                         .device = -1},
-                        {.data = gold, .dtype = DEVAL_I32, .ndim = 2, .shape = {lens[b], width},
-                         .device = -1},
-                }, out[2];
+                deval_tensor in[2] =
+                        {
+                                {.data = pred,
+                                 .dtype = DEVAL_I32,
+                                 .ndim = 2,
+                                 .shape = {lens[b], width},
+                                 .device = -1},
+                                {.data = gold,
+                                 .dtype = DEVAL_I32,
+                                 .ndim = 2,
+                                 .shape = {lens[b], width},
+                                 .device = -1},
+                        },
+                             out[2];
                 deval_gather_opts go = DEVAL_GATHER_OPTS_INIT;
                 go.pad_value = IGNORE;
                 r = deval_gather_for_metrics(g, 2, in, &go, out);
@@ -139,7 +147,7 @@ static int rank_main(Shared *s, int rank) {
 
 int main(int argc, char **argv) {
         static const struct option opts[] = {
-                {"socket", required_argument, NULL, 's'}, {"ranks", required_argument, NULL, 'r'},
+                {"socket", required_argument, NULL, 's'},  {"ranks", required_argument, NULL, 'r'},
                 {"samples", required_argument, NULL, 'n'}, {"batch", required_argument, NULL, 'b'},
                 {"help", no_argument, NULL, 'h'},          {},
         };
@@ -173,8 +181,8 @@ int main(int argc, char **argv) {
                 return 2;
         }
 
-        Shared *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                         -1, 0);
+        Shared *s =
+                mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         pid_t pids[MAX_RANKS];
@@ -213,8 +221,8 @@ int main(int argc, char **argv) {
         double acc_single = (double)correct / (double)total;
         printf("deval demo: token accuracy of a sequence tagger, %d ranks, batch %d\n", arg_ranks,
                arg_batch);
-        printf("  dataset                    %lld sentences, %ld tokens\n",
-               (long long)arg_samples, total);
+        printf("  dataset                    %lld sentences, %ld tokens\n", (long long)arg_samples,
+               total);
         printf("  rows the ranks evaluated   %ld (%ld duplicates in the last batches)\n", yielded,
                yielded - (long)arg_samples);
         printf("  rows gathered by deval     %ld, %ld tokens\n", s->rows, s->total);

@@ -3,12 +3,19 @@
  * harness.c - start and stop a real devald, fork ranks and collect how they ended.
  */
 #define _GNU_SOURCE
-#include <errno.h>
+/* cmocka needs these first */
+/* clang-format off */
 #include <setjmp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include "harness.h"
+
+#include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -17,10 +24,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#include <cmocka.h>
-
-#include "harness.h"
 
 double harness_now(void) {
         struct timespec ts;

@@ -35,19 +35,19 @@ int harness_join(const Harness *h, const char *group, int rank, int world, int t
 int harness_ctl(const Harness *h, const char *args, char *buf, size_t len);
 double harness_now(void);
 
-#define CHECK(cond, ...)                                                                           \
-        do {                                                                                       \
-                if (!(cond)) {                                                                     \
-                        fprintf(stderr, "rank check failed at %s:%d: %s: ", __FILE__, __LINE__,    \
-                                #cond);                                                            \
-                        fprintf(stderr, __VA_ARGS__);                                              \
-                        fprintf(stderr, "\n");                                                     \
-                        return 1;                                                                  \
-                }                                                                                  \
+#define CHECK(cond, ...)                                                                        \
+        do {                                                                                    \
+                if (!(cond)) {                                                                  \
+                        fprintf(stderr, "rank check failed at %s:%d: %s: ", __FILE__, __LINE__, \
+                                #cond);                                                         \
+                        fprintf(stderr, __VA_ARGS__);                                           \
+                        fprintf(stderr, "\n");                                                  \
+                        return 1;                                                               \
+                }                                                                               \
         } while (0)
 
-#define CHECK_OK(call, g)                                                                          \
-        do {                                                                                       \
-                int _r = (call);                                                                   \
-                CHECK(_r == 0, "%s -> %s: %s", #call, deval_strerror(_r), deval_errmsg(g));        \
+#define CHECK_OK(call, g)                                                                   \
+        do {                                                                                \
+                int _r = (call);                                                            \
+                CHECK(_r == 0, "%s -> %s: %s", #call, deval_strerror(_r), deval_errmsg(g)); \
         } while (0)

@@ -11,14 +11,17 @@
  * single samples round-robin. Every sample i predicts 7*i % 13 and a ragged token row of
  * length 1 + i % 4, padded per batch on its rank (dynamic padding) and across ranks by deval.
  */
+/* cmocka needs these first */
+/* clang-format off */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
 #include <stdlib.h>
 #include <string.h>
-
-#include <cmocka.h>
 
 #include "harness.h"
 
@@ -45,11 +48,18 @@ typedef struct {
         int64_t idx[MAXB][BS];
 } Batches;
 
-enum { ACCEL_EVEN, ACCEL_UNEVEN, ACCEL_DROP_LAST, ITERABLE, DIST_SAMPLER, DIST_DROP_LAST };
+enum {
+        ACCEL_EVEN,
+        ACCEL_UNEVEN,
+        ACCEL_DROP_LAST,
+        ITERABLE,
+        DIST_SAMPLER,
+        DIST_DROP_LAST
+};
 
-static const char *const sampler_names[] = {"accelerate even_batches", "accelerate uneven",
-                                            "accelerate drop_last", "iterable dataset",
-                                            "DistributedSampler", "DistributedSampler drop_last"};
+static const char *const sampler_names[] = {
+        "accelerate even_batches", "accelerate uneven",  "accelerate drop_last",
+        "iterable dataset",        "DistributedSampler", "DistributedSampler drop_last"};
 
 static void push(Batches *b, const int64_t *idx, int n) {
         assert_true(b->nb < MAXB);
@@ -215,7 +225,7 @@ static int rank_pass(const Harness *h, int rank, int world, void *arg) {
 
         int64_t *got_pred = malloc(sizeof(int64_t) * 2048);
         int32_t *got_tok = malloc(sizeof(int32_t) * 2048 * 4);
-        char (*got_name)[16] = malloc(16 * 2048);
+        char(*got_name)[16] = malloc(16 * 2048);
         int64_t ngot = 0, nnames = 0;
         CHECK_OK(deval_eval_begin(g, a->N, strided ? DEVAL_ORDER_STRIDED : DEVAL_ORDER_RANK), g);
         for (int s = 0; s < steps; s++) {
@@ -239,7 +249,10 @@ static int rank_pass(const Harness *h, int rank, int world, void *arg) {
                 }
                 deval_tensor in[2] = {
                         {.data = pred, .dtype = DEVAL_I64, .ndim = 1, .shape = {n}, .device = -1},
-                        {.data = tok, .dtype = DEVAL_I32, .ndim = 2, .shape = {n, width},
+                        {.data = tok,
+                         .dtype = DEVAL_I32,
+                         .ndim = 2,
+                         .shape = {n, width},
                          .device = -1},
                 };
                 deval_tensor out[2];
@@ -267,8 +280,8 @@ static int rank_pass(const Harness *h, int rank, int world, void *arg) {
         CHECK_OK(deval_eval_end(g), g);
 
         int64_t want = expected_count(a->sampler, a->N, world);
-        CHECK(ngot == want, "%s, N=%lld, %d ranks: %lld rows, want %lld",
-              sampler_names[a->sampler], (long long)a->N, world, (long long)ngot, (long long)want);
+        CHECK(ngot == want, "%s, N=%lld, %d ranks: %lld rows, want %lld", sampler_names[a->sampler],
+              (long long)a->N, world, (long long)ngot, (long long)want);
         CHECK(nnames == want, "%lld names, want %lld", (long long)nnames, (long long)want);
         for (int64_t i = 0; i < want; i++) {
                 char name[16];
@@ -278,8 +291,7 @@ static int rank_pass(const Harness *h, int rank, int world, void *arg) {
                         CHECK(got_tok[i * 4 + t] == (t < 1 + i % 4 ? i * 10 + t : PAD),
                               "sample %lld token %d", (long long)i, t);
                 snprintf(name, sizeof(name), "s%lld", (long long)i);
-                CHECK(strcmp(got_name[i], name) == 0, "name %lld is %s", (long long)i,
-                      got_name[i]);
+                CHECK(strcmp(got_name[i], name) == 0, "name %lld is %s", (long long)i, got_name[i]);
         }
         free(mine);
         free(got_pred);
@@ -357,8 +369,8 @@ static int rank_ops(const Harness *h, int rank, int world, void *arg) {
         float p[3 * 10];
         for (int i = 0; i < (rank + 1) * 10; i++)
                 p[i] = 1.0f + (float)i;
-        deval_tensor pin = {.data = p, .dtype = DEVAL_F32, .ndim = 2, .shape = {rank + 1, 10},
-                            .device = -1};
+        deval_tensor pin = {
+                .data = p, .dtype = DEVAL_F32, .ndim = 2, .shape = {rank + 1, 10}, .device = -1};
         CHECK_OK(deval_pad_across_processes(g, &pin, 0, 0, false, &out), g);
         CHECK(out.shape[0] == world && out.shape[1] == 10, "padded size");
         for (int i = (rank + 1) * 10; i < world * 10; i++)

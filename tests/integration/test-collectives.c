@@ -5,16 +5,19 @@
  * tensors per sample, for every dtype; 0-d and 0-row inputs; arena growth; objects; every
  * reduce op; broadcasts; barriers; pad_across_processes; independent groups at once.
  */
-#include <math.h>
+/* cmocka needs these first */
+/* clang-format off */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#include <cmocka.h>
 
 #include "dtype.h"
 #include "harness.h"
@@ -63,8 +66,8 @@ static int rank_gather(const Harness *h, int rank, int world, void *arg) {
         for (int64_t i = 0; i < rows; i++)
                 for (int64_t j = 0; j < cols; j++)
                         dv_dtype_encode(a->dtype, val(rank, i, j), x + (i * cols + j) * es);
-        deval_tensor in = {.data = x, .dtype = a->dtype, .ndim = 2, .shape = {rows, cols},
-                           .device = -1};
+        deval_tensor in = {
+                .data = x, .dtype = a->dtype, .ndim = 2, .shape = {rows, cols}, .device = -1};
         deval_tensor out;
         deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
         o.pad_value = -1;
@@ -148,14 +151,18 @@ static void test_gather_options(void **state) {
                 {.dtype = DEVAL_I32, .keep_rows = 3, .root = -1},
                 {.dtype = DEVAL_I32, .order = DEVAL_ORDER_STRIDED, .keep_rows = 4, .root = -1},
                 {.dtype = DEVAL_F64, .valid_tail = 1, .keep_rows = -1, .root = -1},
-                {.dtype = DEVAL_F64, .order = DEVAL_ORDER_STRIDED, .valid_tail = 1,
-                 .keep_rows = -1, .root = -1},
+                {.dtype = DEVAL_F64,
+                 .order = DEVAL_ORDER_STRIDED,
+                 .valid_tail = 1,
+                 .keep_rows = -1,
+                 .root = -1},
                 {.dtype = DEVAL_F16, .keep_rows = -1, .root = 1},
         };
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
                 for (int world = 1; world <= 5; world += 2)
                         if (cases[i].root < world)
-                                assert_int_equal(harness_run(&H, world, rank_gather, &cases[i], 20), 0);
+                                assert_int_equal(harness_run(&H, world, rank_gather, &cases[i], 20),
+                                                 0);
         }
 }
 
@@ -176,7 +183,10 @@ static int rank_multi_k(const Harness *h, int rank, int world, void *arg) {
         }
         deval_tensor in[2] = {
                 {.data = ids, .dtype = DEVAL_I64, .ndim = 1, .shape = {samples}, .device = -1},
-                {.data = seqs, .dtype = DEVAL_I32, .ndim = 2, .shape = {samples * 3, len},
+                {.data = seqs,
+                 .dtype = DEVAL_I32,
+                 .ndim = 2,
+                 .shape = {samples * 3, len},
                  .device = -1},
         };
         deval_tensor out[2];
@@ -202,8 +212,8 @@ static int rank_multi_k(const Harness *h, int rank, int world, void *arg) {
                               (long long)oid[k], (long long)id);
                         for (int64_t q = 0; q < 3; q++)
                                 for (int64_t t = 0; t < maxlen; t++) {
-                                        int32_t want = t < 2 + r ? (int32_t)(id * 100 + q * 10 + t)
-                                                                 : -5;
+                                        int32_t want =
+                                                t < 2 + r ? (int32_t)(id * 100 + q * 10 + t) : -5;
                                         CHECK(oseq[(k * 3 + q) * maxlen + t] == want,
                                               "sample %lld seq %lld tok %lld", (long long)k,
                                               (long long)q, (long long)t);
@@ -233,8 +243,11 @@ static int rank_scalars(const Harness *h, int rank, int world, void *arg) {
         CHECK(out.ndim == 1 && out.shape[0] == world, "shape [%lld]", (long long)out.shape[0]);
         for (int r = 0; r < world; r++)
                 CHECK(((double *)out.data)[r] == r + 0.5, "element %d", r);
-        deval_tensor empty = {.data = NULL, .dtype = DEVAL_I16, .ndim = 3,
-                              .shape = {0, 2 + rank, 3}, .device = -1};
+        deval_tensor empty = {.data = NULL,
+                              .dtype = DEVAL_I16,
+                              .ndim = 3,
+                              .shape = {0, 2 + rank, 3},
+                              .device = -1};
         CHECK_OK(deval_gather(g, 1, &empty, NULL, &out), g);
         CHECK(out.shape[0] == 0 && out.shape[1] == 1 + world && out.shape[2] == 3,
               "shape [%lld, %lld, %lld]", (long long)out.shape[0], (long long)out.shape[1],
@@ -258,8 +271,11 @@ static int rank_large(const Harness *h, int rank, int world, void *arg) {
                 float *x = malloc((size_t)(rows * cols) * sizeof(float));
                 for (int64_t i = 0; i < rows * cols; i++)
                         x[i] = (float)(rank * 1e6 + i);
-                deval_tensor in = {.data = x, .dtype = DEVAL_F32, .ndim = 2,
-                                   .shape = {rows, cols}, .device = -1},
+                deval_tensor in = {.data = x,
+                                   .dtype = DEVAL_F32,
+                                   .ndim = 2,
+                                   .shape = {rows, cols},
+                                   .device = -1},
                              out;
                 CHECK_OK(deval_gather(g, 1, &in, NULL, &out), g);
                 int64_t off = 0;
@@ -341,9 +357,10 @@ static int rank_reduce(const Harness *h, int rank, int world, void *arg) {
                         double accd[6];
                         uint8_t acc[6 * 8];
                         for (int e = 0; e < 6; e++)
-                                dv_dtype_encode(dt, (rank + 1) * (e + 1) * (e % 2 ? -1 : 1), x + e * es);
-                        deval_tensor t = {.data = x, .dtype = dt, .ndim = 2, .shape = {2, 3},
-                                          .device = -1};
+                                dv_dtype_encode(dt, (rank + 1) * (e + 1) * (e % 2 ? -1 : 1),
+                                                x + e * es);
+                        deval_tensor t = {
+                                .data = x, .dtype = dt, .ndim = 2, .shape = {2, 3}, .device = -1};
                         int r = deval_reduce(g, &t, (deval_reduce_op)op);
                         if (op == DEVAL_MEAN && !dv_dtype_is_float(dt)) {
                                 CHECK(r == DEVAL_EINVAL, "mean of %s -> %d", dv_dtype_name(dt), r);
@@ -390,8 +407,8 @@ static int rank_broadcast(const Harness *h, int rank, int world, void *arg) {
                 int16_t x[5];
                 for (int e = 0; e < 5; e++)
                         x[e] = (int16_t)(rank == root ? root * 10 + e : -1);
-                deval_tensor t = {.data = x, .dtype = DEVAL_I16, .ndim = 1, .shape = {5},
-                                  .device = -1};
+                deval_tensor t = {
+                        .data = x, .dtype = DEVAL_I16, .ndim = 1, .shape = {5}, .device = -1};
                 CHECK_OK(deval_broadcast(g, &t, root), g);
                 for (int e = 0; e < 5; e++)
                         CHECK(x[e] == root * 10 + e, "root %d element %d is %d", root, e, x[e]);
@@ -422,7 +439,10 @@ static int rank_pad(const Harness *h, int rank, int world, void *arg) {
         int64_t x[16];
         for (int i = 0; i < rows * cols; i++)
                 x[i] = rank * 100 + i;
-        deval_tensor in = {.data = x, .dtype = DEVAL_I64, .ndim = 2, .shape = {rows, cols},
+        deval_tensor in = {.data = x,
+                           .dtype = DEVAL_I64,
+                           .ndim = 2,
+                           .shape = {rows, cols},
                            .device = -1},
                      out;
         /* dim 1 (and -1), padding at the end and at the start */
@@ -434,8 +454,8 @@ static int rank_pad(const Harness *h, int rank, int world, void *arg) {
                         for (int64_t i = 0; i < rows; i++)
                                 for (int64_t j = 0; j < 3; j++) {
                                         int64_t sj = first ? j - (3 - cols) : j;
-                                        int64_t want = sj >= 0 && sj < cols ? x[i * cols + sj]
-                                                                            : -100;
+                                        int64_t want =
+                                                sj >= 0 && sj < cols ? x[i * cols + sj] : -100;
                                         CHECK(o[i * 3 + j] == want, "dim %d first %d (%lld,%lld)",
                                               dim, first, (long long)i, (long long)j);
                                 }

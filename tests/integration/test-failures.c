@@ -7,19 +7,22 @@
  * and where, devald must survive and keep serving other groups, and a failed group's memory
  * must be freed.
  */
+/* cmocka needs these first */
+/* clang-format off */
 #include <setjmp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <cmocka.h>
 
 #include "client.h"
 #include "harness.h"
@@ -231,7 +234,10 @@ static int rank_mismatch(const Harness *h, int rank, int world, void *arg) {
         int odd = rank == world - 1;
         float xf[6] = {0};
         double xd[6] = {0};
-        deval_tensor in = {.data = xf, .dtype = DEVAL_F32, .ndim = 2, .shape = {2, 3},
+        deval_tensor in = {.data = xf,
+                           .dtype = DEVAL_F32,
+                           .ndim = 2,
+                           .shape = {2, 3},
                            .device = -1},
                      out;
         deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
@@ -281,9 +287,8 @@ static int rank_mismatch(const Harness *h, int rank, int world, void *arg) {
 
 static void test_mismatch(void **state) {
         (void)state;
-        MismatchArgs cases[] = {{"op", 0},       {"dtype", 1},     {"ndim", 2},
-                                {"order", 3},    {"pad_first", 4}, {"keep_rows", 5},
-                                {"pad_value", 6}, {"root", 7}};
+        MismatchArgs cases[] = {{"op", 0},        {"dtype", 1},     {"ndim", 2},      {"order", 3},
+                                {"pad_first", 4}, {"keep_rows", 5}, {"pad_value", 6}, {"root", 7}};
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
                 assert_int_equal(harness_run(&H, 3, rank_mismatch, &cases[i], 20), 0);
 }
@@ -401,7 +406,10 @@ static int rank_survive(const Harness *h, int rank, int world, void *arg) {
         CHECK_OK(harness_join(h, "doomed", rank, 2, 10000, &g), NULL);
         double big[4096];
         memset(big, 0, sizeof(big));
-        deval_tensor t = {.data = big, .dtype = DEVAL_F64, .ndim = 1, .shape = {4096},
+        deval_tensor t = {.data = big,
+                          .dtype = DEVAL_F64,
+                          .ndim = 1,
+                          .shape = {4096},
                           .device = -1},
                      out;
         CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g);
@@ -429,7 +437,10 @@ static int rank_quota(const Harness *h, int rank, int world, void *arg) {
         CHECK_OK(harness_join(h, "quota", rank, world, 10000, &g), NULL);
         size_t n = 1 << 20; /* 8 MiB of f64 per rank: over a 4 MiB quota */
         double *x = calloc(n, sizeof(double));
-        deval_tensor t = {.data = x, .dtype = DEVAL_F64, .ndim = 1, .shape = {(int64_t)n},
+        deval_tensor t = {.data = x,
+                          .dtype = DEVAL_F64,
+                          .ndim = 1,
+                          .shape = {(int64_t)n},
                           .device = -1},
                      out;
         /* rank 0's input is over the quota: every rank's step fails, naming it */
@@ -476,8 +487,11 @@ static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
                 s->req.ntensors = 1;
                 s->req.valid_rows = s->req.keep_rows = -1;
                 s->req.root = -1;
-                s->req.t[0] = (DvTensorDesc){.dtype = DEVAL_F32, .ndim = 1, .shape = {1 << 28},
-                                             .offset = 1ull << 40, .nbytes = 1ull << 30};
+                s->req.t[0] = (DvTensorDesc){.dtype = DEVAL_F32,
+                                             .ndim = 1,
+                                             .shape = {1 << 28},
+                                             .offset = 1ull << 40,
+                                             .nbytes = 1ull << 30};
                 g->seq++;
                 atomic_store(&s->arrived_seq, g->seq);
                 atomic_fetch_add(&g->hdr->arrive, 1);

@@ -3,14 +3,17 @@
  * test-dtype.c - the dtype table, half-precision rounding against a brute-force nearest-value
  * search, pad-value encoding, and the element-wise reductions.
  */
-#include <math.h>
+/* cmocka needs these first */
+/* clang-format off */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
-
 #include <cmocka.h>
+/* clang-format on */
+
+#include <math.h>
+#include <string.h>
 
 #include "dtype.h"
 #include "util.h"
@@ -79,7 +82,8 @@ static void test_half_rounding(void **state) {
                                  (int)(rnd64() % 300) - 150);
                 if (i % 4 == 0) /* exact ties between neighbours */
                         x = (dv_f16_to_f64((uint16_t)(rnd64() % 0x7bff)) +
-                             dv_f16_to_f64((uint16_t)(rnd64() % 0x7bff + 1))) / 2;
+                             dv_f16_to_f64((uint16_t)(rnd64() % 0x7bff + 1))) /
+                            2;
                 assert_int_equal(dv_f64_to_f16(x), nearest(x, dv_f16_to_f64, 0x7bff));
                 assert_int_equal(dv_f64_to_f16(-x), 0x8000 | nearest(x, dv_f16_to_f64, 0x7bff));
                 assert_int_equal(dv_f64_to_bf16(x), nearest(x, dv_bf16_to_f64, 0x7f7f));

@@ -6,15 +6,18 @@
  * cover 1-8 ranks, every dtype, 0-4 dims, 0-row inputs, both orders, pad_first, valid_rows,
  * keep_rows and eval-pass positions; hand-written cases pin the documented examples.
  */
+/* cmocka needs these first */
+/* clang-format off */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <cmocka.h>
 
 #include "dtype.h"
 #include "plan.h"
@@ -58,8 +61,8 @@ static void execute(const DvPlan *p, Case *c, uint8_t *out, bool pad_plan) {
                         uint8_t *dst = out + s->dst + k * s->dst_stride;
                         if (s->kind == DV_SEG_COPY) {
                                 int t = pad_plan ? 0 : s->tensor;
-                                const uint8_t *src = c->data[s->rank * c->n + t] + s->src +
-                                                     k * s->src_stride;
+                                const uint8_t *src =
+                                        c->data[s->rank * c->n + t] + s->src + k * s->src_stride;
                                 memcpy(dst, src, s->len);
                         } else {
                                 size_t es = dv_dtype_size(p->out[s->tensor].dtype);
@@ -87,8 +90,8 @@ static const uint8_t *ref_elem(const uint8_t *src, const int64_t *sd, const int6
 }
 
 /* Write the padded block of src (dims sd) as dims dd into dst. */
-static void ref_pad(uint8_t *dst, const uint8_t *src, const int64_t *sd, const int64_t *dd,
-                    int nd, bool pad_first, size_t es, const uint8_t *pad) {
+static void ref_pad(uint8_t *dst, const uint8_t *src, const int64_t *sd, const int64_t *dd, int nd,
+                    bool pad_first, size_t es, const uint8_t *pad) {
         int64_t total = 1, idx[DEVAL_MAX_DIMS] = {0};
         for (int d = 0; d < nd; d++)
                 total *= dd[d];
@@ -251,14 +254,20 @@ static void make_case(Case *c) {
                 c->valid[r] = rnd(3) == 0 ? (int64_t)rnd(8) : -1;
                 c->pass_rows[r] = rnd(6);
         }
-        c->in = (DvPlanInput){.world = c->world, .ntensors = c->n, .in = c->shape,
+        c->in = (DvPlanInput){.world = c->world,
+                              .ntensors = c->n,
+                              .in = c->shape,
                               .valid_rows = c->valid,
                               .keep_rows = rnd(3) == 0 ? (int64_t)rnd(20) : -1,
-                              .order = (int)rnd(2), .pad_first = rnd(2) != 0,
+                              .order = (int)rnd(2),
+                              .pad_first = rnd(2) != 0,
                               .pad_value = pads[rnd(DV_ARRAY_SIZE(pads))],
-                              .in_pass = rnd(2) != 0, .num_samples = rnd(50),
-                              .pass_total = rnd(30), .pass_rows = c->pass_rows,
-                              .out_base = rnd(2) ? 0 : 8 * rnd(100), .max_out = 1ull << 40};
+                              .in_pass = rnd(2) != 0,
+                              .num_samples = rnd(50),
+                              .pass_total = rnd(30),
+                              .pass_rows = c->pass_rows,
+                              .out_base = rnd(2) ? 0 : 8 * rnd(100),
+                              .max_out = 1ull << 40};
 }
 
 static void test_random_gathers(void **state) {
@@ -305,12 +314,18 @@ static void test_mismatches(void **state) {
 static void test_rows_per_sample_mismatch(void **state) {
         (void)state;
         DvShape sh[4] = {
-                {DEVAL_I64, 1, {2}}, {DEVAL_F32, 2, {4, 3}},
-                {DEVAL_I64, 1, {1}}, {DEVAL_F32, 2, {3, 3}},
+                {DEVAL_I64, 1, {2}},
+                {DEVAL_F32, 2, {4, 3}},
+                {DEVAL_I64, 1, {1}},
+                {DEVAL_F32, 2, {3, 3}},
         };
         int64_t valid[2] = {-1, -1};
-        DvPlanInput in = {.world = 2, .ntensors = 2, .in = sh, .valid_rows = valid,
-                          .keep_rows = -1, .max_out = 1 << 20};
+        DvPlanInput in = {.world = 2,
+                          .ntensors = 2,
+                          .in = sh,
+                          .valid_rows = valid,
+                          .keep_rows = -1,
+                          .max_out = 1 << 20};
         DvPlan p;
         dv_plan_init(&p);
         assert_int_equal(dv_plan_gather(&in, &p), DEVAL_EMISMATCH);
@@ -333,8 +348,12 @@ static void test_segments_merge(void **state) {
         (void)state;
         DvShape sh[2] = {{DEVAL_F32, 2, {1000, 7}}, {DEVAL_F32, 2, {1000, 9}}};
         int64_t valid[2] = {-1, -1};
-        DvPlanInput in = {.world = 2, .ntensors = 1, .in = sh, .valid_rows = valid,
-                          .keep_rows = -1, .max_out = 1 << 30};
+        DvPlanInput in = {.world = 2,
+                          .ntensors = 1,
+                          .in = sh,
+                          .valid_rows = valid,
+                          .keep_rows = -1,
+                          .max_out = 1 << 30};
         DvPlan p;
         dv_plan_init(&p);
         assert_int_equal(dv_plan_gather(&in, &p), 0);
@@ -353,9 +372,16 @@ static void test_pass_drops_tail(void **state) {
         int64_t valid[4] = {-1, -1, -1, -1}, rows[4] = {2, 2, 2, 2};
         for (int r = 0; r < 4; r++)
                 sh[r] = (DvShape){DEVAL_I32, 1, {2}};
-        DvPlanInput in = {.world = 4, .ntensors = 1, .in = sh, .valid_rows = valid,
-                          .keep_rows = -1, .in_pass = true, .num_samples = 10, .pass_total = 8,
-                          .pass_rows = rows, .max_out = 1 << 20};
+        DvPlanInput in = {.world = 4,
+                          .ntensors = 1,
+                          .in = sh,
+                          .valid_rows = valid,
+                          .keep_rows = -1,
+                          .in_pass = true,
+                          .num_samples = 10,
+                          .pass_total = 8,
+                          .pass_rows = rows,
+                          .max_out = 1 << 20};
         DvPlan p;
         dv_plan_init(&p);
         assert_int_equal(dv_plan_gather(&in, &p), 0);
@@ -376,8 +402,12 @@ static void test_quota(void **state) {
         (void)state;
         DvShape sh[2] = {{DEVAL_F64, 2, {1000, 1}}, {DEVAL_F64, 2, {0, 1000000000}}};
         int64_t valid[2] = {-1, -1};
-        DvPlanInput in = {.world = 2, .ntensors = 1, .in = sh, .valid_rows = valid,
-                          .keep_rows = -1, .max_out = 1 << 30};
+        DvPlanInput in = {.world = 2,
+                          .ntensors = 1,
+                          .in = sh,
+                          .valid_rows = valid,
+                          .keep_rows = -1,
+                          .max_out = 1 << 30};
         DvPlan p;
         dv_plan_init(&p);
         assert_int_equal(dv_plan_gather(&in, &p), DEVAL_ENOMEM);
