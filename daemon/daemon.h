@@ -148,6 +148,7 @@ typedef struct {
         const uint8_t *(*src)(void *ctx, int rank, int tensor);
         void *ctx;
         uint8_t *out;
+        bool stream; /* set by exec_host: write with non-temporal stores */
 } ExecJob;
 void exec_host(Group *g, const ExecJob *job);
 void exec_pool_free(void *pool);

@@ -3,7 +3,8 @@
  * exec_host.c - the host backend's executor: run a plan's copy and fill segments with
  * memcpy and fills. A plan of a few MiB or more is cut into pieces of about a quarter MiB
  * and spread over a small pool of threads per group (--threads), each taking the next piece
- * from an atomic counter.
+ * from an atomic counter. Outputs too large for the caches are written with non-temporal
+ * stores, which skip reading every destination line before overwriting it.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -14,11 +15,18 @@
 #include "dtype.h"
 #include "util.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #define PARALLEL_MIN (2u << 20)
 #define PIECE_BYTES  (256u << 10)
+#define STREAM_MIN   (8u << 20) /* past this, the output will not stay in cache anyway */
+#define ROW_MAX      4096       /* rows up to this size are assembled, then streamed */
 
 typedef struct {
         uint32_t seg;
+        uint32_t pad;    /* a fill segment run piece by piece with seg, or UINT32_MAX */
         uint64_t c0, c1; /* pieces of the segment */
         uint64_t b0, b1; /* bytes within each piece */
 } Item;
@@ -42,6 +50,10 @@ typedef struct {
 } Pool;
 
 static void fill_pattern(uint8_t *dst, uint64_t len, const uint8_t *pat, size_t es) {
+        if (len == es) {
+                memcpy(dst, pat, es);
+                return;
+        }
         bool same = true;
         for (size_t i = 1; i < es; i++)
                 same &= pat[i] == pat[0];
@@ -58,15 +70,89 @@ static void fill_pattern(uint8_t *dst, uint64_t len, const uint8_t *pat, size_t 
         }
 }
 
+/* memcpy, or with job->stream, 16-byte non-temporal stores for the aligned middle. */
+static void copy_out(const ExecJob *job, uint8_t *dst, const uint8_t *src, uint64_t len) {
+#if defined(__SSE2__)
+        if (job->stream && len >= 256) {
+                uint64_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+                memcpy(dst, src, head);
+                dst += head;
+                src += head;
+                len -= head;
+                for (; len >= 64; len -= 64, dst += 64, src += 64) {
+                        __m128i a = _mm_loadu_si128((const __m128i *)src);
+                        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+                        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+                        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+                        _mm_stream_si128((__m128i *)dst, a);
+                        _mm_stream_si128((__m128i *)(dst + 16), b);
+                        _mm_stream_si128((__m128i *)(dst + 32), c);
+                        _mm_stream_si128((__m128i *)(dst + 48), d);
+                }
+                for (; len >= 16; len -= 16, dst += 16, src += 16)
+                        _mm_stream_si128((__m128i *)dst, _mm_loadu_si128((const __m128i *)src));
+        }
+#endif
+        memcpy(dst, src, len);
+}
+
+/* Non-temporal stores are weakly ordered: fence them before the step is published. */
+static void stream_fence(const ExecJob *job) {
+#if defined(__SSE2__)
+        if (job->stream)
+                _mm_sfence();
+#else
+        (void)job;
+#endif
+}
+
+/*
+ * A row padded at its end is a copy segment followed by a fill segment of the same pieces
+ * (the plan opens them together). Run them piece by piece, so each output cache line is
+ * written once while it is hot, instead of a second pass over the whole output for the pad.
+ */
+static bool pairs_with(const DvPlan *plan, size_t i) {
+        if (i + 1 >= plan->nsegs)
+                return false;
+        const DvSeg *s = &plan->segs[i], *f = &plan->segs[i + 1];
+        return s->kind == DV_SEG_COPY && f->kind == DV_SEG_FILL && s->count > 1 &&
+               f->count == s->count && f->dst_stride == s->dst_stride && f->dst > s->dst &&
+               f->dst - s->dst < s->dst_stride && f->len <= PIECE_BYTES && s->len <= PIECE_BYTES;
+}
+
 static void item_run(const ExecJob *job, const Item *it) {
         const DvSeg *s = &job->plan->segs[it->seg];
         uint64_t len = it->b1 - it->b0;
 
+        if (it->pad != UINT32_MAX) {
+                const DvSeg *f = &job->plan->segs[it->pad];
+                const uint8_t *src = job->src(job->ctx, s->rank, s->tensor) + s->src;
+                size_t es = dv_dtype_size(job->plan->out[f->tensor].dtype);
+                const uint8_t *pat = job->plan->fill[f->tensor];
+                if (job->stream && f->dst == s->dst + s->len && s->len + f->len == s->dst_stride &&
+                    s->dst_stride <= ROW_MAX) {
+                        /* the row is exactly copy + pad: assemble it, then stream it whole */
+                        _Alignas(64) uint8_t row[ROW_MAX];
+                        fill_pattern(row + s->len, f->len, pat, es);
+                        for (uint64_t c = it->c0; c < it->c1; c++) {
+                                memcpy(row, src + c * s->src_stride, s->len);
+                                copy_out(job, job->out + s->dst + c * s->dst_stride, row,
+                                         s->dst_stride);
+                        }
+                        return;
+                }
+                for (uint64_t c = it->c0; c < it->c1; c++) {
+                        memcpy(job->out + s->dst + c * s->dst_stride, src + c * s->src_stride,
+                               s->len);
+                        fill_pattern(job->out + f->dst + c * f->dst_stride, f->len, pat, es);
+                }
+                return;
+        }
         if (s->kind == DV_SEG_COPY) {
                 const uint8_t *src = job->src(job->ctx, s->rank, s->tensor) + s->src;
                 for (uint64_t c = it->c0; c < it->c1; c++)
-                        memcpy(job->out + s->dst + c * s->dst_stride + it->b0,
-                               src + c * s->src_stride + it->b0, len);
+                        copy_out(job, job->out + s->dst + c * s->dst_stride + it->b0,
+                                 src + c * s->src_stride + it->b0, len);
         } else {
                 size_t es = dv_dtype_size(job->plan->out[s->tensor].dtype);
                 const uint8_t *pat = job->plan->fill[s->tensor];
@@ -80,8 +166,10 @@ static void item_run(const ExecJob *job, const Item *it) {
 static void work_run(Work *w) {
         for (;;) {
                 size_t i = atomic_fetch_add_explicit(&w->next, 1, memory_order_relaxed);
-                if (i >= w->nitems)
+                if (i >= w->nitems) {
+                        stream_fence(w->job);
                         return;
+                }
                 item_run(w->job, &w->items[i]);
         }
 }
@@ -153,8 +241,13 @@ static Item *items_make(const DvPlan *plan, size_t *ret_n) {
                 return NULL;
         for (size_t i = 0; i < plan->nsegs; i++) {
                 const DvSeg *s = &plan->segs[i];
+                uint32_t seg = (uint32_t)i, pad = UINT32_MAX;
+                if (pairs_with(plan, i))
+                        pad = (uint32_t)++i;
                 size_t es = s->kind == DV_SEG_FILL ? dv_dtype_size(plan->out[s->tensor].dtype) : 1;
-                uint64_t per = s->len >= PIECE_BYTES ? 1 : PIECE_BYTES / s->len;
+                uint64_t piece = pad == UINT32_MAX ? s->len : s->dst_stride;
+                uint64_t per =
+                        s->len >= PIECE_BYTES || piece >= PIECE_BYTES ? 1 : PIECE_BYTES / piece;
                 uint64_t step = s->len >= PIECE_BYTES ? PIECE_BYTES / es * es : s->len;
                 for (uint64_t c = 0; c < s->count; c += per) {
                         for (uint64_t b = 0; b < s->len; b += step) {
@@ -167,7 +260,8 @@ static Item *items_make(const DvPlan *plan, size_t *ret_n) {
                                         }
                                         items = t;
                                 }
-                                items[n++] = (Item){.seg = (uint32_t)i,
+                                items[n++] = (Item){.seg = seg,
+                                                    .pad = pad,
                                                     .c0 = c,
                                                     .c1 = DV_MIN(s->count, c + per),
                                                     .b0 = b,
@@ -184,12 +278,14 @@ static Item *items_make(const DvPlan *plan, size_t *ret_n) {
  * Large plans use the group's copy threads, created on first need; small plans, or any
  * failure to get threads or memory, run on the calling thread alone.
  */
-void exec_host(Group *g, const ExecJob *job) {
-        const DvPlan *plan = job->plan;
+void exec_host(Group *g, const ExecJob *arg) {
+        const DvPlan *plan = arg->plan;
         uint64_t total = 0;
 
         for (size_t i = 0; i < plan->nsegs; i++)
                 total += plan->segs[i].len * plan->segs[i].count;
+        ExecJob copy = *arg, *job = &copy;
+        job->stream = total >= STREAM_MIN;
 
         if (total >= PARALLEL_MIN && g->d->threads > 1 && !g->pool)
                 g->pool = pool_new(g->d->threads - 1);
@@ -201,10 +297,15 @@ void exec_host(Group *g, const ExecJob *job) {
         if (!items) {
                 for (size_t i = 0; i < plan->nsegs; i++) {
                         const DvSeg *s = &plan->segs[i];
-                        Item it = {
-                                .seg = (uint32_t)i, .c0 = 0, .c1 = s->count, .b0 = 0, .b1 = s->len};
+                        Item it = {.seg = (uint32_t)i,
+                                   .pad = UINT32_MAX,
+                                   .c1 = s->count,
+                                   .b1 = s->len};
+                        if (pairs_with(plan, i))
+                                it.pad = (uint32_t)++i;
                         item_run(job, &it);
                 }
+                stream_fence(job);
                 return;
         }
         Work w = {.job = job, .items = items, .nitems = nitems};

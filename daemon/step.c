@@ -241,8 +241,8 @@ static int step_gather(Step *s) {
         if ((r = check_gather_opts(s)) < 0)
                 return r;
         int n = (int)s->reqs[0].ntensors;
-        _cleanup_(freep) DvShape *shapes = calloc((size_t)W * (size_t)n, sizeof(*shapes));
-        _cleanup_(freep) int64_t *valid = calloc((size_t)W, sizeof(*valid));
+        _cleanup_(freep) DvShape *shapes = calloc((size_t)(unsigned)W * (size_t)(unsigned)n, sizeof(*shapes));
+        _cleanup_(freep) int64_t *valid = calloc((size_t)(unsigned)W, sizeof(*valid));
         if (!shapes || !valid)
                 return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
         for (int k = 0; k < W; k++) {
@@ -292,9 +292,9 @@ static int step_objects(Step *s) {
                 return r;
         if ((r = check_gather_opts(s)) < 0)
                 return r;
-        _cleanup_(freep) DvShape *shapes = calloc((size_t)W, sizeof(*shapes));
-        _cleanup_(freep) int64_t *valid = calloc((size_t)W, sizeof(*valid));
-        _cleanup_(freep) int64_t **prefix = calloc((size_t)W, sizeof(*prefix));
+        _cleanup_(freep) DvShape *shapes = calloc((size_t)(unsigned)W, sizeof(*shapes));
+        _cleanup_(freep) int64_t *valid = calloc((size_t)(unsigned)W, sizeof(*valid));
+        _cleanup_(freep) int64_t **prefix = calloc((size_t)(unsigned)W, sizeof(*prefix));
         if (!shapes || !valid || !prefix)
                 return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
         for (int k = 0; k < W; k++) {
@@ -401,7 +401,7 @@ static int step_pad(Step *s) {
         SAME_ON_ALL(s, pad_first, "%u", "pad_first");
         if ((r = pad_value_same(s)) < 0)
                 return r;
-        _cleanup_(freep) DvShape *shapes = calloc((size_t)W, sizeof(*shapes));
+        _cleanup_(freep) DvShape *shapes = calloc((size_t)(unsigned)W, sizeof(*shapes));
         if (!shapes)
                 return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
         for (int k = 0; k < W; k++) {

@@ -180,7 +180,11 @@ void *worker_main(void *arg) {
                 if (worker_wait(g, seq) != 0)
                         break;
                 worker_take_inputs(g);
-                step_run(g, seq);
+                uint64_t t0 = dv_now_ns();
+                int r = step_run(g, seq);
+                log_debug("group '%s': collective #%u (%s) took %llu us: %s", g->name, seq,
+                          dv_op_name(g->reqs[0].op),
+                          (unsigned long long)((dv_now_ns() - t0) / 1000), deval_strerror(r));
                 atomic_fetch_add_explicit(&g->collectives, 1, memory_order_relaxed);
                 /* release: every slot's res and msg are written before done_seq says so */
                 atomic_store_explicit(&h->done_seq, seq, memory_order_release);

@@ -31,6 +31,8 @@ static const char *arg_socket;
 static const char *arg_devald;
 static int arg_quick;
 static int arg_max_world = 8;
+static int arg_min_world = 2;
+static size_t arg_only_size;
 
 static double now_s(void) {
         struct timespec ts;
@@ -199,6 +201,8 @@ int main(int argc, char **argv) {
                 {"devald", required_argument, NULL, 'd'},
                 {"quick", no_argument, NULL, 'q'},
                 {"max-world", required_argument, NULL, 'w'},
+                {"min-world", required_argument, NULL, 'm'},
+                {"size", required_argument, NULL, 'z'},
                 {"help", no_argument, NULL, 'h'},
                 {},
         };
@@ -206,7 +210,7 @@ int main(int argc, char **argv) {
         int c;
         pid_t daemon = 0;
 
-        while ((c = getopt_long(argc, argv, "s:d:qw:h", opts, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "s:d:qw:m:z:h", opts, NULL)) >= 0) {
                 switch (c) {
                 case 's':
                         arg_socket = optarg;
@@ -220,9 +224,15 @@ int main(int argc, char **argv) {
                 case 'w':
                         arg_max_world = atoi(optarg);
                         break;
+                case 'm':
+                        arg_min_world = atoi(optarg);
+                        break;
+                case 'z':
+                        arg_only_size = strtoull(optarg, NULL, 10);
+                        break;
                 case 'h':
                         printf("Usage: deval-bench [--devald PATH | --socket PATH] [--quick] "
-                               "[--max-world N]\n");
+                               "[--min-world N] [--max-world N] [--size BYTES]\n");
                         return 0;
                 default:
                         return 2;
@@ -247,10 +257,11 @@ int main(int argc, char **argv) {
         printf("ragged gather, f32, pad dim 1, last row of the last rank trimmed\n");
         printf("%5s %9s %11s %11s %11s %11s %11s %8s\n", "ranks", "per rank", "output", "p50 us",
                "p99 us", "GB/s", "memcpy GB/s", "ratio");
-        for (int world = 2; world <= arg_max_world; world *= 2) {
+        for (int world = arg_min_world; world <= arg_max_world; world *= 2) {
                 for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
                         size_t bytes = sizes[s];
-                        if (arg_quick && bytes > (4u << 20))
+                        if ((arg_quick && bytes > (4u << 20)) ||
+                            (arg_only_size && bytes != arg_only_size))
                                 continue;
                         int iters = bytes >= (64u << 20) ? 10 : bytes >= (4u << 20) ? 40 : 1000;
                         if (arg_quick)

@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test-ctl.c - deval-ctl status against a real devald while a group is running: the table
+ * and the JSON name the group with its world size, ranks, collectives and bytes moved; and
+ * the tool's exit statuses for an unreachable devald and for usage errors.
+ */
+/* cmocka needs these first */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static Harness H;
+static volatile int *phase; /* shared: 1 once the ranks are mid-run, 2 when checked */
+
+static int setup(void **state) {
+        (void)state;
+        phase = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        harness_start(&H, NULL);
+        return 0;
+}
+
+static int teardown(void **state) {
+        (void)state;
+        harness_stop(&H);
+        return 0;
+}
+
+static int rank_busy(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "ctl", rank, world, 10000, &g), NULL);
+        for (int i = 0; i < 5; i++)
+                CHECK_OK(deval_barrier(g), g);
+        int64_t x[100] = {0};
+        deval_tensor t = {.data = x, .dtype = DEVAL_I64, .ndim = 1, .shape = {100},
+                          .device = -1},
+                     out;
+        CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g); /* 3 x 800 bytes moved */
+        if (rank == 0) {
+                char buf[8192], want[128];
+                CHECK(harness_ctl(h, "status", buf, sizeof(buf)) == 0, "status: %s", buf);
+                snprintf(want, sizeof(want), "ctl-%d", (int)getppid());
+                CHECK(strstr(buf, want) && strstr(buf, "active") && strstr(buf, "backend host"),
+                      "table:\n%s", buf);
+                CHECK(harness_ctl(h, "--json=short status", buf, sizeof(buf)) == 0, "json");
+                snprintf(want, sizeof(want),
+                         "{\"name\":\"ctl-%d\",\"uid\":%u,\"state\":\"active\",\"world_size\":3,"
+                         "\"joined\":3,\"collectives\":6,\"bytes_moved\":2400,",
+                         (int)getppid(), (unsigned)getuid());
+                CHECK(strstr(buf, want), "json lacks\n%s\nin\n%s", want, buf);
+                CHECK(strstr(buf, "\"total_groups\":1") && strstr(buf, "\"backend\":\"host\""),
+                      "json: %s", buf);
+                *phase = 2;
+        }
+        while (*phase != 2)
+                usleep(1000);
+        CHECK_OK(deval_barrier(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_status_of_a_running_group(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_busy, NULL, 20), 0);
+}
+
+static int run(const char *cmd) {
+        char full[512];
+        snprintf(full, sizeof(full), "%s %s >/dev/null 2>&1", getenv("DEVAL_CTL"), cmd);
+        int st = system(full);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_exit_statuses(void **state) {
+        (void)state;
+        assert_int_equal(run("--socket /nonexistent/devald.sock status"), 1);
+        assert_int_equal(run("status --json=fancy"), 2);
+        assert_int_equal(run("frobnicate"), 2);
+        assert_int_equal(run(""), 2);
+        assert_int_equal(run("--help"), 0);
+        assert_int_equal(run("--version"), 0);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_status_of_a_running_group),
+                cmocka_unit_test(test_exit_statuses),
+        };
+        return cmocka_run_group_tests(tests, setup, teardown);
+}
