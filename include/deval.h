@@ -132,6 +132,14 @@ int deval_broadcast(deval_group *g, deval_tensor *inout, int root);
 int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root, deval_bytes *out);
 int deval_barrier(deval_group *g);
 
+/*
+ * A buffer of at least bytes in this rank's shared input arena, for the next collective: a
+ * tensor whose data lies inside it is not copied by deval_gather(), deval_gather_for_metrics(),
+ * deval_pad_across_processes(), deval_reduce() or deval_broadcast(). Write your outputs there
+ * to save a copy of every byte. Valid until the next call on g.
+ */
+int deval_input_buffer(deval_group *g, size_t bytes, void **ret);
+
 /* Size in bytes of one element of dtype, 0 for an unknown dtype. */
 size_t deval_dtype_size(int dtype);
 

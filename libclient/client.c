@@ -155,6 +155,9 @@ int dv_reserve_input(deval_group *g, uint64_t size) {
         if ((r = map_fd(fds[0], rep.size[0], PROT_READ | PROT_WRITE, &p)) < 0)
                 return dv_set_err(g, DEVAL_ENOMEM, "cannot map %llu bytes of input: %s",
                                   (unsigned long long)rep.size[0], strerror(-r));
+        /* what deval_input_buffer() handed out moves along with the arena */
+        if (g->in_keep)
+                memcpy(p, g->in, DV_MIN(g->in_keep, g->in_size));
         munmap(g->in, g->in_size ? g->in_size : 1);
         g->in = p;
         g->in_size = rep.size[0];

@@ -20,6 +20,7 @@ struct deval_group {
         uint64_t ctl_size;
         uint8_t *in;
         uint64_t in_size;
+        uint64_t in_keep; /* bytes at the arena's start handed out by deval_input_buffer() */
         const uint8_t *out;
         uint64_t out_size;
         uint64_t out_gen;

@@ -106,6 +106,7 @@ static int coll_run(deval_group *g, const char *fn, DvResult **ret) {
         DvCtlHeader *h = g->hdr;
         DvSlot *slot = &h->slots[g->rank];
         uint32_t seq = ++g->seq;
+        g->in_keep = 0; /* the buffer served this collective */
         uint64_t start = dv_now_ns();
         int64_t limit = g->timeout_ms < 0 ? -1 : (int64_t)g->timeout_ms * 1000000 + WAIT_GRACE_NS;
 
@@ -220,10 +221,24 @@ static int stage_failed(deval_group *g, const char *fn, DvRequest *q, int status
         return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: devald accepted a failed stage", fn);
 }
 
-/* Copy n tensors into the input arena, 64-byte aligned, and describe them in q. */
+/* Where tensor data already lies in the buffer deval_input_buffer() gave: its offset. */
+static bool in_buffer(const deval_group *g, const void *data, uint64_t bytes, uint64_t *ret) {
+        const uint8_t *p = data;
+        if (!g->in_keep || !p || p < g->in || p > g->in + g->in_keep ||
+            bytes > (uint64_t)(g->in + g->in_keep - p) || (uint64_t)(p - g->in) % 8 != 0)
+                return false;
+        *ret = (uint64_t)(p - g->in);
+        return true;
+}
+
+/*
+ * Describe n tensors in q, copying each into the input arena (64-byte aligned, after the
+ * deval_input_buffer() region) unless it already lies in that region.
+ */
 static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor *in,
                        const bool *with_data, DvRequest *q) {
-        uint64_t bytes[DEVAL_MAX_TENSORS], off[DEVAL_MAX_TENSORS], end = 0;
+        uint64_t bytes[DEVAL_MAX_TENSORS], off[DEVAL_MAX_TENSORS], end = g->in_keep;
+        bool placed[DEVAL_MAX_TENSORS];
         int r;
 
         for (int i = 0; i < n; i++) {
@@ -232,6 +247,9 @@ static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor
                         return r;
                 if (!wd)
                         bytes[i] = 0;
+                placed[i] = bytes[i] && in_buffer(g, in[i].data, bytes[i], &off[i]);
+                if (placed[i])
+                        continue;
                 off[i] = DV_ALIGN(end, DV_ARENA_ALIGN);
                 if (bytes[i] > UINT64_MAX / 4 - off[i])
                         return dv_set_err(g, DEVAL_EINVAL, "%s: the inputs are too large", fn);
@@ -240,7 +258,7 @@ static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor
         if ((r = dv_reserve_input(g, end)) < 0)
                 return stage_failed(g, fn, q, r, end);
         for (int i = 0; i < n; i++) {
-                if (bytes[i])
+                if (bytes[i] && !placed[i])
                         memcpy(g->in + off[i], in[i].data, bytes[i]);
                 desc_set(&q->t[i], &in[i], off[i], bytes[i]);
                 if (with_data && !with_data[i]) {
@@ -603,5 +621,29 @@ int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root
                 return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: malformed result", fn);
         out->data = view.data ? view.data : (const void *)g->out;
         out->len = (size_t)res->t[0].nbytes;
+        return 0;
+}
+
+/**
+ * deval_input_buffer() - lend the caller the first bytes of this rank's input arena.
+ * Tensors of the next collective whose data lies in it are used in place, not copied.
+ * @ret: the buffer, 64-byte aligned; valid until the next call on g.
+ * Return: 0; DEVAL_EINVAL for a NULL argument; DEVAL_ENOMEM past the group's quota; a
+ * connection failure.
+ */
+int deval_input_buffer(deval_group *g, size_t bytes, void **ret) {
+        int r;
+
+        if (!g)
+                return DEVAL_EINVAL;
+        if (!ret)
+                return dv_set_err(g, DEVAL_EINVAL, "deval_input_buffer: ret is NULL");
+        if ((r = coll_begin(g, "deval_input_buffer")) < 0)
+                return r;
+        g->in_keep = 0; /* a new buffer replaces the old one; its contents need not move */
+        if ((r = dv_reserve_input(g, bytes)) < 0)
+                return r;
+        g->in_keep = bytes;
+        *ret = g->in;
         return 0;
 }

@@ -32,6 +32,7 @@ static const char *arg_devald;
 static int arg_quick;
 static int arg_max_world = 8;
 static int arg_min_world = 2;
+static int arg_zero_copy;
 static size_t arg_only_size;
 
 static double now_s(void) {
@@ -123,6 +124,15 @@ static int rank_main(const Job *j, int rank) {
         for (int it = -warm; it < j->iters && !r; it++) {
                 if (j->kind == 0)
                         r = deval_barrier(g);
+                if (!r && j->kind == 0 && arg_zero_copy) {
+                        /* the producer writes its output straight into the arena */
+                        void *buf;
+                        size_t bytes = (size_t)(rows * cols) * sizeof(float);
+                        r = deval_input_buffer(g, bytes, &buf);
+                        if (!r)
+                                memcpy(buf, x, bytes);
+                        in.data = buf;
+                }
                 double t0 = now_s();
                 if (!r && j->kind == 0)
                         r = deval_gather(g, 1, &in, &go, &out);
@@ -203,6 +213,7 @@ int main(int argc, char **argv) {
                 {"max-world", required_argument, NULL, 'w'},
                 {"min-world", required_argument, NULL, 'm'},
                 {"size", required_argument, NULL, 'z'},
+                {"zero-copy", no_argument, NULL, 'Z'},
                 {"help", no_argument, NULL, 'h'},
                 {},
         };
@@ -210,7 +221,7 @@ int main(int argc, char **argv) {
         int c;
         pid_t daemon = 0;
 
-        while ((c = getopt_long(argc, argv, "s:d:qw:m:z:h", opts, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "s:d:qw:m:z:Zh", opts, NULL)) >= 0) {
                 switch (c) {
                 case 's':
                         arg_socket = optarg;
@@ -224,6 +235,9 @@ int main(int argc, char **argv) {
                 case 'w':
                         arg_max_world = atoi(optarg);
                         break;
+                case 'Z':
+                        arg_zero_copy = 1;
+                        break;
                 case 'm':
                         arg_min_world = atoi(optarg);
                         break;
@@ -232,7 +246,7 @@ int main(int argc, char **argv) {
                         break;
                 case 'h':
                         printf("Usage: deval-bench [--devald PATH | --socket PATH] [--quick] "
-                               "[--min-world N] [--max-world N] [--size BYTES]\n");
+                               "[--min-world N] [--max-world N] [--size BYTES] [--zero-copy]\n");
                         return 0;
                 default:
                         return 2;
@@ -254,7 +268,8 @@ int main(int argc, char **argv) {
         static const size_t sizes[] = {64, 4 << 10, 256 << 10, 4 << 20, 64 << 20};
         int rc = 0;
 
-        printf("ragged gather, f32, pad dim 1, last row of the last rank trimmed\n");
+        printf("ragged gather, f32, pad dim 1, last row of the last rank trimmed%s\n",
+               arg_zero_copy ? ", inputs written into deval_input_buffer()" : "");
         printf("%5s %9s %11s %11s %11s %11s %11s %8s\n", "ranks", "per rank", "output", "p50 us",
                "p99 us", "GB/s", "memcpy GB/s", "ratio");
         for (int world = arg_min_world; world <= arg_max_world; world *= 2) {

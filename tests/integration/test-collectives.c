@@ -480,6 +480,46 @@ static void test_pad_across_processes(void **state) {
         assert_int_equal(harness_run(&H, 3, rank_pad, NULL, 20), 0);
 }
 
+/* Inputs written straight into the arena are used in place, also when the arena grows. */
+static int rank_input_buffer(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "zerocopy", rank, world, 10000, &g), NULL);
+        for (int round = 0; round < 2; round++) {
+                int64_t n = 100 + rank;
+                void *buf;
+                CHECK_OK(deval_input_buffer(g, (size_t)n * sizeof(int32_t), &buf), g);
+                int32_t *ids = buf;
+                for (int64_t i = 0; i < n; i++)
+                        ids[i] = (int32_t)(rank * 1000 + i);
+                /* round 1: a second tensor large enough to make the arena grow */
+                int64_t m = round ? (1 << 20) : 3;
+                float *big = malloc(sizeof(float) * (size_t)(n * m));
+                for (int64_t i = 0; i < n * m; i++)
+                        big[i] = (float)(rank + i);
+                deval_tensor in[2] = {
+                        {.data = ids, .dtype = DEVAL_I32, .ndim = 1, .shape = {n}, .device = -1},
+                        {.data = big, .dtype = DEVAL_F32, .ndim = 2, .shape = {n, m}, .device = -1},
+                };
+                deval_tensor out[2];
+                CHECK_OK(deval_gather(g, round ? 2 : 1, in, NULL, out), g);
+                int64_t k = 0;
+                for (int r = 0; r < world; r++)
+                        for (int64_t i = 0; i < 100 + r; i++, k++)
+                                CHECK(((int32_t *)out[0].data)[k] == r * 1000 + i,
+                                      "round %d row %lld", round, (long long)k);
+                CHECK(k == out[0].shape[0], "rows");
+                free(big);
+        }
+        deval_leave(g);
+        return 0;
+}
+
+static void test_input_buffer(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 2, rank_input_buffer, NULL, 30), 0);
+}
+
 /* Two groups at once on one devald, each with its own ranks. */
 static int rank_two_groups(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
@@ -516,6 +556,7 @@ int main(void) {
                 cmocka_unit_test(test_broadcast_and_barrier),
                 cmocka_unit_test(test_pad_across_processes),
                 cmocka_unit_test(test_groups_are_independent),
+                cmocka_unit_test(test_input_buffer),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
