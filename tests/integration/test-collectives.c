@@ -493,7 +493,7 @@ static int rank_input_buffer(const Harness *h, int rank, int world, void *arg) {
                 for (int64_t i = 0; i < n; i++)
                         ids[i] = (int32_t)(rank * 1000 + i);
                 /* round 1: a second tensor large enough to make the arena grow */
-                int64_t m = round ? (1 << 20) : 3;
+                int64_t m = round ? (1 << 14) : 3;
                 float *big = malloc(sizeof(float) * (size_t)(n * m));
                 for (int64_t i = 0; i < n * m; i++)
                         big[i] = (float)(rank + i);
