@@ -85,14 +85,14 @@ typedef enum {
 typedef struct {
         double pad_value;   /* converted to each tensor's dtype */
         int32_t pad_first;  /* bool: pad at the start of a dim instead of the end */
-        int32_t order;      /* deval_order */
         int64_t valid_rows; /* this rank's real rows; < 0: all */
         int64_t keep_rows;  /* keep only the first rows of the result; < 0: all */
+        int32_t order;      /* deval_order; inside an eval pass, the pass's order wins */
         int32_t root;       /* only this rank receives the result; -1: every rank */
-        int32_t reserved;
 } deval_gather_opts;
+/* positional, in field order: pad_value, pad_first, valid_rows, keep_rows, order, root */
 #define DEVAL_GATHER_OPTS_INIT \
-        { 0.0, 0, DEVAL_ORDER_RANK, -1, -1, -1, 0 }
+        { 0.0, 0, -1, -1, DEVAL_ORDER_RANK, -1 }
 
 typedef enum {
         DEVAL_SUM = 0,
