@@ -104,7 +104,8 @@ struct Group {
 struct Conn {
         Conn *next;
         Daemon *d;
-        int fd;
+        int fd;    /* -1 once closed; freed after the current batch of events */
+        int pidfd; /* the client process, watched for its exit; -1 if unavailable */
         pid_t pid;
         uid_t uid;
         Group *group;
@@ -120,6 +121,7 @@ struct Daemon {
         int spin_us; /* < 0: decide per group from the cores and the world size */
         uint64_t start_ns;
         Conn *conns;
+        Conn *closed; /* closed during this batch of events, freed after it */
         Group *groups;
         int ngroups;
         bool stopping;

@@ -16,6 +16,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -65,7 +66,14 @@ void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int n
                 log_warn("could not answer pid %d: %s", (int)c->pid, strerror((int)-n));
 }
 
-static void conn_free(Daemon *d, Conn *c) {
+/*
+ * Close c: its group learns the member is gone, its descriptors close, and the Conn itself
+ * waits on d->closed until the current batch of events is done, since a later event of the
+ * same batch may still point at it.
+ */
+static void conn_close(Daemon *d, Conn *c) {
+        if (c->fd < 0)
+                return;
         if (c->group) {
                 Group *g = c->group;
                 group_member_gone(g, c->rank, false);
@@ -74,13 +82,28 @@ static void conn_free(Daemon *d, Conn *c) {
         }
         epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
+        c->fd = -1;
+        if (c->pidfd >= 0) {
+                epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->pidfd, NULL);
+                close(c->pidfd);
+                c->pidfd = -1;
+        }
         for (Conn **p = &d->conns; *p; p = &(*p)->next)
                 if (*p == c) {
                         *p = c->next;
                         break;
                 }
+        c->next = d->closed;
+        d->closed = c;
         nconns--;
-        free(c);
+}
+
+static void conns_reap(Daemon *d) {
+        while (d->closed) {
+                Conn *c = d->closed;
+                d->closed = c->next;
+                free(c);
+        }
 }
 
 static void handle_status(Daemon *d, Conn *c) {
@@ -234,6 +257,7 @@ static void accept_conns(Daemon *d) {
                 *c = (Conn){.next = d->conns,
                             .d = d,
                             .fd = fd,
+                            .pidfd = -1,
                             .pid = cred.pid,
                             .uid = cred.uid,
                             .rank = -1};
@@ -242,6 +266,20 @@ static void accept_conns(Daemon *d) {
                         close(fd);
                         free(c);
                         continue;
+                }
+                /*
+                 * The socket alone can outlive its process: a child forked after the join
+                 * (a DataLoader worker, say) inherits it. Watch the process itself too
+                 * (pidfd, Linux 5.3); its events carry the Conn pointer with bit 0 set.
+                 */
+                c->pidfd = (int)syscall(SYS_pidfd_open, cred.pid, 0);
+                if (c->pidfd >= 0) {
+                        struct epoll_event pev = {.events = EPOLLIN,
+                                                  .data.u64 = (uint64_t)(uintptr_t)c | 1};
+                        if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, c->pidfd, &pev) < 0) {
+                                close(c->pidfd);
+                                c->pidfd = -1;
+                        }
                 }
                 d->conns = c;
                 nconns++;
@@ -490,16 +528,25 @@ int main(int argc, char **argv) {
                                         log_info("signal %u: stopping", si.ssi_signo);
                                         d.stopping = true;
                                 }
+                        } else if (evs[i].data.u64 & 1) {
+                                Conn *c = (Conn *)(uintptr_t)(evs[i].data.u64 & ~(uint64_t)1);
+                                if (c->fd >= 0) {
+                                        log_debug("pid %d exited", (int)c->pid);
+                                        conn_close(&d, c);
+                                }
                         } else {
                                 Conn *c = p;
                                 bool keep = true;
+                                if (c->fd < 0)
+                                        continue;
                                 if (evs[i].events & EPOLLIN)
                                         keep = conn_handle(&d, c);
                                 if (!keep || (evs[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP) &&
                                               !(evs[i].events & EPOLLIN)))
-                                        conn_free(&d, c);
+                                        conn_close(&d, c);
                         }
                 }
+                conns_reap(&d);
         }
 
         notify("STOPPING=1");
@@ -508,8 +555,9 @@ int main(int argc, char **argv) {
                 Conn *c = d.conns;
                 if (c->group)
                         c->group->state = DV_GROUP_CLOSING;
-                conn_free(&d, c);
+                conn_close(&d, c);
         }
+        conns_reap(&d);
         while (d.groups) { /* only groups no connection held are left; free them */
                 for (int k = 0; k < d.groups->world; k++)
                         d.groups->members[k].conn = NULL;

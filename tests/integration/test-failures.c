@@ -60,15 +60,20 @@ static int after(void **state) {
 
 /* Everyone but the victim gathers; the victim dies 300 ms into the collective. */
 static int rank_victim(const Harness *h, int rank, int world, void *arg) {
-        int how = *(int *)arg; /* 0: SIGKILL, 1: exit without leaving */
+        int how = *(int *)arg; /* 0: SIGKILL, 1: exit without leaving, 2: SIGKILL with a
+                                 forked child still holding the rank's socket */
         deval_group *g;
         CHECK_OK(harness_join(h, "victim", rank, world, 20000, &g), NULL);
         S->pid[rank] = getpid();
         CHECK_OK(deval_barrier(g), g);
         if (rank == world - 1) {
                 usleep(300000);
+                if (how == 2 && fork() == 0) { /* a DataLoader-like worker, outliving it */
+                        usleep(3000000);
+                        _exit(0);
+                }
                 S->t_event = harness_now();
-                if (how == 0)
+                if (how != 1)
                         raise(SIGKILL);
                 _exit(0);
         }
@@ -95,6 +100,12 @@ static void test_rank_killed(void **state) {
         (void)state;
         int how = 0;
         assert_int_equal(harness_run(&H, 3, rank_victim, &how, 20), 1); /* the victim itself */
+}
+
+static void test_rank_killed_socket_inherited(void **state) {
+        (void)state;
+        int how = 2;
+        assert_int_equal(harness_run(&H, 3, rank_victim, &how, 20), 1);
 }
 
 static void test_rank_exits(void **state) {
@@ -520,6 +531,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_rank_killed, before, after),
                 cmocka_unit_test_setup_teardown(test_rank_exits, before, after),
+                cmocka_unit_test_setup_teardown(test_rank_killed_socket_inherited, before, after),
                 cmocka_unit_test_setup_teardown(test_daemon_killed, before, NULL),
                 cmocka_unit_test_setup_teardown(test_daemon_sigterm, before, NULL),
                 cmocka_unit_test_setup_teardown(test_timeout, before, after),
