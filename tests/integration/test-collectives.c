@@ -303,7 +303,7 @@ static int rank_objects(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g;
         CHECK_OK(harness_join(h, "objects", rank, world, 10000, &g), NULL);
-        char text[4][32];
+        char text[4][48];
         deval_bytes items[4];
         int n = rank + 1;
         for (int i = 0; i < n; i++) {
@@ -324,7 +324,7 @@ static int rank_objects(const Harness *h, int rank, int world, void *arg) {
                                 int r = order ? b : a, i = order ? a : b;
                                 if (r >= world || i > r)
                                         continue;
-                                char want[32];
+                                char want[48];
                                 snprintf(want, sizeof(want), "rank %d item %d%s", r, i,
                                          i % 2 ? " (odd)" : "");
                                 size_t wl = r == 1 && i == 0 ? 0 : strlen(want);
