@@ -28,14 +28,13 @@ static int group_fail_local(deval_group *g, int status, const char *msg) {
         return dv_set_err(g, status, "%s", msg);
 }
 
-/* A collective may start: the handle is usable and the group has not failed. */
-static int coll_begin(deval_group *g, const char *fn) {
+/* A collective may start: the group has not failed (a failure sticks, with its message). */
+static int coll_begin(deval_group *g) {
         if (g->failed)
                 return g->failed;
         int s = atomic_load_explicit(&g->hdr->abort_status, memory_order_acquire);
         if (s)
                 return group_fail_local(g, s, g->hdr->abort_msg);
-        (void)fn;
         return 0;
 }
 
@@ -281,7 +280,7 @@ static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g, fn)) < 0)
+        if ((r = coll_begin(g)) < 0)
                 return r;
         if (n < 1 || n > DEVAL_MAX_TENSORS)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: n is %d, not 1..%d", fn, n,
@@ -336,7 +335,7 @@ static int simple_op(deval_group *g, uint32_t op, const char *fn, int64_t num_sa
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g, fn)) < 0)
+        if ((r = coll_begin(g)) < 0)
                 return r;
         DvRequest *q = req_start(g, op);
         q->num_samples = num_samples;
@@ -393,7 +392,7 @@ int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, 
                 *out = *in;
                 return 0;
         }
-        if ((r = coll_begin(g, fn)) < 0)
+        if ((r = coll_begin(g)) < 0)
                 return r;
         if (dim < 0)
                 dim += in->ndim;
@@ -418,7 +417,7 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g, fn)) < 0)
+        if ((r = coll_begin(g)) < 0)
                 return r;
         if ((n > 0 && !items) || !out_n || !out_items)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: items, out_n or out_items is NULL", fn);
@@ -521,7 +520,7 @@ int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op) {
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g, fn)) < 0)
+        if ((r = coll_begin(g)) < 0)
                 return r;
         if (!inout)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: inout is NULL", fn);
@@ -555,7 +554,7 @@ int deval_broadcast(deval_group *g, deval_tensor *inout, int root) {
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g, fn)) < 0)
+        if ((r = coll_begin(g)) < 0)
                 return r;
         if (!inout)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: inout is NULL", fn);
@@ -593,7 +592,7 @@ int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g, fn)) < 0)
+        if ((r = coll_begin(g)) < 0)
                 return r;
         if (!out)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: out is NULL", fn);
@@ -638,7 +637,7 @@ int deval_input_buffer(deval_group *g, size_t bytes, void **ret) {
                 return DEVAL_EINVAL;
         if (!ret)
                 return dv_set_err(g, DEVAL_EINVAL, "deval_input_buffer: ret is NULL");
-        if ((r = coll_begin(g, "deval_input_buffer")) < 0)
+        if ((r = coll_begin(g)) < 0)
                 return r;
         g->in_keep = 0; /* a new buffer replaces the old one; its contents need not move */
         if ((r = dv_reserve_input(g, bytes)) < 0)
