@@ -1,0 +1,588 @@
+# SPDX-License-Identifier: MIT
+"""deval: exact, fast, hang-free distributed evaluation on one machine.
+
+A thin ctypes binding over libdeval with an Accelerate-shaped API::
+
+    import deval
+    g = deval.join("run-42")            # rank and world size from RANK / WORLD_SIZE
+    with g.eval_pass(num_samples=len(dataset), order="rank"):
+        for batch in loader:
+            preds, labels = g.gather_for_metrics((preds, labels))
+
+numpy arrays, torch tensors (CPU, or CUDA through a host copy), Python scalars and nested
+tuples, lists and dicts of them are accepted; one call is one collective however many
+tensors are nested, and the result has the input's structure and kinds. Results are copies
+unless ``copy=False`` asks for read-only views into shared memory, valid until the group's
+next collective. Failures raise ``deval.Error`` subclasses carrying devald's message.
+"""
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import pickle
+
+import numpy as np
+
+__all__ = [
+    "join", "Group", "Error", "InvalidArgument", "Mismatch", "PeerLost", "DaemonLost",
+    "Timeout", "OutOfMemory", "PermissionDenied", "ProtocolError", "Aborted", "NotSupported",
+    "SystemFailure", "MAX_TENSORS",
+]
+
+MAX_DIMS = 8
+MAX_TENSORS = 64
+
+
+# ---- errors ------------------------------------------------------------------------------
+
+class Error(Exception):
+    """A deval call failed. ``status`` is the negative DEVAL_E* code."""
+
+    status = 0
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+class InvalidArgument(Error, ValueError):
+    status = -1
+
+
+class Mismatch(Error):
+    status = -2
+
+
+class PeerLost(Error):
+    status = -3
+
+
+class DaemonLost(Error):
+    status = -4
+
+
+class Timeout(Error, TimeoutError):
+    status = -5
+
+
+class OutOfMemory(Error, MemoryError):
+    status = -6
+
+
+class PermissionDenied(Error, PermissionError):
+    status = -7
+
+
+class ProtocolError(Error):
+    status = -8
+
+
+class Aborted(Error):
+    status = -9
+
+
+class NotSupported(Error):
+    status = -10
+
+
+class SystemFailure(Error, OSError):
+    status = -11
+
+
+_ERRORS = {c.status: c for c in (InvalidArgument, Mismatch, PeerLost, DaemonLost, Timeout,
+                                 OutOfMemory, PermissionDenied, ProtocolError, Aborted,
+                                 NotSupported, SystemFailure)}
+
+
+# ---- the library -------------------------------------------------------------------------
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * MAX_DIMS), ("device", ctypes.c_int32),
+                ("reserved", ctypes.c_int32)]
+
+
+class _Bytes(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _JoinOpts(ctypes.Structure):
+    _fields_ = [("socket_path", ctypes.c_char_p), ("timeout_ms", ctypes.c_int32)]
+
+
+class _GatherOpts(ctypes.Structure):
+    _fields_ = [("pad_value", ctypes.c_double), ("pad_first", ctypes.c_int32),
+                ("valid_rows", ctypes.c_int64), ("keep_rows", ctypes.c_int64),
+                ("order", ctypes.c_int32), ("root", ctypes.c_int32)]
+
+
+def _candidates():
+    env = os.environ.get("DEVAL_LIBRARY")
+    if env:
+        yield env
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "libdeval.so.0")                        # installed beside us
+    for build in ("build", "build-release", "build-asan"):           # a source tree's build
+        yield os.path.join(here, "..", "..", build, "libdeval.so.0")
+    found = ctypes.util.find_library("deval")
+    if found:
+        yield found
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if path.startswith("/") and not os.path.exists(path):
+            tried.append(path)
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+            break
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+    else:
+        raise ImportError("deval: cannot find libdeval.so.0; build it (meson) or set "
+                          "DEVAL_LIBRARY; tried: " + ", ".join(tried))
+    G = ctypes.c_void_p
+    T = ctypes.POINTER(_Tensor)
+    sigs = {
+        "deval_version": ([], ctypes.c_char_p),
+        "deval_strerror": ([ctypes.c_int], ctypes.c_char_p),
+        "deval_errmsg": ([G], ctypes.c_char_p),
+        "deval_join": ([ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
+                        ctypes.POINTER(_JoinOpts), ctypes.POINTER(G)], ctypes.c_int),
+        "deval_leave": ([G], ctypes.c_int),
+        "deval_gather": ([G, ctypes.c_int, T, ctypes.POINTER(_GatherOpts), T], ctypes.c_int),
+        "deval_gather_for_metrics": ([G, ctypes.c_int, T, ctypes.POINTER(_GatherOpts), T],
+                                     ctypes.c_int),
+        "deval_eval_begin": ([G, ctypes.c_int64, ctypes.c_int], ctypes.c_int),
+        "deval_eval_end": ([G], ctypes.c_int),
+        "deval_pad_across_processes": ([G, T, ctypes.c_int, ctypes.c_double, ctypes.c_bool, T],
+                                       ctypes.c_int),
+        "deval_gather_objects": ([G, ctypes.c_size_t, ctypes.POINTER(_Bytes),
+                                  ctypes.POINTER(_GatherOpts), ctypes.POINTER(ctypes.c_size_t),
+                                  ctypes.POINTER(ctypes.POINTER(_Bytes))], ctypes.c_int),
+        "deval_gather_objects_for_metrics": ([G, ctypes.c_size_t, ctypes.POINTER(_Bytes),
+                                              ctypes.POINTER(_GatherOpts),
+                                              ctypes.POINTER(ctypes.c_size_t),
+                                              ctypes.POINTER(ctypes.POINTER(_Bytes))],
+                                             ctypes.c_int),
+        "deval_reduce": ([G, T, ctypes.c_int], ctypes.c_int),
+        "deval_broadcast": ([G, T, ctypes.c_int], ctypes.c_int),
+        "deval_broadcast_bytes": ([G, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                   ctypes.POINTER(_Bytes)], ctypes.c_int),
+        "deval_barrier": ([G], ctypes.c_int),
+    }
+    for name, (args, res) in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = res
+    return lib
+
+
+_lib = _load()
+__version__ = _lib.deval_version().decode()
+
+
+# ---- dtypes ------------------------------------------------------------------------------
+
+try:  # bfloat16 for numpy, where the package that defines it is installed
+    import ml_dtypes as _ml_dtypes
+    _BF16 = np.dtype(_ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - depends on the environment
+    _BF16 = None
+
+_NP_TO_DEVAL = {
+    np.dtype(np.bool_): 1, np.dtype(np.uint8): 2, np.dtype(np.int8): 3, np.dtype(np.int16): 4,
+    np.dtype(np.int32): 5, np.dtype(np.int64): 6, np.dtype(np.float16): 7,
+    np.dtype(np.float32): 9, np.dtype(np.float64): 10,
+}
+if _BF16 is not None:
+    _NP_TO_DEVAL[_BF16] = 8
+_DEVAL_TO_NP = {v: k for k, v in _NP_TO_DEVAL.items()}
+_DEVAL_TO_NP[8] = np.dtype(np.uint16) if _BF16 is None else _BF16  # raw bits without ml_dtypes
+_FLOATS = {7, 8, 9, 10}
+
+_REDUCTIONS = {"sum": 0, "mean": 1, "max": 2, "min": 3, "prod": 4}
+_ORDERS = {"rank": 0, "strided": 1}
+
+
+def _torch():
+    import sys
+    return sys.modules.get("torch")
+
+
+class _Leaf:
+    """One tensor-like input, as a contiguous numpy array, and how to give results back."""
+
+    __slots__ = ("array", "dtype", "kind", "device", "torch_dtype")
+
+    def __init__(self, x):
+        torch = _torch()
+        self.kind = "numpy"
+        self.device = None
+        self.torch_dtype = None
+        if torch is not None and isinstance(x, torch.Tensor):
+            self.kind = "torch"
+            self.device = x.device
+            self.torch_dtype = x.dtype
+            t = x.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()  # the host backend works on host memory; results go back
+            t = t.contiguous()
+            if t.dtype == torch.bfloat16:
+                self.array = t.view(torch.int16).numpy().view(np.uint16)
+                self.dtype = 8
+                return
+            a = t.numpy()
+        elif isinstance(x, np.ndarray):
+            a = x
+        elif isinstance(x, (bool, np.bool_)):
+            self.kind = "scalar"
+            a = np.asarray(x, dtype=np.bool_)
+        elif isinstance(x, (int, np.integer)):
+            self.kind = "scalar"
+            a = np.asarray(x, dtype=np.int64)
+        elif isinstance(x, (float, np.floating)):
+            self.kind = "scalar"
+            a = np.asarray(x, dtype=np.float64)
+        else:
+            raise InvalidArgument("deval: cannot send a %s; pass numpy arrays, torch tensors, "
+                                  "Python scalars, or tuples, lists and dicts of them"
+                                  % type(x).__name__, -1)
+        if a.dtype not in _NP_TO_DEVAL:
+            raise InvalidArgument("deval: dtype %s is not supported (bool, uint8, int8, int16, "
+                                  "int32, int64, float16, bfloat16, float32, float64)" % a.dtype,
+                                  -1)
+        if a.ndim > MAX_DIMS:
+            raise InvalidArgument("deval: %d dims, at most %d" % (a.ndim, MAX_DIMS), -1)
+        self.array = np.ascontiguousarray(a)
+        self.dtype = _NP_TO_DEVAL[a.dtype]
+
+    def fill(self, t):
+        _fill(self.array, self.dtype, t)
+
+    def wrap(self, a):
+        """Give a result array back in the input's kind."""
+        if self.kind == "torch":
+            torch = _torch()
+            if self.torch_dtype == torch.bfloat16:
+                out = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+            else:
+                out = torch.from_numpy(a if a.flags.writeable else a.copy())
+            return out.to(self.device) if self.device.type != "cpu" else out
+        if self.kind == "scalar" and a.ndim == 0:
+            return a.item()
+        return a
+
+
+def _fill(a, dtype, t):
+    """Describe the contiguous array a to libdeval in t (a must outlive the call)."""
+    t.data = a.ctypes.data if a.size else None
+    t.dtype = dtype
+    t.ndim = a.ndim
+    for d in range(a.ndim):
+        t.shape[d] = a.shape[d]
+    t.device = -1
+
+
+def _view(t, copy):
+    """A result descriptor as a numpy array: a read-only view, or a copy."""
+    dtype = _DEVAL_TO_NP[t.dtype]
+    shape = tuple(t.shape[d] for d in range(t.ndim))
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if n == 0 or not t.data:
+        return np.zeros(shape, dtype=dtype)
+    buf = (ctypes.c_char * n).from_address(t.data)
+    a = np.frombuffer(buf, dtype=dtype).reshape(shape)
+    if copy:
+        return a.copy()
+    a.flags.writeable = False
+    return a
+
+
+def _flatten(x, leaves):
+    """Split a nested structure into leaves and a template to rebuild it."""
+    if isinstance(x, dict):
+        return (dict, [(k, _flatten(v, leaves)) for k, v in x.items()])
+    if isinstance(x, (list, tuple)):
+        return (type(x), [_flatten(v, leaves) for v in x])
+    leaves.append(_Leaf(x))
+    return (None, len(leaves) - 1)
+
+
+def _rebuild(template, results):
+    kind, body = template
+    if kind is None:
+        return results[body]
+    if kind is dict:
+        return {k: _rebuild(v, results) for k, v in body}
+    items = [_rebuild(v, results) for v in body]
+    if kind is list:
+        return items
+    if kind is tuple:
+        return tuple(items)
+    try:
+        return kind(*items)  # a namedtuple
+    except TypeError:
+        return kind(items)
+
+
+# ---- groups ------------------------------------------------------------------------------
+
+def _env_int(name):
+    v = os.environ.get(name)
+    if v is None:
+        raise InvalidArgument("deval.join: no %s given and $%s is not set" % (name.lower(), name),
+                              -1)
+    try:
+        return int(v)
+    except ValueError:
+        raise InvalidArgument("deval.join: $%s is %r, not a number" % (name, v), -1) from None
+
+
+def join(group, rank=None, world_size=None, socket=None, timeout=None):
+    """Join ``group`` as ``rank`` of ``world_size`` ranks; waits until every rank joined.
+
+    rank and world_size default to $RANK and $WORLD_SIZE (set by torchrun and accelerate
+    launch); socket to $DEVAL_SOCKET or the default path; timeout (seconds) bounds the join
+    and every collective (None: 300 s; a negative value: forever).
+    """
+    if not isinstance(group, str):
+        raise InvalidArgument("deval.join: the group name must be a str", -1)
+    rank = _env_int("RANK") if rank is None else rank
+    world_size = _env_int("WORLD_SIZE") if world_size is None else world_size
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world_size)):
+        raise InvalidArgument("deval.join: rank and world_size must be ints", -1)
+    if not -2**31 <= rank < 2**31 or not -2**31 <= world_size < 2**31:
+        raise InvalidArgument("deval.join: rank or world_size out of range", -1)
+    opts = _JoinOpts()
+    opts.socket_path = socket.encode() if socket else None
+    if timeout is None:
+        opts.timeout_ms = 0
+    elif timeout < 0:
+        opts.timeout_ms = -1
+    else:
+        opts.timeout_ms = max(1, min(int(timeout * 1000), 2**31 - 1))
+    handle = ctypes.c_void_p()
+    r = _lib.deval_join(group.encode(), rank, world_size, ctypes.byref(opts),
+                        ctypes.byref(handle))
+    if r != 0:
+        msg = _lib.deval_errmsg(None).decode(errors="replace")
+        raise _ERRORS.get(r, Error)(msg, r)
+    return Group(handle, group, rank, world_size)
+
+
+class Group:
+    """One rank's membership of a group. Not to be shared between threads."""
+
+    def __init__(self, handle, name, rank, world_size):
+        self._h = handle
+        self.name = name
+        self.rank = rank
+        self.world_size = world_size
+        self.num_processes = world_size  # Accelerate's name
+        self.process_index = rank
+
+    # -- plumbing
+
+    def _handle(self):
+        if not self._h:
+            raise InvalidArgument("deval: group %r is closed" % self.name, -1)
+        return self._h
+
+    def _check(self, r):
+        if r != 0:
+            msg = _lib.deval_errmsg(self._h).decode(errors="replace")
+            raise _ERRORS.get(r, Error)(msg, r)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.leave()
+        return False
+
+    def __del__(self):
+        try:
+            self.leave()
+        except Exception:
+            pass
+
+    def leave(self):
+        """Leave the group; the other ranks' next collectives fail with PeerLost."""
+        if self._h:
+            h, self._h = self._h, None
+            _lib.deval_leave(h)
+
+    # -- gathers
+
+    def _gather(self, fn, x, copy, opts):
+        h = self._handle()
+        leaves = []
+        template = _flatten(x, leaves)
+        n = len(leaves)
+        if n == 0:
+            raise InvalidArgument("deval: nothing to gather", -1)
+        if n > MAX_TENSORS:
+            raise InvalidArgument("deval: %d tensors in one call, at most %d"
+                                  % (n, MAX_TENSORS), -1)
+        ins = (_Tensor * n)()
+        outs = (_Tensor * n)()
+        for leaf, t in zip(leaves, ins):
+            leaf.fill(t)
+        self._check(fn(h, n, ins, ctypes.byref(opts), outs))
+        results = [leaf.wrap(_view(t, copy)) for leaf, t in zip(leaves, outs)]
+        return _rebuild(template, results)
+
+    @staticmethod
+    def _opts(pad_value=0.0, pad_first=False, valid_rows=None, keep_rows=None, order="rank",
+              root=None):
+        if order not in _ORDERS:
+            raise InvalidArgument("deval: order must be 'rank' or 'strided', not %r" % (order,), -1)
+        o = _GatherOpts()
+        o.pad_value = float(pad_value)
+        o.pad_first = bool(pad_first)
+        o.valid_rows = -1 if valid_rows is None else int(valid_rows)
+        o.keep_rows = -1 if keep_rows is None else int(keep_rows)
+        o.order = _ORDERS[order]
+        o.root = -1 if root is None else int(root)
+        return o
+
+    def gather(self, x, copy=True, pad_index=0, pad_first=False, order="rank", valid_rows=None,
+               keep_rows=None, root=None):
+        """Gather x from every rank: dim 0 concatenated, other ragged dims padded."""
+        return self._gather(_lib.deval_gather, x, copy,
+                            self._opts(pad_index, pad_first, valid_rows, keep_rows, order, root))
+
+    def gather_for_metrics(self, x, copy=True, use_gather_object=False, pad_index=0,
+                           pad_first=False):
+        """Gather x and, inside an eval pass, drop the samples past the dataset's end.
+
+        Lists of non-tensors (decoded text, say) go through gather_object's path, as in
+        Accelerate; ``use_gather_object=True`` forces it.
+        """
+        if use_gather_object or (isinstance(x, list) and x and not any(
+                isinstance(v, np.ndarray) or _is_torch(v) for v in x)):
+            return self._objects(_lib.deval_gather_objects_for_metrics, list(x))
+        return self._gather(_lib.deval_gather_for_metrics, x, copy,
+                            self._opts(pad_index, pad_first))
+
+    @contextlib.contextmanager
+    def eval_pass(self, num_samples, order="rank"):
+        """Inside it, gather_for_metrics returns each of num_samples samples exactly once."""
+        h = self._handle()
+        if order not in _ORDERS:
+            raise InvalidArgument("deval: order must be 'rank' or 'strided', not %r" % (order,), -1)
+        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)):
+            raise InvalidArgument("deval: num_samples must be an int", -1)
+        self._check(_lib.deval_eval_begin(h, int(num_samples), _ORDERS[order]))
+        try:
+            yield self
+        except BaseException:
+            with contextlib.suppress(Error):  # the group may be what failed
+                self._check(_lib.deval_eval_end(self._handle()))
+            raise
+        self._check(_lib.deval_eval_end(self._handle()))
+
+    def pad_across_processes(self, x, dim=0, pad_index=0, pad_first=False, copy=True):
+        """Pad every tensor in x along dim to the largest size any rank has there."""
+        h = self._handle()
+        leaves = []
+        template = _flatten(x, leaves)
+        results = []
+        for leaf in leaves:
+            nd = leaf.array.ndim
+            if dim >= nd or dim < -nd:  # Accelerate returns such a tensor as it is
+                results.append(leaf.wrap(leaf.array.copy() if copy else leaf.array))
+                continue
+            t, out = _Tensor(), _Tensor()
+            leaf.fill(t)
+            self._check(_lib.deval_pad_across_processes(h, ctypes.byref(t), int(dim),
+                                                        float(pad_index), bool(pad_first),
+                                                        ctypes.byref(out)))
+            results.append(leaf.wrap(_view(out, copy)))
+        return _rebuild(template, results)
+
+    def reduce(self, x, reduction="sum", scale=1.0):
+        """Element-wise reduction over ranks, in rank order; returns new tensors."""
+        h = self._handle()
+        if reduction not in _REDUCTIONS:
+            raise InvalidArgument("deval: reduction must be one of %s, not %r"
+                                  % (", ".join(_REDUCTIONS), reduction), -1)
+        leaves = []
+        template = _flatten(x, leaves)
+        results = []
+        for leaf in leaves:
+            a = leaf.array.copy()
+            t = _Tensor()
+            _fill(a, leaf.dtype, t)
+            self._check(_lib.deval_reduce(h, ctypes.byref(t), _REDUCTIONS[reduction]))
+            if scale != 1.0:
+                a = a * scale
+            results.append(leaf.wrap(a))
+        return _rebuild(template, results)
+
+    def broadcast(self, x, from_process=0):
+        """Every rank gets from_process's tensors (same dtypes and shapes on every rank)."""
+        h = self._handle()
+        leaves = []
+        template = _flatten(x, leaves)
+        results = []
+        for leaf in leaves:
+            a = leaf.array.copy()
+            t = _Tensor()
+            _fill(a, leaf.dtype, t)
+            self._check(_lib.deval_broadcast(h, ctypes.byref(t), int(from_process)))
+            results.append(leaf.wrap(a))
+        return _rebuild(template, results)
+
+    # -- objects
+
+    def _objects(self, fn, items):
+        h = self._handle()
+        blobs = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in items]
+        arr = (_Bytes * max(1, len(blobs)))()
+        keep = []
+        for b, slot in zip(blobs, arr):
+            buf = ctypes.create_string_buffer(b, len(b))
+            keep.append(buf)
+            slot.data = ctypes.addressof(buf)
+            slot.len = len(b)
+        n = ctypes.c_size_t()
+        out = ctypes.POINTER(_Bytes)()
+        opts = self._opts()
+        self._check(fn(h, len(blobs), arr, ctypes.byref(opts), ctypes.byref(n),
+                       ctypes.byref(out)))
+        return [pickle.loads(ctypes.string_at(out[i].data, out[i].len)) for i in range(n.value)]
+
+    def gather_object(self, items):
+        """All ranks' lists, concatenated in rank order (objects are pickled)."""
+        if not isinstance(items, (list, tuple)):
+            items = [items]
+        return self._objects(_lib.deval_gather_objects, list(items))
+
+    def broadcast_object(self, obj, from_process=0):
+        """from_process's object, on every rank."""
+        h = self._handle()
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if \
+            self.rank == from_process else b""
+        buf = ctypes.create_string_buffer(data, len(data))
+        out = _Bytes()
+        self._check(_lib.deval_broadcast_bytes(h, buf, len(data), int(from_process),
+                                               ctypes.byref(out)))
+        return pickle.loads(ctypes.string_at(out.data, out.len))
+
+    def barrier(self):
+        """Return once every rank has called it."""
+        self._check(_lib.deval_barrier(self._handle()))
+
+    wait_for_everyone = barrier  # Accelerate's name
+
+
+def _is_torch(v):
+    torch = _torch()
+    return torch is not None and isinstance(v, torch.Tensor)

@@ -1,0 +1,118 @@
+# SPDX-License-Identifier: MIT
+"""pytest fixtures: a real devald on a private socket, and ranks as forked processes."""
+
+import itertools
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+_names = itertools.count()
+
+
+def devald_path():
+    path = os.environ.get("DEVALD", os.path.join(ROOT, "build", "devald"))
+    if not os.access(path, os.X_OK):
+        pytest.exit("devald not found at %s: build it first (meson) or set $DEVALD" % path, 2)
+    return path
+
+
+class Daemon:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="deval-py-")
+        self.socket = os.path.join(self.dir, "devald.sock")
+        self.proc = subprocess.Popen([devald_path(), "--socket", self.socket,
+                                      "--log-level", "warn"])
+        deadline = time.monotonic() + 5
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("devald did not start")
+            time.sleep(0.01)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            assert self.proc.wait(5) == 0
+            assert not os.path.exists(self.socket)
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+@pytest.fixture(scope="session")
+def daemon():
+    d = Daemon()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def own_daemon():
+    """A devald of this test's own, for tests that kill it."""
+    d = Daemon()
+    yield d
+    if d.proc.poll() is None:
+        d.stop()
+
+
+def _child(conn, fn, rank, world, args):
+    try:
+        conn.send(("ok", fn(rank, world, *args)))
+    except BaseException as e:  # report everything, pytest's outcomes included
+        conn.send(("error", "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc())))
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def run_ranks(world, fn, *args, timeout=60, allow_death=()):
+    """Run fn(rank, world, *args) in world forked processes; return their results in rank
+    order. A rank in allow_death may die without a result (None)."""
+    ctx = multiprocessing.get_context("fork")
+    procs = []
+    for r in range(world):
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_child, args=(child, fn, r, world, args), daemon=True)
+        p.start()
+        child.close()
+        procs.append((p, parent))
+    results, errors = [], []
+    deadline = time.monotonic() + timeout
+    for r, (p, conn) in enumerate(procs):
+        left = max(0.0, deadline - time.monotonic())
+        if conn.poll(left):
+            try:
+                kind, value = conn.recv()
+            except EOFError:
+                kind, value = "died", None
+        else:
+            kind, value = ("died", None) if not p.is_alive() else ("timeout", None)
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+            kind = "timeout"
+        if kind == "ok":
+            results.append(value)
+        elif kind == "died" and r in allow_death:
+            results.append(None)
+        else:
+            errors.append("rank %d: %s %s" % (r, kind, value or ""))
+            results.append(None)
+    if errors:
+        pytest.fail("\n".join(errors), pytrace=False)
+    return results
+
+
+def group_name(prefix):
+    return "%s-%d-%d" % (prefix, os.getpid(), next(_names))

@@ -1,0 +1,326 @@
+# SPDX-License-Identifier: MIT
+"""The Python binding against a real devald and real processes: every call, every dtype,
+nested structures, scalars and empty inputs, copies and views, and one exception class per
+kind of failure."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import deval
+from conftest import group_name, run_ranks
+
+DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32,
+          np.float64]
+try:
+    import ml_dtypes
+    DTYPES.append(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    ml_dtypes = None
+
+
+def ragged(rank, dtype):
+    """rank r: r + 1 rows of 2 + r columns, distinct values."""
+    a = np.arange((rank + 1) * (2 + rank), dtype=np.float64).reshape(rank + 1, 2 + rank)
+    return (a + 10 * rank).astype(dtype)  # small enough for every dtype
+
+
+def expected(world, dtype, pad):
+    width = 1 + world
+    rows = []
+    for r in range(world):
+        a = ragged(r, dtype)
+        p = np.full((a.shape[0], width), pad, dtype=dtype)
+        p[:, : a.shape[1]] = a
+        rows.append(p)
+    return np.concatenate(rows)
+
+
+def _gather_dtypes(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        for dt in DTYPES:
+            out = g.gather(ragged(rank, dt), pad_index=7)
+            want = expected(world, dt, 7)
+            assert out.dtype == np.dtype(dt), (out.dtype, dt)
+            assert out.shape == want.shape
+            assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), dt
+    return True
+
+
+def test_gather_every_dtype(daemon):
+    assert run_ranks(3, _gather_dtypes, daemon.socket, group_name("dtypes")) == [True] * 3
+
+
+def _nested(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        # one collective: tensors in one call move together as samples, so each has a whole
+        # number of rows per row of the first (here 1, and 3 for "beams")
+        x = {"logits": np.ones((2, 3 + rank), np.float32) * rank,
+             "ids": (np.arange(2, dtype=np.int64) + 10 * rank,
+                     [np.full(2, rank, np.int32), np.full((6, 1), rank, np.int8)])}
+        out = g.gather(x)
+        assert set(out) == {"logits", "ids"}
+        assert isinstance(out["ids"], tuple) and isinstance(out["ids"][1], list)
+        assert out["logits"].shape == (2 * world, 2 + world)
+        assert np.array_equal(out["ids"][0], np.concatenate(
+            [np.arange(2) + 10 * r for r in range(world)]))
+        assert out["ids"][1][0].tolist() == sum(([r, r] for r in range(world)), [])
+        assert out["ids"][1][1].shape == (6 * world, 1)
+        # Python scalars and 0-d arrays gather as one row per rank
+        s, f = g.gather((np.int32(rank), 2.5))
+        assert s.tolist() == list(range(world)) and f.tolist() == [2.5] * world
+        assert g.gather(7).tolist() == [7] * world
+        # zero rows everywhere
+        empty = g.gather(np.zeros((0, 4 + rank), np.int16))
+        assert empty.shape == (0, 3 + world)
+        # samples move whole: a count that is no whole multiple is refused on every rank
+        with pytest.raises(deval.Mismatch):
+            g.gather((np.zeros(2), np.zeros(3 if rank == 0 else 4)))
+    return True
+
+
+def test_nested_scalars_and_empty(daemon):
+    run_ranks(3, _nested, daemon.socket, group_name("nested"))
+
+
+def _copy_view(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        x = np.arange(4, dtype=np.int32) + rank
+        c = g.gather(x)
+        assert c.flags.writeable
+        c[0] = 99  # a copy: ours to change
+        v = g.gather(x, copy=False)
+        assert not v.flags.writeable
+        with pytest.raises(ValueError):
+            v[0] = 1
+        assert np.array_equal(v, np.concatenate([np.arange(4) + r for r in range(world)]))
+        # non-contiguous input is made contiguous
+        nc = np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2]
+        out = g.gather(nc)
+        assert np.array_equal(out[:3], nc)
+    return True
+
+
+def test_copy_and_view(daemon):
+    run_ranks(2, _copy_view, daemon.socket, group_name("view"))
+
+
+def _pass(rank, world, sock, name, order):
+    n, bs = 21, 4
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        got = []
+        with g.eval_pass(num_samples=n, order=order):
+            if order == "rank":   # Accelerate: batches dealt round-robin, last round cycled
+                nb = -(-n // bs)
+                rounds = -(-nb // world)
+                batches = [[(b * bs + j) % n for j in range(bs)]
+                           for b in range(rank, rounds * world, world)]
+            else:                 # DistributedSampler: samples dealt round-robin, head repeated
+                per = -(-n // world)
+                mine = [i % n for i in range(rank, per * world, world)]
+                batches = [mine[i:i + bs] for i in range(0, len(mine), bs)]
+            for b in batches:
+                idx = np.array(b, dtype=np.int64)
+                toks = np.stack([np.full(3 + rank, i, np.int32) for i in b])
+                ids, t, names = g.gather_for_metrics((idx, toks)) + (
+                    g.gather_for_metrics(["s%d" % i for i in b]),)
+                assert t.shape[1] == 2 + world
+                got.extend(zip(ids.tolist(), names))
+        assert [i for i, _ in got] == list(range(n)), got
+        assert [s for _, s in got] == ["s%d" % i for i in range(n)]
+    return True
+
+
+@pytest.mark.parametrize("order", ["rank", "strided"])
+def test_eval_pass(daemon, order):
+    run_ranks(3, _pass, daemon.socket, group_name("pass"), order)
+
+
+def _pad(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        x = np.arange((rank + 1) * 3, dtype=np.int64).reshape(rank + 1, 3)
+        p = g.pad_across_processes(x, dim=0, pad_index=-1)
+        assert p.shape == (world, 3) and (p[rank + 1:] == -1).all()
+        q = g.pad_across_processes(np.ones((2, 1 + rank), np.float32), dim=-1, pad_first=True)
+        assert q.shape == (2, world) and (q[:, : world - 1 - rank] == 0).all()
+        same = g.pad_across_processes(x, dim=5)
+        assert np.array_equal(same, x)
+        nested = g.pad_across_processes({"a": x, "b": [x]}, dim=0)
+        assert nested["a"].shape == (world, 3) and nested["b"][0].shape == (world, 3)
+    return True
+
+
+def test_pad_across_processes(daemon):
+    run_ranks(3, _pad, daemon.socket, group_name("pad"))
+
+
+def _reduce(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        x = np.array([rank + 1, -(rank + 1)], np.float32)
+        assert g.reduce(x, "sum").tolist() == [6, -6]
+        assert g.reduce(x, "mean").tolist() == [2, -2]
+        assert g.reduce(x, "max").tolist() == [3, -1]
+        assert g.reduce(x, "min").tolist() == [1, -3]
+        assert g.reduce(x, "prod").tolist() == [6, -6]
+        assert x.tolist() == [rank + 1, -(rank + 1)]  # the input is left alone
+        assert g.reduce(rank + 1) == 6
+        assert g.reduce({"a": np.int64(2)}, "prod")["a"] == 8
+        with pytest.raises(deval.InvalidArgument):
+            g.reduce(np.array([1, 2], np.int32), "mean")
+        with pytest.raises(deval.InvalidArgument):
+            g.reduce(x, "median")
+    return True
+
+
+def test_reduce(daemon):
+    run_ranks(3, _reduce, daemon.socket, group_name("reduce"))
+
+
+def _broadcasts(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        x = np.full(3, rank, np.int16)
+        assert g.broadcast(x, from_process=1).tolist() == [1, 1, 1]
+        obj = {"config": [1, 2], "rank": rank}
+        assert g.broadcast_object(obj, from_process=2) == {"config": [1, 2], "rank": 2}
+        assert g.gather_object(["a%d" % rank, rank]) == sum(
+            (["a%d" % r, r] for r in range(world)), [])
+        assert g.gather_object("solo") == ["solo"] * world
+        g.barrier()
+        g.wait_for_everyone()
+    return True
+
+
+def test_broadcast_objects_barrier(daemon):
+    run_ranks(3, _broadcasts, daemon.socket, group_name("bcast"))
+
+
+def _from_env(rank, world, sock, name):
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+    os.environ["DEVAL_SOCKET"] = sock
+    with deval.join(name) as g:
+        assert (g.rank, g.world_size) == (rank, world)
+        g.barrier()
+    return True
+
+
+def test_join_from_environment(daemon):
+    run_ranks(2, _from_env, daemon.socket, group_name("env"))
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+def _bad_args(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        for bad in ("text", object(), np.zeros(3, np.complex64), np.zeros(3, np.uint32),
+                    np.zeros((1,) * 9), [], [np.zeros(1)] * 65):
+            with pytest.raises(deval.InvalidArgument):
+                g.gather(bad)
+        with pytest.raises(deval.InvalidArgument):
+            g.broadcast(np.zeros(2), from_process=world)
+        with pytest.raises(deval.InvalidArgument):
+            g.gather(np.zeros(2), order="sideways")
+        with pytest.raises(deval.InvalidArgument):
+            with g.eval_pass(num_samples="many"):
+                pass
+        # nothing reached devald: the group works
+        assert g.gather(np.int64(rank)).tolist() == list(range(world))
+    with pytest.raises(deval.InvalidArgument):
+        g.barrier()  # closed
+    return True
+
+
+def test_bad_arguments(daemon):
+    run_ranks(2, _bad_args, daemon.socket, group_name("bad"))
+    with pytest.raises(deval.InvalidArgument):
+        deval.join(group_name("x"), 3, 2, socket=daemon.socket)
+    with pytest.raises(deval.InvalidArgument):
+        deval.join(group_name("x"), 0, 0, socket=daemon.socket)
+    with pytest.raises(deval.InvalidArgument):
+        deval.join(42)
+    with pytest.raises(deval.DaemonLost):
+        deval.join(group_name("x"), 0, 1, socket="/nonexistent/devald.sock")
+
+
+def _mismatch(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        x = np.zeros(2, np.float32 if rank == 0 else np.float64)
+        with pytest.raises(deval.Mismatch) as e:
+            g.gather(x)
+        assert "dtype" in str(e.value) and "rank 0" in str(e.value)
+        g.barrier()
+    return True
+
+
+def test_mismatch(daemon):
+    run_ranks(2, _mismatch, daemon.socket, group_name("mismatch"))
+
+
+def _victim(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        g.barrier()
+        if rank == world - 1:
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(deval.PeerLost) as e:
+            g.gather(np.zeros(3))
+        assert time.monotonic() - t0 < 1.5
+        assert "rank %d" % (world - 1) in str(e.value)
+    return True
+
+
+def test_peer_killed(daemon):
+    run_ranks(3, _victim, daemon.socket, group_name("victim"), allow_death=(2,))
+
+
+def _daemon_dies(rank, world, sock, name, pid):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        g.barrier()
+        if rank == 0:
+            time.sleep(0.2)
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(deval.DaemonLost):
+            g.barrier()
+    return True
+
+
+def test_daemon_killed(own_daemon):
+    run_ranks(2, _daemon_dies, own_daemon.socket, group_name("dkill"), own_daemon.proc.pid)
+    own_daemon.proc.wait(5)
+
+
+def _straggler(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=0.5) as g:
+        g.barrier()
+        if rank == 1:
+            time.sleep(1.5)
+            return True
+        with pytest.raises(deval.Timeout) as e:
+            g.barrier()
+        assert "rank 1" in str(e.value)
+    return True
+
+
+def test_timeout(daemon):
+    run_ranks(2, _straggler, daemon.socket, group_name("late"))
+
+
+# ---- torch ---------------------------------------------------------------------------------
+
+def _torch_ranks(rank, world, sock, name):
+    import torch
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        x = torch.arange(2 * (2 + rank), dtype=torch.float32).reshape(2, 2 + rank)
+        out = g.gather({"x": x, "b": torch.ones(1, dtype=torch.bfloat16) * rank})
+        assert isinstance(out["x"], torch.Tensor) and out["x"].shape == (2 * world, 1 + world)
+        assert out["b"].dtype == torch.bfloat16 and out["b"].tolist() == list(range(world))
+        assert g.reduce(torch.tensor([1.0]), "sum").item() == world
+    return True
+
+
+def test_torch_tensors(daemon):
+    pytest.importorskip("torch", reason="torch is not installed")
+    run_ranks(2, _torch_ranks, daemon.socket, group_name("torch"))
