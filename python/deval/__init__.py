@@ -259,7 +259,8 @@ class _Leaf:
                                   -1)
         if a.ndim > MAX_DIMS:
             raise InvalidArgument("deval: %d dims, at most %d" % (a.ndim, MAX_DIMS), -1)
-        self.array = np.ascontiguousarray(a)
+        # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
+        self.array = a if a.flags.c_contiguous else np.array(a, order="C")
         self.dtype = _NP_TO_DEVAL[a.dtype]
 
     def fill(self, t):
@@ -465,7 +466,9 @@ class Group:
         Lists of non-tensors (decoded text, say) go through gather_object's path, as in
         Accelerate; ``use_gather_object=True`` forces it.
         """
-        if use_gather_object or (isinstance(x, list) and x and not any(
+        # a list holding no tensor (an empty one included: a rank with no batch left) is a
+        # list of objects, so that every rank makes the same call
+        if use_gather_object or (isinstance(x, list) and not any(
                 isinstance(v, np.ndarray) or _is_torch(v) for v in x)):
             return self._objects(_lib.deval_gather_objects_for_metrics, list(x))
         return self._gather(_lib.deval_gather_for_metrics, x, copy,
