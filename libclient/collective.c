@@ -254,6 +254,9 @@ static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor
                         return dv_set_err(g, DEVAL_EINVAL, "%s: the inputs are too large", fn);
                 end = off[i] + bytes[i];
         }
+        /* the arguments are fine: now the group's state decides */
+        if ((r = coll_begin(g)) < 0)
+                return r;
         if ((r = dv_reserve_input(g, end)) < 0)
                 return stage_failed(g, fn, q, r, end);
         for (int i = 0; i < n; i++) {
@@ -280,8 +283,6 @@ static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g)) < 0)
-                return r;
         if (n < 1 || n > DEVAL_MAX_TENSORS)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: n is %d, not 1..%d", fn, n,
                                   DEVAL_MAX_TENSORS);
@@ -392,8 +393,6 @@ int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, 
                 *out = *in;
                 return 0;
         }
-        if ((r = coll_begin(g)) < 0)
-                return r;
         if (dim < 0)
                 dim += in->ndim;
         DvRequest *q = req_start(g, DV_OP_PAD);
@@ -417,8 +416,6 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g)) < 0)
-                return r;
         if ((n > 0 && !items) || !out_n || !out_items)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: items, out_n or out_items is NULL", fn);
         if (n > (size_t)INT64_MAX / 16)
@@ -435,6 +432,8 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
                         return dv_set_err(g, DEVAL_EINVAL, "%s: the items are too large", fn);
                 total += items[i].len;
         }
+        if ((r = coll_begin(g)) < 0)
+                return r;
         uint64_t blob_off = DV_ALIGN(n * 8, DV_ARENA_ALIGN);
         DvRequest *q = req_start(g, op);
         req_set_opts(q, opts);
@@ -520,8 +519,6 @@ int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op) {
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g)) < 0)
-                return r;
         if (!inout)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: inout is NULL", fn);
         if (op < DEVAL_SUM || op > DEVAL_PROD)
@@ -554,8 +551,6 @@ int deval_broadcast(deval_group *g, deval_tensor *inout, int root) {
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g)) < 0)
-                return r;
         if (!inout)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: inout is NULL", fn);
         if (root < 0 || root >= g->world)
@@ -592,8 +587,6 @@ int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root
 
         if (!g)
                 return DEVAL_EINVAL;
-        if ((r = coll_begin(g)) < 0)
-                return r;
         if (!out)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: out is NULL", fn);
         if (root < 0 || root >= g->world)
@@ -603,6 +596,8 @@ int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root
                 return dv_set_err(g, DEVAL_EINVAL, "%s: len %zu is too large", fn, len);
         if (g->rank == root && len && !data)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: data is NULL", fn);
+        if ((r = coll_begin(g)) < 0)
+                return r;
         DvRequest *q = req_start(g, DV_OP_BROADCAST_BYTES);
         q->root = root;
         if (g->rank == root) {

@@ -92,6 +92,12 @@ static int rank_victim(const Harness *h, int rank, int world, void *arg) {
               deval_errmsg(g));
         /* the failure sticks */
         CHECK(deval_barrier(g) == DEVAL_EPEER, "later collectives must fail too");
+        /* but a bad argument is still named as such */
+        int32_t iv = 1;
+        deval_tensor it = {.data = &iv, .dtype = DEVAL_I32, .ndim = 0, .device = -1};
+        CHECK(deval_reduce(g, &it, DEVAL_MEAN) == DEVAL_EINVAL, "mean of i32 on a failed group");
+        in.ndim = 9;
+        CHECK(deval_gather(g, 1, &in, NULL, &out) == DEVAL_EINVAL, "ndim 9 on a failed group");
         deval_leave(g);
         return 0;
 }

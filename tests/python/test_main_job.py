@@ -1,0 +1,28 @@
+# SPDX-License-Identifier: MIT
+"""The main job end to end: examples/digits_eval.py on 4 ranks against a real devald."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def test_digits_main_job(daemon, tmp_path):
+    pytest.importorskip("sklearn", reason="scikit-learn is not installed")
+    env = dict(os.environ, DEVAL_SOCKET=daemon.socket)
+    env.pop("RANK", None)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits_eval.py"),
+                        "--ranks", "4", "--batch", "16", "--out", str(tmp_path)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    assert "rows the ranks evaluated   1000 (3 duplicates" in out
+    assert "rows gathered by deval     997" in out
+    assert "997 of 997 lines identical" in out
+    assert "deval == single process: yes, exactly" in out
+    deval_lines = (tmp_path / "predictions.deval.tsv").read_text().splitlines()
+    single_lines = (tmp_path / "predictions.single.tsv").read_text().splitlines()
+    assert deval_lines == single_lines and len(deval_lines) == 997
