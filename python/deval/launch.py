@@ -1,0 +1,49 @@
+# SPDX-License-Identifier: MIT
+"""Run a script on N local ranks, the way torchrun does: python -m deval.launch -n 4 script.py
+
+Each copy gets RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE. When one rank fails, the
+others get a moment to notice through deval (they fail fast with PeerLost), then are
+stopped; the exit status is the first failure's.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m deval.launch", description=__doc__.split("\n")[0])
+    p.add_argument("-n", "--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 2)),
+                   help="number of ranks (default: $WORLD_SIZE or 2)")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    if a.nproc < 1:
+        p.error("--nproc must be at least 1")
+    procs = []
+    for r in range(a.nproc):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(a.nproc),
+                   LOCAL_WORLD_SIZE=str(a.nproc))
+        procs.append(subprocess.Popen([sys.executable, a.script] + a.args, env=env))
+    status = 0
+    failed_at = None
+    while any(q.poll() is None for q in procs):
+        for q in procs:
+            if q.returncode not in (None, 0) and failed_at is None:
+                status, failed_at = q.returncode, time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > 5:
+            for q in procs:
+                if q.poll() is None:
+                    q.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+    for q in procs:
+        if status == 0 and q.returncode:
+            status = q.returncode
+    return status if status >= 0 else 128 - status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+# SPDX-License-Identifier: MIT
+"""The examples, run the way their headers say, and deval.launch's failure handling."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+PYTHON_DIR = os.path.join(ROOT, "python")
+
+
+def launch(daemon, n, script, *args, timeout=120):
+    env = dict(os.environ, DEVAL_SOCKET=daemon.socket,
+               PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               DEVAL_RUN=str(os.getpid()) + os.path.basename(script))
+    for k in ("RANK", "WORLD_SIZE"):
+        env.pop(k, None)
+    return subprocess.run([sys.executable, "-m", "deval.launch", "-n", str(n), script] +
+                          list(args), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_accelerate_vs_deval(daemon):
+    p = launch(daemon, 2, os.path.join(ROOT, "examples", "accelerate_vs_deval.py"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "50 predictions gathered for 50 samples" in p.stdout
+    assert "same as one process: True" in p.stdout
+
+
+def test_distributed_sampler_example(daemon):
+    pytest.importorskip("torch", reason="torch is not installed")
+    p = launch(daemon, 3, os.path.join(ROOT, "examples", "distributed_sampler.py"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "100 results in dataset order: True" in p.stdout
+
+
+def test_launch_reports_a_failed_rank(daemon, tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import os, sys, deval\n"
+        "g = deval.join('launch-fail-' + os.environ['DEVAL_RUN'], timeout=30)\n"
+        "g.barrier()\n"
+        "if g.rank == 1:\n"
+        "    os._exit(3)\n"
+        "try:\n"
+        "    g.barrier()\n"
+        "except deval.PeerLost as e:\n"
+        "    print('rank %d: PeerLost: %s' % (g.rank, e))\n"
+        "    sys.exit(0)\n"
+        "sys.exit(1)\n")
+    p = launch(daemon, 3, str(script), timeout=60)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert p.stdout.count("PeerLost: rank 1") == 2, p.stdout
