@@ -314,9 +314,11 @@ def _torch_ranks(rank, world, sock, name):
     import torch
     with deval.join(name, rank, world, socket=sock, timeout=20) as g:
         x = torch.arange(2 * (2 + rank), dtype=torch.float32).reshape(2, 2 + rank)
-        out = g.gather({"x": x, "b": torch.ones(1, dtype=torch.bfloat16) * rank})
+        out = g.gather({"x": x, "b": torch.ones(2, dtype=torch.bfloat16) * rank})
         assert isinstance(out["x"], torch.Tensor) and out["x"].shape == (2 * world, 1 + world)
-        assert out["b"].dtype == torch.bfloat16 and out["b"].tolist() == list(range(world))
+        assert out["b"].dtype == torch.bfloat16
+        assert out["b"].tolist() == [r for r in range(world) for _ in range(2)]
+        assert torch.equal(out["x"][:2, :2], x[:, :2]) if rank == 0 else True
         assert g.reduce(torch.tensor([1.0]), "sum").item() == world
     return True
 
