@@ -360,8 +360,13 @@ def join(group, rank=None, world_size=None, socket=None, timeout=None):
         raise InvalidArgument("deval.join: rank and world_size must be ints", -1)
     if not -2**31 <= rank < 2**31 or not -2**31 <= world_size < 2**31:
         raise InvalidArgument("deval.join: rank or world_size out of range", -1)
+    if socket is not None and not isinstance(socket, (str, os.PathLike)):
+        raise InvalidArgument("deval.join: socket must be a path", -1)
+    if timeout is not None and (isinstance(timeout, bool) or
+                                not isinstance(timeout, (int, float))):
+        raise InvalidArgument("deval.join: timeout must be a number of seconds", -1)
     opts = _JoinOpts()
-    opts.socket_path = socket.encode() if socket else None
+    opts.socket_path = os.fsencode(socket) if socket else None
     if timeout is None:
         opts.timeout_ms = 0
     elif timeout < 0:
@@ -455,7 +460,11 @@ class Group:
 
     def gather(self, x, copy=True, pad_index=0, pad_first=False, order="rank", valid_rows=None,
                keep_rows=None, root=None):
-        """Gather x from every rank: dim 0 concatenated, other ragged dims padded."""
+        """Gather x from every rank: dim 0 concatenated, other ragged dims padded.
+
+        With copy=False, numpy results are read-only views into shared memory, valid until
+        the group's next collective; torch results are always copies.
+        """
         return self._gather(_lib.deval_gather, x, copy,
                             self._opts(pad_index, pad_first, valid_rows, keep_rows, order, root))
 

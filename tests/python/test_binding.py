@@ -240,6 +240,10 @@ def test_bad_arguments(daemon):
         deval.join(group_name("x"), 0, 0, socket=daemon.socket)
     with pytest.raises(deval.InvalidArgument):
         deval.join(42)
+    with pytest.raises(deval.InvalidArgument):
+        deval.join(group_name("x"), 0, 1, socket=3)
+    with pytest.raises(deval.InvalidArgument):
+        deval.join(group_name("x"), 0, 1, socket=daemon.socket, timeout="soon")
     with pytest.raises(deval.DaemonLost):
         deval.join(group_name("x"), 0, 1, socket="/nonexistent/devald.sock")
 
