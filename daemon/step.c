@@ -241,7 +241,8 @@ static int step_gather(Step *s) {
         if ((r = check_gather_opts(s)) < 0)
                 return r;
         int n = (int)s->reqs[0].ntensors;
-        _cleanup_(freep) DvShape *shapes = calloc((size_t)(unsigned)W * (size_t)(unsigned)n, sizeof(*shapes));
+        _cleanup_(freep) DvShape *shapes =
+                calloc((size_t)(unsigned)W * (size_t)(unsigned)n, sizeof(*shapes));
         _cleanup_(freep) int64_t *valid = calloc((size_t)(unsigned)W, sizeof(*valid));
         if (!shapes || !valid)
                 return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
@@ -567,6 +568,13 @@ static int step_dispatch(Step *s) {
         for (int k = 0; k < s->g->world; k++) {
                 if (q[k].status == 0)
                         continue;
+                if (q[k].status == DEVAL_ESYS)
+                        return step_fail(
+                                s, DEVAL_ESYS,
+                                "collective #%u (%s): rank %d (pid %d) could not stage its "
+                                "%llu bytes of input (a device copy failed there)",
+                                s->seq, dv_op_name(q[k].op), k, (int)s->g->members[k].pid,
+                                (unsigned long long)q[k].staged_bytes);
                 if (q[k].status != DEVAL_ENOMEM)
                         return step_fail(s, DEVAL_EPROTO,
                                          "malformed request from rank %d (pid %d): status %d", k,

@@ -63,7 +63,10 @@ typedef struct {
         int32_t dtype; /* deval_dtype */
         int32_t ndim;  /* 0..DEVAL_MAX_DIMS; a 0-d tensor gathers as shape [1] */
         int64_t shape[DEVAL_MAX_DIMS];
-        int32_t device; /* -1: host memory; >= 0: CUDA device ordinal */
+        /* -1: host memory; >= 0: a CUDA device ordinal, data a device pointer. On the host
+         * backend such a tensor is staged through host memory (the CUDA driver is loaded on
+         * first use) and results are host views; reduce and broadcast write back to it. */
+        int32_t device;
         int32_t reserved;
 } deval_tensor;
 

@@ -18,6 +18,7 @@
 
 #include "client.h"
 #include "dtype.h"
+#include "gpu.h"
 #include "util.h"
 
 #define SLICE_NS      (20 * 1000 * 1000) /* how often a sleeping rank checks devald is alive */
@@ -58,11 +59,22 @@ static int check_tensor(deval_group *g, const char *fn, int i, const deval_tenso
         }
         if (!dv_mul_ok(numel, (int64_t)dv_dtype_size(t->dtype), &bytes) || bytes > INT64_MAX / 2)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: tensor %d's size overflows", fn, i);
-        if (t->device != -1)
-                return dv_set_err(g, DEVAL_ENOTSUP,
-                                  "%s: tensor %d is on CUDA device %d; this build has only the "
-                                  "host backend (device must be -1)",
+        if (t->device < -1)
+                return dv_set_err(g, DEVAL_EINVAL,
+                                  "%s: tensor %d has device %d, not -1 (host) "
+                                  "or a CUDA device ordinal",
                                   fn, i, t->device);
+        if (t->device >= 0) {
+                /* staged through host memory: the driver loads on first use */
+                const DvGpuApi *gpu = dv_gpu();
+                int r, count = 0;
+                if ((r = gpu->init()) < 0 || (r = gpu->device_count(&count)) < 0)
+                        return dv_set_err(g, r, "%s: tensor %d: %s", fn, i, dv_gpu_error());
+                if (t->device >= count)
+                        return dv_set_err(g, DEVAL_EINVAL,
+                                          "%s: tensor %d is on CUDA device %d, but %d are visible",
+                                          fn, i, t->device, count);
+        }
         if (need_data && bytes > 0 && !t->data)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: tensor %d's data is NULL", fn, i);
         *ret_bytes = (uint64_t)bytes;
@@ -211,13 +223,24 @@ static void req_set_opts(DvRequest *q, const deval_gather_opts *o) {
  */
 static int stage_failed(deval_group *g, const char *fn, DvRequest *q, int status, uint64_t bytes) {
         DvResult *res;
-        if (status != DEVAL_ENOMEM)
+        if (status != DEVAL_ENOMEM && status != DEVAL_ESYS)
                 return status;
         q->status = status;
         q->staged_bytes = bytes;
         q->ntensors = 0;
         int r = coll_run(g, fn, &res);
         return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: devald accepted a failed stage", fn);
+}
+
+/* A result into the caller's tensor, wherever it lives. */
+static int write_back(deval_group *g, const char *fn, deval_tensor *t, const void *src,
+                      uint64_t bytes) {
+        if (t->device < 0) {
+                memcpy(t->data, src, bytes);
+                return 0;
+        }
+        int r = dv_gpu()->copy_to_device(t->device, (DvDevPtr)(uintptr_t)t->data, src, bytes);
+        return r < 0 ? dv_set_err(g, r, "%s: %s", fn, dv_gpu_error()) : 0;
 }
 
 /* Where tensor data already lies in the buffer deval_input_buffer() gave: its offset. */
@@ -246,7 +269,8 @@ static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor
                         return r;
                 if (!wd)
                         bytes[i] = 0;
-                placed[i] = bytes[i] && in_buffer(g, in[i].data, bytes[i], &off[i]);
+                placed[i] =
+                        bytes[i] && in[i].device < 0 && in_buffer(g, in[i].data, bytes[i], &off[i]);
                 if (placed[i])
                         continue;
                 off[i] = DV_ALIGN(end, DV_ARENA_ALIGN);
@@ -260,8 +284,16 @@ static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor
         if ((r = dv_reserve_input(g, end)) < 0)
                 return stage_failed(g, fn, q, r, end);
         for (int i = 0; i < n; i++) {
-                if (bytes[i] && !placed[i])
+                if (bytes[i] && !placed[i] && in[i].device >= 0) {
+                        r = dv_gpu()->copy_to_host(in[i].device, g->in + off[i],
+                                                   (DvDevPtr)(uintptr_t)in[i].data, bytes[i]);
+                        if (r < 0) {
+                                dv_set_err(g, r, "%s: tensor %d: %s", fn, i, dv_gpu_error());
+                                return stage_failed(g, fn, q, r, end);
+                        }
+                } else if (bytes[i] && !placed[i]) {
                         memcpy(g->in + off[i], in[i].data, bytes[i]);
+                }
                 desc_set(&q->t[i], &in[i], off[i], bytes[i]);
                 if (with_data && !with_data[i]) {
                         int64_t numel = 1;
@@ -534,8 +566,8 @@ int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op) {
                 return r;
         if (res->ntensors != 1 || (r = view_of(g, fn, &res->t[0], &out)) < 0)
                 return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: malformed result", fn);
-        if (res->t[0].nbytes)
-                memcpy(inout->data, out.data, res->t[0].nbytes);
+        if (res->t[0].nbytes && (r = write_back(g, fn, inout, out.data, res->t[0].nbytes)) < 0)
+                return r;
         return 0;
 }
 
@@ -569,8 +601,8 @@ int deval_broadcast(deval_group *g, deval_tensor *inout, int root) {
         if (res->ntensors != 1 || (r = view_of(g, fn, &res->t[0], &out)) < 0 ||
             res->t[0].nbytes != bytes)
                 return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: malformed result", fn);
-        if (g->rank != root && bytes)
-                memcpy(inout->data, out.data, bytes);
+        if (g->rank != root && bytes && (r = write_back(g, fn, inout, out.data, bytes)) < 0)
+                return r;
         return 0;
 }
 

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "gpu.h"
 #include "kernel_plan.h"
 #include "plan-cases.h"
 
@@ -148,6 +149,47 @@ static void test_large_plan_matches_host(void **state) {
         case_free(&c);
 }
 
+/* The GPU table's fake runs the same body through run_plan(), from "device" pointers. */
+static void test_fake_gpu_matches_host(void **state) {
+        (void)state;
+        setenv("DEVAL_GPU_FAKE", "1", 1);
+        const DvGpuApi *gpu = dv_gpu();
+        assert_string_equal(gpu->name, "fake");
+        assert_int_equal(gpu->init(), 0);
+        for (int iter = 0; iter < 500; iter++) {
+                Case c;
+                DvPlan p;
+                make_case(&c);
+                dv_plan_init(&p);
+                assert_int_equal(dv_plan_gather(&c.in, &p), 0);
+                uint8_t *a = calloc(1, p.out_end + 1), *b = calloc(1, p.out_end + 1);
+                Src s = {.c = &c};
+                ExecJob job = {.plan = &p, .src = src_of, .ctx = &s, .out = a};
+                exec_host(&group_, &job);
+                DvKernelSeg *segs = calloc(p.nsegs + 1, sizeof(*segs));
+                uint64_t *starts = calloc(p.nsegs + 1, sizeof(*starts));
+                DvDevPtr srcs[8 * 3];
+                dv_kernel_plan(&p, c.n, false, segs, starts);
+                for (int i = 0; i < c.world * c.n; i++)
+                        srcs[i] = (DvDevPtr)(uintptr_t)c.data[i];
+                assert_int_equal(gpu->run_plan(0, segs, starts, (uint32_t)p.nsegs,
+                                               (DvDevPtr)(uintptr_t)b, srcs,
+                                               (uint32_t)(c.world * c.n)),
+                                 0);
+                for (int i = 0; i < p.nout; i++)
+                        assert_memory_equal(a + p.out_offset[i], b + p.out_offset[i],
+                                            p.out_nbytes[i]);
+                free(a);
+                free(b);
+                free(segs);
+                free(starts);
+                dv_plan_deinit(&p);
+                case_free(&c);
+        }
+        assert_int_equal(gpu->run_plan(5, NULL, NULL, 0, 0, NULL, 0), DEVAL_EINVAL);
+        unsetenv("DEVAL_GPU_FAKE");
+}
+
 static void test_find(void **state) {
         (void)state;
         uint64_t starts[] = {0, 5, 5, 9, 20};
@@ -164,6 +206,7 @@ int main(void) {
                 cmocka_unit_test(test_gathers_match_host),
                 cmocka_unit_test(test_pads_match_host),
                 cmocka_unit_test(test_large_plan_matches_host),
+                cmocka_unit_test(test_fake_gpu_matches_host),
         };
         int r = cmocka_run_group_tests(tests, NULL, NULL);
         exec_pool_free(group_.pool);

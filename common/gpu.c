@@ -1,0 +1,345 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * gpu.c - the CUDA driver behind dv_gpu(), loaded with dlopen() on first use, and the fake.
+ *
+ * The driver's prototypes are declared here with plain types rather than taken from cuda.h,
+ * so that deval builds where the toolkit is absent. Contexts: each device's primary context,
+ * retained once and made current around each call, which is what the CUDA runtime (and so
+ * torch) uses too, so pointers from torch are valid in it.
+ */
+#define _GNU_SOURCE
+#include "gpu.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deval.h"
+
+static __thread char gpu_err[256];
+
+const char *dv_gpu_error(void) {
+        return gpu_err;
+}
+
+static int gpu_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int gpu_fail(int status, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(gpu_err, sizeof(gpu_err), fmt, ap);
+        va_end(ap);
+        return status;
+}
+
+/* ---- the CUDA driver ---------------------------------------------------------------------- */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUmodule;
+typedef void *CUfunction;
+
+#define MAX_DEVICES 64
+
+static struct {
+        pthread_once_t once;
+        int status;
+        void *lib;
+        CUresult (*cuInit)(unsigned);
+        CUresult (*cuGetErrorString)(CUresult, const char **);
+        CUresult (*cuDeviceGetCount)(int *);
+        CUresult (*cuDeviceGet)(CUdevice *, int);
+        CUresult (*cuDeviceGetUuid_v2)(uint8_t *, CUdevice);
+        CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+        CUresult (*cuCtxSetCurrent)(CUcontext);
+        CUresult (*cuCtxSynchronize)(void);
+        CUresult (*cuMemAlloc_v2)(DvDevPtr *, size_t);
+        CUresult (*cuMemFree_v2)(DvDevPtr);
+        CUresult (*cuMemcpyDtoH_v2)(void *, DvDevPtr, size_t);
+        CUresult (*cuMemcpyHtoD_v2)(DvDevPtr, const void *, size_t);
+        CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+        CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+        CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                   unsigned, unsigned, void *, void **, void **);
+        pthread_mutex_t lock; /* guards the per-device state below */
+        CUcontext ctx[MAX_DEVICES];
+        CUfunction copy[MAX_DEVICES];
+} cu = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int cu_check(CUresult r, const char *what) {
+        const char *s = NULL;
+        if (r == 0)
+                return 0;
+        if (cu.cuGetErrorString)
+                cu.cuGetErrorString(r, &s);
+        /* 2: CUDA_ERROR_OUT_OF_MEMORY */
+        return gpu_fail(r == 2 ? DEVAL_ENOMEM : DEVAL_ESYS, "%s: CUDA error %d (%s)", what, r,
+                        s ? s : "unknown");
+}
+
+static void cu_load(void) {
+        cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!cu.lib) {
+                cu.status = gpu_fail(DEVAL_ENOTSUP,
+                                     "device tensors need the CUDA driver, and libcuda.so.1 could "
+                                     "not be loaded: %s",
+                                     dlerror());
+                return;
+        }
+#define SYM(name)                                                                               \
+        do {                                                                                    \
+                *(void **)&cu.name = dlsym(cu.lib, #name);                                      \
+                if (!cu.name) {                                                                 \
+                        cu.status = gpu_fail(DEVAL_ENOTSUP, "the CUDA driver lacks %s", #name); \
+                        return;                                                                 \
+                }                                                                               \
+        } while (0)
+        SYM(cuInit);
+        SYM(cuGetErrorString);
+        SYM(cuDeviceGetCount);
+        SYM(cuDeviceGet);
+        SYM(cuDeviceGetUuid_v2);
+        SYM(cuDevicePrimaryCtxRetain);
+        SYM(cuCtxSetCurrent);
+        SYM(cuCtxSynchronize);
+        SYM(cuMemAlloc_v2);
+        SYM(cuMemFree_v2);
+        SYM(cuMemcpyDtoH_v2);
+        SYM(cuMemcpyHtoD_v2);
+        SYM(cuModuleLoadData);
+        SYM(cuModuleGetFunction);
+        SYM(cuLaunchKernel);
+#undef SYM
+        int r = cu_check(cu.cuInit(0), "cuInit");
+        cu.status = r ? DEVAL_ENOTSUP : 0;
+}
+
+static int cu_init(void) {
+        pthread_once(&cu.once, cu_load);
+        return cu.status;
+}
+
+/* Make device's primary context current on this thread. */
+static int cu_use(int device) {
+        CUdevice dev;
+        int r, n = 0;
+
+        if (device < 0 || device >= MAX_DEVICES)
+                return gpu_fail(DEVAL_EINVAL, "CUDA device %d is out of range", device);
+        pthread_mutex_lock(&cu.lock);
+        if (!cu.ctx[device]) {
+                if ((r = cu_check(cu.cuDeviceGetCount(&n), "cuDeviceGetCount")) < 0 ||
+                    (device >= n &&
+                     (r = gpu_fail(DEVAL_EINVAL, "CUDA device %d does not exist (%d visible)",
+                                   device, n)) < 0) ||
+                    (r = cu_check(cu.cuDeviceGet(&dev, device), "cuDeviceGet")) < 0 ||
+                    (r = cu_check(cu.cuDevicePrimaryCtxRetain(&cu.ctx[device], dev),
+                                  "cuDevicePrimaryCtxRetain")) < 0) {
+                        pthread_mutex_unlock(&cu.lock);
+                        return r;
+                }
+        }
+        CUcontext ctx = cu.ctx[device];
+        pthread_mutex_unlock(&cu.lock);
+        return cu_check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+}
+
+static int cu_device_count(int *ret) {
+        return cu_check(cu.cuDeviceGetCount(ret), "cuDeviceGetCount");
+}
+
+static int cu_device_uuid(int device, uint8_t uuid[16]) {
+        CUdevice dev;
+        int r = cu_check(cu.cuDeviceGet(&dev, device), "cuDeviceGet");
+        return r ? r : cu_check(cu.cuDeviceGetUuid_v2(uuid, dev), "cuDeviceGetUuid");
+}
+
+static int cu_alloc(int device, size_t bytes, DvDevPtr *ret) {
+        int r = cu_use(device);
+        return r ? r : cu_check(cu.cuMemAlloc_v2(ret, bytes ? bytes : 1), "cuMemAlloc");
+}
+
+static int cu_free(int device, DvDevPtr p) {
+        int r = cu_use(device);
+        return r ? r : cu_check(cu.cuMemFree_v2(p), "cuMemFree");
+}
+
+static int cu_copy_to_host(int device, void *dst, DvDevPtr src, size_t bytes) {
+        int r = cu_use(device);
+        return r ? r : cu_check(cu.cuMemcpyDtoH_v2(dst, src, bytes), "cuMemcpyDtoH");
+}
+
+static int cu_copy_to_device(int device, DvDevPtr dst, const void *src, size_t bytes) {
+        int r = cu_use(device);
+        return r ? r : cu_check(cu.cuMemcpyHtoD_v2(dst, src, bytes), "cuMemcpyHtoD");
+}
+
+/* The kernel reads its segment table and source table from device memory. */
+static int cu_run_plan(int device, const DvKernelSeg *segs, const uint64_t *starts, uint32_t nsegs,
+                       DvDevPtr out, const DvDevPtr *srcs, uint32_t nsrcs) {
+        int r;
+        if (!dv_copy_kernel_fatbin)
+                return gpu_fail(DEVAL_ENOTSUP, "this build has no copy kernel (no nvcc)");
+        if ((r = cu_use(device)) < 0)
+                return r;
+        pthread_mutex_lock(&cu.lock);
+        if (!cu.copy[device]) {
+                CUmodule m;
+                if ((r = cu_check(cu.cuModuleLoadData(&m, dv_copy_kernel_fatbin),
+                                  "cuModuleLoadData")) < 0 ||
+                    (r = cu_check(cu.cuModuleGetFunction(&cu.copy[device], m, "dv_copy_kernel"),
+                                  "cuModuleGetFunction")) < 0) {
+                        pthread_mutex_unlock(&cu.lock);
+                        return r;
+                }
+        }
+        CUfunction fn = cu.copy[device];
+        pthread_mutex_unlock(&cu.lock);
+
+        size_t seg_bytes = nsegs * sizeof(*segs), start_bytes = (nsegs + 1) * sizeof(*starts);
+        size_t src_bytes = nsrcs * sizeof(*srcs);
+        DvDevPtr table = 0;
+        if ((r = cu_check(cu.cuMemAlloc_v2(&table, seg_bytes + start_bytes + src_bytes + 64),
+                          "cuMemAlloc")) < 0)
+                return r;
+        DvDevPtr d_segs = table, d_starts = table + seg_bytes, d_srcs = d_starts + start_bytes;
+        d_srcs = (d_srcs + 7) & ~(DvDevPtr)7;
+        if ((r = cu_check(cu.cuMemcpyHtoD_v2(d_segs, segs, seg_bytes), "cuMemcpyHtoD")) < 0 ||
+            (r = cu_check(cu.cuMemcpyHtoD_v2(d_starts, starts, start_bytes), "cuMemcpyHtoD")) < 0 ||
+            (r = cu_check(cu.cuMemcpyHtoD_v2(d_srcs, srcs, src_bytes), "cuMemcpyHtoD")) < 0)
+                goto out;
+        uint64_t total = starts[nsegs];
+        unsigned threads = 256;
+        uint64_t want = (total / 256 + threads - 1) / threads;
+        unsigned blocks = (unsigned)(want < 1 ? 1 : want > 4096 ? 4096 : want);
+        void *args[] = {&d_segs, &d_starts, &nsegs, &out, &d_srcs};
+        if ((r = cu_check(cu.cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, NULL, args, NULL),
+                          "cuLaunchKernel")) < 0)
+                goto out;
+        r = cu_check(cu.cuCtxSynchronize(), "the copy kernel");
+out:
+        cu.cuMemFree_v2(table);
+        return r;
+}
+
+static const DvGpuApi cuda_api = {
+        .name = "cuda",
+        .init = cu_init,
+        .device_count = cu_device_count,
+        .device_uuid = cu_device_uuid,
+        .alloc = cu_alloc,
+        .free = cu_free,
+        .copy_to_host = cu_copy_to_host,
+        .copy_to_device = cu_copy_to_device,
+        .run_plan = cu_run_plan,
+};
+
+/* ---- the fake: host memory, the kernel body on the CPU ------------------------------------ */
+
+static int fake_devices(void) {
+        const char *env = getenv("DEVAL_GPU_FAKE");
+        int n = env ? atoi(env) : 0;
+        return n > 0 && n <= MAX_DEVICES ? n : 2;
+}
+
+static int fake_check(int device) {
+        if (device < 0 || device >= fake_devices())
+                return gpu_fail(DEVAL_EINVAL, "fake device %d does not exist (%d visible)", device,
+                                fake_devices());
+        return 0;
+}
+
+static int fake_init(void) {
+        return 0;
+}
+
+static int fake_device_count(int *ret) {
+        *ret = fake_devices();
+        return 0;
+}
+
+static int fake_device_uuid(int device, uint8_t uuid[16]) {
+        int r = fake_check(device);
+        if (r)
+                return r;
+        for (int i = 0; i < 16; i++)
+                uuid[i] = (uint8_t)(0xf0 ^ (device * 16 + i));
+        return 0;
+}
+
+static int fake_alloc(int device, size_t bytes, DvDevPtr *ret) {
+        int r = fake_check(device);
+        if (r)
+                return r;
+        void *p = malloc(bytes ? bytes : 1);
+        if (!p)
+                return gpu_fail(DEVAL_ENOMEM, "fake device %d is out of memory", device);
+        *ret = (DvDevPtr)(uintptr_t)p;
+        return 0;
+}
+
+static int fake_free(int device, DvDevPtr p) {
+        int r = fake_check(device);
+        if (r)
+                return r;
+        free((void *)(uintptr_t)p);
+        return 0;
+}
+
+static int fake_copy_to_host(int device, void *dst, DvDevPtr src, size_t bytes) {
+        int r = fake_check(device);
+        if (r)
+                return r;
+        memcpy(dst, (const void *)(uintptr_t)src, bytes);
+        return 0;
+}
+
+static int fake_copy_to_device(int device, DvDevPtr dst, const void *src, size_t bytes) {
+        int r = fake_check(device);
+        if (r)
+                return r;
+        memcpy((void *)(uintptr_t)dst, src, bytes);
+        return 0;
+}
+
+static int fake_run_plan(int device, const DvKernelSeg *segs, const uint64_t *starts,
+                         uint32_t nsegs, DvDevPtr out, const DvDevPtr *srcs, uint32_t nsrcs) {
+        int r = fake_check(device);
+        if (r)
+                return r;
+        const uint8_t **host = calloc(nsrcs ? nsrcs : 1, sizeof(*host));
+        if (!host)
+                return gpu_fail(DEVAL_ENOMEM, "out of memory");
+        for (uint32_t i = 0; i < nsrcs; i++)
+                host[i] = (const uint8_t *)(uintptr_t)srcs[i];
+        /* the same body the kernel runs, in the kernel's 256-byte chunks */
+        uint64_t total = nsegs ? starts[nsegs] : 0;
+        for (uint64_t i = 0; i < total; i += 256)
+                dv_kplan_run(segs, starts, nsegs, i, total - i < 256 ? total - i : 256,
+                             (uint8_t *)(uintptr_t)out, host);
+        free(host);
+        return 0;
+}
+
+static const DvGpuApi fake_api = {
+        .name = "fake",
+        .init = fake_init,
+        .device_count = fake_device_count,
+        .device_uuid = fake_device_uuid,
+        .alloc = fake_alloc,
+        .free = fake_free,
+        .copy_to_host = fake_copy_to_host,
+        .copy_to_device = fake_copy_to_device,
+        .run_plan = fake_run_plan,
+};
+
+/**
+ * dv_gpu() - the GPU table: the fake when $DEVAL_GPU_FAKE is set, else the CUDA driver.
+ */
+const DvGpuApi *dv_gpu(void) {
+        const char *fake = getenv("DEVAL_GPU_FAKE");
+        return fake && *fake ? &fake_api : &cuda_api;
+}

@@ -1,0 +1,139 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test-device.c - tensors that live on a CUDA device, on the host backend: staged through
+ * host memory on the way in, written back for reduce and broadcast. Runs against the GPU
+ * table's fake ($DEVAL_GPU_FAKE: "device memory" in host memory), so it needs no GPU; a
+ * machine with one runs the same calls for real in tests/gpu. Without the fake and without a
+ * CUDA driver, a device tensor is refused with DEVAL_ENOTSUP naming the missing driver.
+ */
+/* cmocka needs these first */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu.h"
+#include "harness.h"
+
+static Harness H;
+
+static int setup(void **state) {
+        (void)state;
+        harness_start(&H, NULL);
+        return 0;
+}
+
+static int teardown(void **state) {
+        (void)state;
+        harness_stop(&H);
+        return 0;
+}
+
+/* A device copy of host data, on device dev of the fake. */
+static void *to_device(int dev, const void *src, size_t bytes) {
+        DvDevPtr p;
+        if (dv_gpu()->alloc(dev, bytes, &p) < 0 || dv_gpu()->copy_to_device(dev, p, src, bytes) < 0)
+                return NULL;
+        return (void *)(uintptr_t)p;
+}
+
+static int rank_device(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        setenv("DEVAL_GPU_FAKE", "2", 1);
+        deval_group *g;
+        CHECK_OK(harness_join(h, "device", rank, world, 10000, &g), NULL);
+        int dev = rank % 2;
+        /* a ragged gather of a device tensor next to a host one, in one collective */
+        int64_t rows = 2 + rank, cols = 3 + rank;
+        float host[64];
+        for (int i = 0; i < rows * cols; i++)
+                host[i] = (float)(rank * 100 + i);
+        int32_t ids[8];
+        for (int i = 0; i < rows; i++)
+                ids[i] = rank * 10 + i;
+        void *d = to_device(dev, host, sizeof(float) * (size_t)(rows * cols));
+        CHECK(d, "fake alloc");
+        deval_tensor in[2] = {
+                {.data = d, .dtype = DEVAL_F32, .ndim = 2, .shape = {rows, cols}, .device = dev},
+                {.data = ids, .dtype = DEVAL_I32, .ndim = 1, .shape = {rows}, .device = -1},
+        };
+        deval_tensor out[2];
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        o.pad_value = -1;
+        CHECK_OK(deval_gather(g, 2, in, &o, out), g);
+        CHECK(out[0].device == -1, "results are host views");
+        int64_t k = 0, width = 2 + world;
+        for (int r = 0; r < world; r++)
+                for (int64_t i = 0; i < 2 + r; i++, k++) {
+                        CHECK(((int32_t *)out[1].data)[k] == r * 10 + i, "id %lld", (long long)k);
+                        for (int64_t j = 0; j < width; j++) {
+                                float want = j < 3 + r ? (float)(r * 100 + i * (3 + r) + j) : -1;
+                                CHECK(((float *)out[0].data)[k * width + j] == want, "(%lld, %lld)",
+                                      (long long)k, (long long)j);
+                        }
+                }
+        /* reduce and broadcast write back into device memory */
+        double v[2] = {rank + 1.0, -1.0};
+        void *dv = to_device(dev, v, sizeof(v));
+        deval_tensor t = {.data = dv, .dtype = DEVAL_F64, .ndim = 1, .shape = {2}, .device = dev};
+        CHECK_OK(deval_reduce(g, &t, DEVAL_SUM), g);
+        CHECK(dv_gpu()->copy_to_host(dev, v, (DvDevPtr)(uintptr_t)dv, sizeof(v)) == 0, "copy");
+        CHECK(v[0] == world * (world + 1) / 2.0 && v[1] == -world, "sum %g %g", v[0], v[1]);
+        v[0] = rank;
+        dv_gpu()->copy_to_device(dev, (DvDevPtr)(uintptr_t)dv, v, sizeof(v));
+        CHECK_OK(deval_broadcast(g, &t, world - 1), g);
+        dv_gpu()->copy_to_host(dev, v, (DvDevPtr)(uintptr_t)dv, sizeof(v));
+        CHECK(v[0] == world - 1, "broadcast %g", v[0]);
+        /* a device that does not exist is a bad argument, caught before anything is sent */
+        t.device = 7;
+        CHECK(deval_reduce(g, &t, DEVAL_SUM) == DEVAL_EINVAL, "device 7");
+        CHECK(strstr(deval_errmsg(g), "device 7"), "'%s'", deval_errmsg(g));
+        CHECK_OK(deval_barrier(g), g);
+        dv_gpu()->free(dev, (DvDevPtr)(uintptr_t)d);
+        dv_gpu()->free(dev, (DvDevPtr)(uintptr_t)dv);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_device_tensors_staged(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_device, NULL, 20), 0);
+}
+
+static int rank_no_driver(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        unsetenv("DEVAL_GPU_FAKE");
+        deval_group *g;
+        CHECK_OK(harness_join(h, "nodriver", rank, world, 10000, &g), NULL);
+        float x = 1;
+        deval_tensor t = {.data = &x, .dtype = DEVAL_F32, .ndim = 0, .device = 0};
+        int r = deval_reduce(g, &t, DEVAL_SUM);
+        if (dv_gpu()->init() == 0) { /* a machine with a driver: tests/gpu covers it */
+                deval_leave(g);
+                return 0;
+        }
+        CHECK(r == DEVAL_ENOTSUP && strstr(deval_errmsg(g), "CUDA"), "got %s: %s",
+              deval_strerror(r), deval_errmsg(g));
+        CHECK_OK(deval_barrier(g), g); /* nothing was sent: the group is in step */
+        deval_leave(g);
+        return 0;
+}
+
+static void test_without_driver(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 2, rank_no_driver, NULL, 20), 0);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_device_tensors_staged),
+                cmocka_unit_test(test_without_driver),
+        };
+        return cmocka_run_group_tests(tests, setup, teardown);
+}
