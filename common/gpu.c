@@ -60,6 +60,7 @@ static struct {
         CUresult (*cuMemFree_v2)(DvDevPtr);
         CUresult (*cuMemcpyDtoH_v2)(void *, DvDevPtr, size_t);
         CUresult (*cuMemcpyHtoD_v2)(DvDevPtr, const void *, size_t);
+        CUresult (*cuMemcpyDtoD_v2)(DvDevPtr, DvDevPtr, size_t);
         CUresult (*cuModuleLoadData)(CUmodule *, const void *);
         CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
         CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -109,6 +110,7 @@ static void cu_load(void) {
         SYM(cuMemFree_v2);
         SYM(cuMemcpyDtoH_v2);
         SYM(cuMemcpyHtoD_v2);
+        SYM(cuMemcpyDtoD_v2);
         SYM(cuModuleLoadData);
         SYM(cuModuleGetFunction);
         SYM(cuLaunchKernel);
@@ -177,6 +179,13 @@ static int cu_copy_to_device(int device, DvDevPtr dst, const void *src, size_t b
         return r ? r : cu_check(cu.cuMemcpyHtoD_v2(dst, src, bytes), "cuMemcpyHtoD");
 }
 
+static int cu_copy_device(int device, DvDevPtr dst, DvDevPtr src, size_t bytes) {
+        int r = cu_use(device);
+        if (r == 0)
+                r = cu_check(cu.cuMemcpyDtoD_v2(dst, src, bytes), "cuMemcpyDtoD");
+        return r ? r : cu_check(cu.cuCtxSynchronize(), "cuMemcpyDtoD");
+}
+
 /* The kernel reads its segment table and source table from device memory. */
 static int cu_run_plan(int device, const DvKernelSeg *segs, const uint64_t *starts, uint32_t nsegs,
                        DvDevPtr out, const DvDevPtr *srcs, uint32_t nsrcs) {
@@ -234,6 +243,7 @@ static const DvGpuApi cuda_api = {
         .free = cu_free,
         .copy_to_host = cu_copy_to_host,
         .copy_to_device = cu_copy_to_device,
+        .copy_device = cu_copy_device,
         .run_plan = cu_run_plan,
 };
 
@@ -305,6 +315,14 @@ static int fake_copy_to_device(int device, DvDevPtr dst, const void *src, size_t
         return 0;
 }
 
+static int fake_copy_device(int device, DvDevPtr dst, DvDevPtr src, size_t bytes) {
+        int r = fake_check(device);
+        if (r)
+                return r;
+        memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes);
+        return 0;
+}
+
 static int fake_run_plan(int device, const DvKernelSeg *segs, const uint64_t *starts,
                          uint32_t nsegs, DvDevPtr out, const DvDevPtr *srcs, uint32_t nsrcs) {
         int r = fake_check(device);
@@ -333,6 +351,7 @@ static const DvGpuApi fake_api = {
         .free = fake_free,
         .copy_to_host = fake_copy_to_host,
         .copy_to_device = fake_copy_to_device,
+        .copy_device = fake_copy_device,
         .run_plan = fake_run_plan,
 };
 

@@ -26,6 +26,7 @@ typedef struct {
         int (*free)(int device, DvDevPtr p);
         int (*copy_to_host)(int device, void *dst, DvDevPtr src, size_t bytes);
         int (*copy_to_device)(int device, DvDevPtr dst, const void *src, size_t bytes);
+        int (*copy_device)(int device, DvDevPtr dst, DvDevPtr src, size_t bytes);
         /* Run a flattened plan into out on device: the copy kernel (or its CPU body). */
         int (*run_plan)(int device, const DvKernelSeg *segs, const uint64_t *starts, uint32_t nsegs,
                         DvDevPtr out, const DvDevPtr *srcs, uint32_t nsrcs);

@@ -330,3 +330,23 @@ def _torch_ranks(rank, world, sock, name):
 def test_torch_tensors(daemon):
     pytest.importorskip("torch", reason="torch is not installed")
     run_ranks(2, _torch_ranks, daemon.socket, group_name("torch"))
+
+
+def _torch_cuda(rank, world, sock, name):
+    import torch
+    if not torch.cuda.is_available():  # asked here: CUDA must stay untouched in the parent
+        return "no CUDA device"
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        x = torch.full((2, 1 + rank), float(rank), device="cuda")
+        out = g.gather(x, pad_index=-1)
+        assert out.device == x.device and out.shape == (2 * world, world)
+        assert g.reduce(torch.ones(3, device="cuda"), "sum").tolist() == [world] * 3
+    return True
+
+
+def test_torch_cuda_tensors(daemon):
+    pytest.importorskip("torch", reason="torch is not installed")
+    results = run_ranks(2, _torch_cuda, daemon.socket, group_name("torchcuda"))
+    if results[0] != True:  # noqa: E712
+        pytest.skip(results[0])
+    assert results == [True, True]
