@@ -272,6 +272,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         if (!g)
                 return join_err(DEVAL_ENOMEM, "deval_join: out of memory");
         g->sock = -1;
+        g->pid = getpid();
         g->rank = rank;
         g->world = world_size;
         g->debug = getenv("DEVAL_DEBUG") != NULL;
@@ -350,6 +351,11 @@ int deval_leave(deval_group *g) {
 
         if (!g)
                 return 0;
+        if (g->pid != getpid()) { /* a forked child's copy: the membership is the parent's */
+                g->sock = -1;     /* the parent's socket stays open for the parent */
+                group_free(g);
+                return 0;
+        }
         if (g->failed != DEVAL_EDAEMON) {
                 g->timeout_ms = 2000;
                 r = dv_request(g, &req, sizeof(req), &rep, fds, &nfds);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "deval.h"
 
@@ -13,6 +14,7 @@
 struct deval_group {
         int sock;
         int rank, world;
+        pid_t pid;      /* the process that joined; a forked child may not use the handle */
         int timeout_ms; /* < 0: forever */
         char name[DV_GROUP_NAME_MAX];
         char socket_path[108];

@@ -31,6 +31,11 @@ static int group_fail_local(deval_group *g, int status, const char *msg) {
 
 /* A collective may start: the group has not failed (a failure sticks, with its message). */
 static int coll_begin(deval_group *g) {
+        if (g->pid != getpid())
+                return dv_set_err(g, DEVAL_EINVAL,
+                                  "this group handle belongs to pid %d, which joined as rank %d; "
+                                  "a forked process must join a group of its own",
+                                  (int)g->pid, g->rank);
         if (g->failed)
                 return g->failed;
         int s = atomic_load_explicit(&g->hdr->abort_status, memory_order_acquire);

@@ -487,6 +487,32 @@ static void test_quota(void **state) {
         assert_int_equal(harness_run(&H, 2, rank_quota, NULL, 20), 0);
 }
 
+/* A forked child holding its parent's handle gets a clear error, and the parent goes on. */
+static int rank_forks(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "forks", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_barrier(g), g);
+        pid_t child = fork();
+        if (child == 0) {
+                int r = deval_barrier(g);
+                int ok = r == DEVAL_EINVAL && strstr(deval_errmsg(g), "forked");
+                deval_leave(g); /* frees the child's copy, says nothing to devald */
+                _exit(ok ? 0 : 1);
+        }
+        int st;
+        waitpid(child, &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child was not refused");
+        CHECK_OK(deval_barrier(g), g); /* the parent's membership is intact */
+        deval_leave(g);
+        return 0;
+}
+
+static void test_forked_child(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 2, rank_forks, NULL, 20), 0);
+}
+
 /* A client that writes garbage into its slot fails the step with EPROTO naming it. */
 static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
@@ -548,6 +574,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_daemon_survives, before, after),
                 cmocka_unit_test_setup_teardown(test_quota, before, after),
                 cmocka_unit_test_setup_teardown(test_hostile_client, before, after),
+                cmocka_unit_test_setup_teardown(test_forked_child, before, after),
         };
         return cmocka_run_group_tests(tests, setup, NULL);
 }
