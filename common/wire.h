@@ -31,12 +31,19 @@ enum {
         DV_MSG_LEAVE = 4,  /* DvMsgHdr -> DvReply */
         DV_MSG_STATUS = 5, /* DvMsgHdr -> DvStatusReply */
         DV_MSG_REPLY = 6,
+        DV_MSG_GROUP = 7, /* DvNameReq -> DvGroupReply, or DvReply on failure */
+        DV_MSG_ABORT = 8, /* DvNameReq -> DvReply */
 };
 
 typedef struct {
         uint32_t version;
         uint32_t type;
 } DvMsgHdr;
+
+typedef struct {
+        DvMsgHdr hdr;
+        char name[DV_GROUP_NAME_MAX];
+} DvNameReq;
 
 typedef struct {
         DvMsgHdr hdr;
@@ -93,6 +100,32 @@ typedef struct {
         uint32_t total_groups;
         DvGroupInfo groups[];
 } DvStatusReply;
+
+enum {
+        DV_RANK_EMPTY = 0,
+        DV_RANK_JOINED,
+        DV_RANK_LEFT,
+        DV_RANK_DEAD
+};
+
+typedef struct {
+        int32_t rank;
+        int32_t pid;
+        uint32_t state;       /* DV_RANK_* */
+        uint32_t arrived_seq; /* the last collective it arrived at */
+        uint64_t input_bytes; /* its input arena */
+} DvRankInfo;
+
+typedef struct {
+        DvMsgHdr hdr;
+        int32_t status;
+        uint32_t waiting_seq; /* the collective the group waits for */
+        int32_t timeout_ms;   /* < 0: none */
+        uint32_t nranks;      /* entries that follow */
+        DvGroupInfo info;
+        char abort_msg[DV_MSG_MAX];
+        DvRankInfo ranks[];
+} DvGroupReply;
 
 /* ---- data plane: the control segment of one group ----------------------------------------- */
 
@@ -183,6 +216,7 @@ _Static_assert(sizeof(DvJoinReq) == 88, "wire layout");
 _Static_assert(sizeof(DvReply) == 560, "wire layout");
 _Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
 _Static_assert(sizeof(DvGroupInfo) == 112, "wire layout");
+_Static_assert(sizeof(DvRankInfo) == 24, "wire layout");
 _Static_assert(sizeof(DvSlot) % 64 == 0, "slots on their own cache lines");
 _Static_assert(sizeof(DvCtlHeader) % 64 == 0, "slots on their own cache lines");
 

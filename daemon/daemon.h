@@ -136,6 +136,7 @@ void group_maybe_free(Group *g);
 int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, size_t msglen);
 int group_output_fd(Group *g, uint64_t *size, uint64_t *gen);
 void group_stop_all(Daemon *d, int status, const char *why);
+Group *group_lookup(Daemon *d, const char *name);
 
 /* worker.c */
 void *worker_main(void *arg);

@@ -106,6 +106,17 @@ static void conns_reap(Daemon *d) {
         }
 }
 
+static void group_info(const Group *g, uint64_t now, DvGroupInfo *i) {
+        memcpy(i->name, g->name, sizeof(i->name));
+        i->uid = (uint32_t)g->uid;
+        i->state = (uint32_t)g->state;
+        i->world_size = g->world;
+        i->joined = g->joined;
+        i->collectives = atomic_load(&((Group *)g)->collectives);
+        i->bytes_moved = atomic_load(&((Group *)g)->bytes_moved);
+        i->age_us = (now - g->created_ns) / 1000;
+}
+
 static void handle_status(Daemon *d, Conn *c) {
         uint32_t n = 0;
         for (Group *g = d->groups; g; g = g->next)
@@ -125,21 +136,99 @@ static void handle_status(Daemon *d, Conn *c) {
         r->total_groups = n;
         for (Group *g = d->groups; g && r->ngroups < shown; g = g->next) {
                 DvGroupInfo *i = &r->groups[r->ngroups++];
-                memcpy(i->name, g->name, sizeof(i->name));
-                i->uid = (uint32_t)g->uid;
-                i->state = (uint32_t)g->state;
-                i->world_size = g->world;
-                i->joined = g->joined;
-                i->collectives = atomic_load(&g->collectives);
-                i->bytes_moved = atomic_load(&g->bytes_moved);
+                group_info(g, now, i);
                 pthread_mutex_lock(&g->lock);
                 i->bytes_mapped = g->bytes_mapped;
                 pthread_mutex_unlock(&g->lock);
-                i->age_us = (now - g->created_ns) / 1000;
         }
         ssize_t k = dv_send_msg(c->fd, r, len, NULL, 0, MSG_DONTWAIT);
         if (k < 0)
                 log_warn("could not send status to pid %d: %s", (int)c->pid, strerror((int)-k));
+}
+
+/* A group's details are its owner's and root's business. */
+static Group *group_for(Daemon *d, Conn *c, const DvNameReq *req, int *status, char *msg,
+                        size_t len) {
+        if (!memchr(req->name, 0, sizeof(req->name))) {
+                *status = DEVAL_EPROTO;
+                snprintf(msg, len, "malformed group name");
+                return NULL;
+        }
+        Group *g = group_lookup(d, req->name);
+        if (!g) {
+                *status = DEVAL_EINVAL;
+                snprintf(msg, len, "no group '%s' is forming or active", req->name);
+                return NULL;
+        }
+        if (c->uid != 0 && c->uid != g->uid) {
+                *status = DEVAL_EPERM;
+                snprintf(msg, len, "group '%s' belongs to uid %u", g->name, (unsigned)g->uid);
+                return NULL;
+        }
+        return g;
+}
+
+static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
+        char msg[DV_MSG_MAX];
+        int status = 0;
+        Group *g = group_for(d, c, req, &status, msg, sizeof(msg));
+        if (!g) {
+                conn_send_reply(c, status, msg, NULL, 0, NULL, 0);
+                return;
+        }
+        size_t len = sizeof(DvGroupReply) + (size_t)g->world * sizeof(DvRankInfo);
+        _cleanup_(freep) DvGroupReply *r = calloc(1, len);
+        if (!r)
+                return;
+        r->hdr = (DvMsgHdr){DV_PROTO_VERSION, DV_MSG_GROUP};
+        r->nranks = (uint32_t)g->world;
+        r->timeout_ms = g->timeout_ns < 0 ? -1 : (int32_t)(g->timeout_ns / 1000000);
+        group_info(g, dv_now_ns(), &r->info);
+        pthread_mutex_lock(&g->lock);
+        r->waiting_seq = g->waiting_seq;
+        r->info.bytes_mapped = g->bytes_mapped;
+        snprintf(r->abort_msg, sizeof(r->abort_msg), "%s", g->abort_msg);
+        for (int k = 0; k < g->world; k++) {
+                const Member *m = &g->members[k];
+                DvRankInfo *ri = &r->ranks[k];
+                ri->rank = k;
+                ri->pid = (int32_t)m->pid;
+                ri->state = (uint32_t)m->state;
+                ri->input_bytes = m->in_pending.map ? m->in_pending.size : m->in.size;
+                if (g->hdr)
+                        ri->arrived_seq = atomic_load_explicit(&g->hdr->slots[k].arrived_seq,
+                                                               memory_order_relaxed);
+        }
+        pthread_mutex_unlock(&g->lock);
+        ssize_t n = dv_send_msg(c->fd, r, len, NULL, 0, MSG_DONTWAIT);
+        if (n < 0)
+                log_warn("could not send group details to pid %d: %s", (int)c->pid,
+                         strerror((int)-n));
+}
+
+static void handle_abort(Daemon *d, Conn *c, const DvNameReq *req) {
+        char msg[DV_MSG_MAX];
+        int status = 0;
+        Group *g = group_for(d, c, req, &status, msg, sizeof(msg));
+        if (!g) {
+                conn_send_reply(c, status, msg, NULL, 0, NULL, 0);
+                return;
+        }
+        log_info("group '%s' aborted by uid %u (pid %d)", g->name, (unsigned)c->uid, (int)c->pid);
+        if (g->state == DV_GROUP_FORMING) { /* nobody is in a collective yet: tell the joiners */
+                snprintf(msg, sizeof(msg), "group '%s' was aborted by uid %u before it formed",
+                         g->name, (unsigned)c->uid);
+                g->listed = false;
+                g->state = DV_GROUP_FAILED;
+                for (int k = 0; k < g->world; k++)
+                        if (g->members[k].conn)
+                                conn_send_reply(g->members[k].conn, DEVAL_EABORTED, msg, NULL, 0,
+                                                NULL, 0);
+        } else {
+                group_fail(g, DEVAL_EABORTED, "group '%s' was aborted by uid %u (deval-ctl abort)",
+                           g->name, (unsigned)c->uid);
+        }
+        conn_send_reply(c, 0, "", NULL, 0, NULL, 0);
 }
 
 /* One message from c. Return: false when the connection must be closed. */
@@ -148,6 +237,7 @@ static bool conn_handle(Daemon *d, Conn *c) {
                 DvMsgHdr hdr;
                 DvJoinReq join;
                 DvGrowReq grow;
+                DvNameReq name;
                 char raw[256];
         } m;
         char msg[DV_MSG_MAX] = "";
@@ -224,6 +314,15 @@ static bool conn_handle(Daemon *d, Conn *c) {
         }
         case DV_MSG_STATUS:
                 handle_status(d, c);
+                return true;
+        case DV_MSG_GROUP:
+        case DV_MSG_ABORT:
+                if ((size_t)n != sizeof(DvNameReq))
+                        break;
+                if (m.hdr.type == DV_MSG_GROUP)
+                        handle_group(d, c, &m.name);
+                else
+                        handle_abort(d, c, &m.name);
                 return true;
         }
         log_warn("malformed message (type %u, %zd bytes) from pid %d; closing", m.hdr.type, n,

@@ -59,7 +59,8 @@ void arena_deinit(Arena *a) {
         *a = ARENA_NULL;
 }
 
-static Group *group_find(Daemon *d, const char *name) {
+/* The live group called name (forming or active), or NULL. */
+Group *group_lookup(Daemon *d, const char *name) {
         for (Group *g = d->groups; g; g = g->next)
                 if (g->listed && strcmp(g->name, name) == 0)
                         return g;
@@ -251,7 +252,7 @@ int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msgle
                          req->world_size);
                 return DEVAL_EINVAL;
         }
-        g = group_find(d, req->group);
+        g = group_lookup(d, req->group);
         if (g && g->uid != c->uid && c->uid != 0) {
                 snprintf(msg, msglen, "group '%s' belongs to uid %u", g->name, (unsigned)g->uid);
                 return DEVAL_EPERM;

@@ -18,6 +18,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "deval.h"
+
 #include "sock.h"
 #include "util.h"
 #include "wire.h"
@@ -125,40 +127,75 @@ static void print_table(const DvStatusReply *r) {
                 printf("(%u more not shown)\n", r->total_groups - r->ngroups);
 }
 
-static int cmd_status(void) {
-        char path[108];
+/* Connect to devald; -1 after saying why on stderr. */
+static int ctl_connect(char *path, size_t len) {
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
 
         if (arg_socket)
-                snprintf(path, sizeof(path), "%s", arg_socket);
-        else if (dv_default_socket_path(path, sizeof(path)) < 0) {
+                snprintf(path, len, "%s", arg_socket);
+        else if (dv_default_socket_path(path, len) < 0) {
                 fprintf(stderr, "deval-ctl: the default socket path is too long\n");
-                return 1;
+                return -1;
         }
         snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-        _cleanup_(closep) int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
                 fprintf(stderr, "deval-ctl: cannot reach devald at %s: %s\n", path,
                         strerror(errno));
-                return 1;
+                if (fd >= 0)
+                        close(fd);
+                return -1;
         }
+        return fd;
+}
+
+/* Send req and receive one answer of at most cap bytes; its length, or -1 (said why). */
+static ssize_t ctl_request(const void *req, size_t len, void *buf, size_t cap) {
+        char p[108];
+        _cleanup_(closep) int fd = ctl_connect(p, sizeof(p));
+        if (fd < 0)
+                return -1;
+        if (dv_send_msg(fd, req, len, NULL, 0, 0) < 0) {
+                fprintf(stderr, "deval-ctl: devald at %s hung up\n", p);
+                return -1;
+        }
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 5000) <= 0) {
+                fprintf(stderr, "deval-ctl: devald at %s did not answer\n", p);
+                return -1;
+        }
+        ssize_t n = dv_recv_msg(fd, buf, cap, NULL, NULL, 0);
+        if (n < (ssize_t)sizeof(DvMsgHdr) || ((DvMsgHdr *)buf)->version != DV_PROTO_VERSION) {
+                fprintf(stderr, "deval-ctl: devald at %s sent a malformed answer\n", p);
+                return -1;
+        }
+        return n;
+}
+
+/* A DvReply with a failure: say it, exit status 1. */
+static int ctl_failed(const void *buf, ssize_t n) {
+        const DvReply *r = buf;
+        if ((size_t)n != sizeof(DvReply) || r->hdr.type != DV_MSG_REPLY)
+                return 0;
+        if (r->status == 0)
+                return 0;
+        fprintf(stderr, "deval-ctl: %s: %.*s\n", deval_strerror(r->status), DV_MSG_MAX, r->msg);
+        return 1;
+}
+
+static int cmd_status(void) {
         DvMsgHdr req = {DV_PROTO_VERSION, DV_MSG_STATUS};
-        if (dv_send_msg(fd, &req, sizeof(req), NULL, 0, 0) < 0) {
-                fprintf(stderr, "deval-ctl: devald at %s hung up\n", path);
-                return 1;
-        }
         size_t cap = sizeof(DvStatusReply) + DV_STATUS_MAX_GROUPS * sizeof(DvGroupInfo);
         _cleanup_(freep) DvStatusReply *r = calloc(1, cap);
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (!r || poll(&p, 1, 5000) <= 0) {
-                fprintf(stderr, "deval-ctl: devald at %s did not answer\n", path);
+        if (!r)
                 return 1;
-        }
-        ssize_t n = dv_recv_msg(fd, r, cap, NULL, NULL, 0);
-        if (n < (ssize_t)sizeof(DvStatusReply) || r->hdr.version != DV_PROTO_VERSION ||
-            r->hdr.type != DV_MSG_STATUS || r->ngroups > DV_STATUS_MAX_GROUPS ||
+        ssize_t n = ctl_request(&req, sizeof(req), r, cap);
+        if (n < 0)
+                return 1;
+        if (n < (ssize_t)sizeof(DvStatusReply) || r->hdr.type != DV_MSG_STATUS ||
+            r->ngroups > DV_STATUS_MAX_GROUPS ||
             (size_t)n != sizeof(DvStatusReply) + r->ngroups * sizeof(DvGroupInfo)) {
-                fprintf(stderr, "deval-ctl: devald at %s sent a malformed status\n", path);
+                fprintf(stderr, "deval-ctl: devald sent a malformed status\n");
                 return 1;
         }
         r->version[sizeof(r->version) - 1] = r->backend[sizeof(r->backend) - 1] = '\0';
@@ -171,11 +208,114 @@ static int cmd_status(void) {
         return 0;
 }
 
+static const char *rank_state(uint32_t s) {
+        switch (s) {
+        case DV_RANK_JOINED:
+                return "joined";
+        case DV_RANK_LEFT:
+                return "left";
+        case DV_RANK_DEAD:
+                return "dead";
+        }
+        return "-";
+}
+
+static int cmd_group(const char *name) {
+        DvNameReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_GROUP}};
+        size_t cap = sizeof(DvGroupReply) + DEVAL_MAX_WORLD * sizeof(DvRankInfo);
+        _cleanup_(freep) DvGroupReply *r = calloc(1, cap);
+        if (!r)
+                return 1;
+        snprintf(req.name, sizeof(req.name), "%s", name);
+        ssize_t n = ctl_request(&req, sizeof(req), r, cap);
+        if (n < 0 || ctl_failed(r, n))
+                return 1;
+        if (n < (ssize_t)sizeof(DvGroupReply) || r->hdr.type != DV_MSG_GROUP ||
+            r->nranks > DEVAL_MAX_WORLD ||
+            (size_t)n != sizeof(DvGroupReply) + r->nranks * sizeof(DvRankInfo)) {
+                fprintf(stderr, "deval-ctl: devald sent a malformed answer\n");
+                return 1;
+        }
+        r->info.name[DV_GROUP_NAME_MAX - 1] = '\0';
+        r->abort_msg[DV_MSG_MAX - 1] = '\0';
+        const DvGroupInfo *g = &r->info;
+        if (arg_json) {
+                const char *sp = arg_json == JSON_PRETTY ? " " : "";
+                printf("{\"name\":%s", sp);
+                json_string(g->name);
+                printf(",%s\"state\":%s\"%s\",%s\"uid\":%s%u,%s\"world_size\":%s%d,%s\"joined\":%s%"
+                       "d,"
+                       "%s\"collectives\":%s%" PRIu64 ",%s\"bytes_moved\":%s%" PRIu64
+                       ",%s\"bytes_mapped\":%s%" PRIu64
+                       ",%s\"waiting_for\":%s%u,%s\"timeout_ms\":%s%d,"
+                       "%s\"failure\":%s",
+                       sp, sp, state_name(g->state), sp, sp, g->uid, sp, sp, g->world_size, sp, sp,
+                       g->joined, sp, sp, g->collectives, sp, sp, g->bytes_moved, sp, sp,
+                       g->bytes_mapped, sp, sp, r->waiting_seq, sp, sp, r->timeout_ms, sp, sp);
+                json_string(r->abort_msg);
+                printf(",%s\"ranks\":%s[", sp, sp);
+                for (uint32_t k = 0; k < r->nranks; k++) {
+                        const DvRankInfo *ri = &r->ranks[k];
+                        printf("%s{\"rank\":%s%d,%s\"pid\":%s%d,%s\"state\":%s\"%s\",%s\"arrived\":"
+                               "%s%s,"
+                               "%s\"last_arrived_at\":%s%u,%s\"input_bytes\":%s%" PRIu64 "}",
+                               k ? "," : "", sp, ri->rank, sp, sp, ri->pid, sp, sp,
+                               rank_state(ri->state), sp, sp,
+                               ri->arrived_seq == r->waiting_seq ? "true" : "false", sp, sp,
+                               ri->arrived_seq, sp, sp, ri->input_bytes);
+                }
+                printf("]}\n");
+                return 0;
+        }
+        char moved[32], mapped[32];
+        human_bytes(g->bytes_moved, moved, sizeof(moved));
+        human_bytes(g->bytes_mapped, mapped, sizeof(mapped));
+        printf("group '%s': %s, uid %u, %d of %d ranks joined, %" PRIu64
+               " collectives, %s moved, %s mapped, up %.1f s\n",
+               g->name, state_name(g->state), g->uid, g->joined, g->world_size, g->collectives,
+               moved, mapped, (double)g->age_us / 1e6);
+        if (r->abort_msg[0])
+                printf("failed: %s\n", r->abort_msg);
+        else if (g->state == DV_GROUP_ACTIVE)
+                printf("waiting for collective #%u (timeout %d ms)\n", r->waiting_seq,
+                       r->timeout_ms);
+        printf("%5s %8s %-7s %-20s %11s\n", "RANK", "PID", "STATE", "ARRIVED", "INPUT");
+        for (uint32_t k = 0; k < r->nranks; k++) {
+                const DvRankInfo *ri = &r->ranks[k];
+                char in[32], arrived[32];
+                human_bytes(ri->input_bytes, in, sizeof(in));
+                if (g->state != DV_GROUP_ACTIVE)
+                        snprintf(arrived, sizeof(arrived), "-");
+                else if (ri->arrived_seq == r->waiting_seq)
+                        snprintf(arrived, sizeof(arrived), "yes");
+                else
+                        snprintf(arrived, sizeof(arrived), "no (last #%u)", ri->arrived_seq);
+                printf("%5d %8d %-7s %-20s %11s\n", ri->rank, ri->pid, rank_state(ri->state),
+                       arrived, in);
+        }
+        return 0;
+}
+
+static int cmd_abort(const char *name) {
+        DvNameReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_ABORT}};
+        DvReply r;
+        snprintf(req.name, sizeof(req.name), "%s", name);
+        ssize_t n = ctl_request(&req, sizeof(req), &r, sizeof(r));
+        if (n < 0 || ctl_failed(&r, n))
+                return 1;
+        if (!arg_json)
+                printf("group '%s' aborted\n", name);
+        return 0;
+}
+
 static void help(void) {
         printf("Usage: deval-ctl [OPTIONS] COMMAND\n\n"
                "Query and administer devald.\n\n"
                "Commands:\n"
-               "  status                  daemon pid, version, backend, uptime and its groups\n\n"
+               "  status                  daemon pid, version, backend, uptime and its groups\n"
+               "  group NAME              one group's ranks: pid, state, arrived or not, input\n"
+               "  abort NAME              fail every rank's collectives with DEVAL_EABORTED\n"
+               "                          (the group's owner or root)\n\n"
                "Options:\n"
                "  -s --socket=PATH        devald's socket (default: $DEVAL_SOCKET, else the\n"
                "                          per-user or system default)\n"
@@ -232,8 +372,18 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "deval-ctl: missing command (try 'deval-ctl status')\n");
                 return 2;
         }
-        if (strcmp(argv[optind], "status") == 0 && optind + 1 == argc)
+        const char *cmd = argv[optind];
+        int nargs = argc - optind - 1;
+        if (strcmp(cmd, "status") == 0 && nargs == 0)
                 return cmd_status();
+        if ((strcmp(cmd, "group") == 0 || strcmp(cmd, "abort") == 0) && nargs != 1) {
+                fprintf(stderr, "deval-ctl: %s takes one group name\n", cmd);
+                return 2;
+        }
+        if (strcmp(cmd, "group") == 0)
+                return cmd_group(argv[optind + 1]);
+        if (strcmp(cmd, "abort") == 0)
+                return cmd_abort(argv[optind + 1]);
         fprintf(stderr, "deval-ctl: unknown command '%s'\n", argv[optind]);
         return 2;
 }

@@ -4,6 +4,7 @@
  * and the JSON name the group with its world size, ranks, collectives and bytes moved; and
  * the tool's exit statuses for an unreachable devald and for usage errors.
  */
+#define _GNU_SOURCE
 /* cmocka needs these first */
 /* clang-format off */
 #include <setjmp.h>
@@ -13,10 +14,12 @@
 #include <cmocka.h>
 /* clang-format on */
 
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +41,24 @@ static int teardown(void **state) {
         return 0;
 }
 
+/* deval-ctl ARGS as uid 65534; its exit status. */
+static int ctl_as_nobody(const Harness *h, const char *args) {
+        pid_t p = fork();
+        if (p == 0) {
+                char cmd[512];
+                snprintf(cmd, sizeof(cmd), "%s --socket %s %s >/dev/null 2>&1", getenv("DEVAL_CTL"),
+                         h->socket, args);
+                if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
+                    setresuid(65534, 65534, 65534) < 0)
+                        _exit(99);
+                execl("/bin/sh", "sh", "-c", cmd, NULL);
+                _exit(98);
+        }
+        int st;
+        waitpid(p, &st, 0);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 static int rank_busy(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g;
@@ -45,8 +66,7 @@ static int rank_busy(const Harness *h, int rank, int world, void *arg) {
         for (int i = 0; i < 5; i++)
                 CHECK_OK(deval_barrier(g), g);
         int64_t x[100] = {0};
-        deval_tensor t = {.data = x, .dtype = DEVAL_I64, .ndim = 1, .shape = {100},
-                          .device = -1},
+        deval_tensor t = {.data = x, .dtype = DEVAL_I64, .ndim = 1, .shape = {100}, .device = -1},
                      out;
         CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g); /* 3 x 800 bytes moved */
         if (rank == 0) {
@@ -72,6 +92,53 @@ static int rank_busy(const Harness *h, int rank, int world, void *arg) {
         return 0;
 }
 
+static int rank_inspected(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        char name[64];
+        snprintf(name, sizeof(name), "inspect-%d", (int)getppid());
+        CHECK_OK(harness_join(h, "inspect", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == 0) {
+                char buf[8192], args[128], want[64];
+                snprintf(args, sizeof(args), "group %s", name);
+                usleep(200000); /* the others are waiting in collective #2 by now */
+                CHECK(harness_ctl(h, args, buf, sizeof(buf)) == 0, "group: %s", buf);
+                CHECK(strstr(buf, "waiting for collective #2") && strstr(buf, "RANK") &&
+                              strstr(buf, "no (last #1)"),
+                      "table:\n%s", buf);
+                snprintf(args, sizeof(args), "--json=short group %s", name);
+                CHECK(harness_ctl(h, args, buf, sizeof(buf)) == 0, "json: %s", buf);
+                snprintf(want, sizeof(want), "{\"rank\":0,\"pid\":%d,\"state\":\"joined\"",
+                         (int)getpid());
+                CHECK(strstr(buf, want) && strstr(buf, "\"waiting_for\":2") &&
+                              strstr(buf, "\"arrived\":true"),
+                      "json lacks %s:\n%s", want, buf);
+                /* someone else's group is not theirs to see or abort */
+                chmod(h->dir, 0755);
+                chmod(h->socket, 0777);
+                snprintf(args, sizeof(args), "group %s", name);
+                CHECK(ctl_as_nobody(h, args) == 1, "nobody may not look");
+                snprintf(args, sizeof(args), "abort %s", name);
+                CHECK(ctl_as_nobody(h, args) == 1, "nobody may not abort");
+                CHECK(harness_ctl(h, "group no-such-group", buf, sizeof(buf)) == 1, "unknown");
+                /* the owner may: every rank's collective fails with DEVAL_EABORTED */
+                CHECK(harness_ctl(h, args, buf, sizeof(buf)) == 0, "abort: %s", buf);
+        }
+        int r = deval_barrier(g);
+        CHECK(r == DEVAL_EABORTED && strstr(deval_errmsg(g), "aborted by uid 0"), "got %s: %s",
+              deval_strerror(r), deval_errmsg(g));
+        deval_leave(g);
+        return 0;
+}
+
+static void test_group_details_and_abort(void **state) {
+        (void)state;
+        if (getuid() != 0)
+                skip(); /* needs root to act as another user */
+        assert_int_equal(harness_run(&H, 3, rank_inspected, NULL, 20), 0);
+}
+
 static void test_status_of_a_running_group(void **state) {
         (void)state;
         assert_int_equal(harness_run(&H, 3, rank_busy, NULL, 20), 0);
@@ -89,6 +156,8 @@ static void test_exit_statuses(void **state) {
         assert_int_equal(run("--socket /nonexistent/devald.sock status"), 1);
         assert_int_equal(run("status --json=fancy"), 2);
         assert_int_equal(run("frobnicate"), 2);
+        assert_int_equal(run("group"), 2);
+        assert_int_equal(run("abort a b"), 2);
         assert_int_equal(run(""), 2);
         assert_int_equal(run("--help"), 0);
         assert_int_equal(run("--version"), 0);
@@ -98,6 +167,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_status_of_a_running_group),
                 cmocka_unit_test(test_exit_statuses),
+                cmocka_unit_test(test_group_details_and_abort),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
