@@ -125,6 +125,9 @@ struct Daemon {
         Group *groups;
         int ngroups;
         bool stopping;
+        bool socket_activated; /* the listening socket is systemd's: leave its file alone */
+        uint64_t watchdog_ns;  /* $WATCHDOG_USEC: keep-alive every half of it; 0: none */
+        uint64_t watchdog_last;
 };
 
 /* group.c */

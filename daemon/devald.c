@@ -6,9 +6,11 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -385,6 +387,42 @@ static void accept_conns(Daemon *d) {
         }
 }
 
+/*
+ * Socket activation (sd_listen_fds(3) in a few lines): with LISTEN_PID our pid and
+ * LISTEN_FDS=1, fd 3 is a listening socket that systemd made from devald.socket.
+ * Return: 1 when it was taken, 0 when there is none, -1 when it is unusable.
+ */
+static int listen_inherited(Daemon *d) {
+        const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+        int type = 0;
+        socklen_t len = sizeof(type);
+        struct sockaddr_un sa;
+        socklen_t salen = sizeof(sa);
+
+        if (!pid || !fds || strtol(pid, NULL, 10) != getpid())
+                return 0;
+        unsetenv("LISTEN_PID");
+        unsetenv("LISTEN_FDS");
+        unsetenv("LISTEN_FDNAMES");
+        if (strcmp(fds, "1") != 0) {
+                log_err("systemd passed %s sockets; devald takes exactly one", fds);
+                return -1;
+        }
+        if (getsockopt(3, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_SEQPACKET ||
+            getsockname(3, (struct sockaddr *)&sa, &salen) < 0 || sa.sun_family != AF_UNIX) {
+                log_err("the socket systemd passed is not a SOCK_SEQPACKET Unix socket "
+                        "(ListenSequentialPacket= in devald.socket)");
+                return -1;
+        }
+        fcntl(3, F_SETFD, FD_CLOEXEC);
+        fcntl(3, F_SETFL, fcntl(3, F_GETFL) | O_NONBLOCK);
+        d->listen_fd = 3;
+        d->socket_activated = true;
+        if (salen > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0])
+                snprintf(d->socket_path, sizeof(d->socket_path), "%s", sa.sun_path);
+        return 1;
+}
+
 static int listen_on(Daemon *d) {
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
         char dir[sizeof(d->socket_path)];
@@ -595,22 +633,45 @@ int main(int argc, char **argv) {
                 log_err("cannot set up the event loop: %m");
                 return 1;
         }
-        if (listen_on(&d) < 0)
+        int inherited = listen_inherited(&d);
+        if (inherited < 0 || (inherited == 0 && listen_on(&d) < 0))
                 return 1;
+        const char *wd = getenv("WATCHDOG_USEC"), *wd_pid = getenv("WATCHDOG_PID");
+        if (wd && (!wd_pid || strtol(wd_pid, NULL, 10) == getpid()))
+                d.watchdog_ns = strtoull(wd, NULL, 10) * 1000;
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &d.listen_fd};
         epoll_ctl(d.epfd, EPOLL_CTL_ADD, d.listen_fd, &ev);
         ev.data.ptr = &d.signal_fd;
         epoll_ctl(d.epfd, EPOLL_CTL_ADD, d.signal_fd, &ev);
         d.start_ns = dv_now_ns();
-        log_info("listening on %s (backend host, %d copy threads, quota %" PRIu64
+        log_info("listening on %s%s (backend host, %d copy threads, quota %" PRIu64
                  " bytes per group)",
-                 d.socket_path, d.threads, d.max_group_bytes);
-        notify("READY=1\nSTATUS=listening");
+                 d.socket_path, d.socket_activated ? " (from systemd)" : "", d.threads,
+                 d.max_group_bytes);
+        notify("READY=1\nSTATUS=listening, no groups");
+        int last_groups = 0;
 
         while (!d.stopping) {
                 struct epoll_event evs[64];
                 int64_t next_ns = -1;
                 group_expire_joins(&d, dv_now_ns(), &next_ns);
+                if (d.watchdog_ns) { /* keep-alive at half the watchdog interval */
+                        uint64_t now = dv_now_ns(), half = d.watchdog_ns / 2;
+                        if (now - d.watchdog_last >= half) {
+                                notify("WATCHDOG=1");
+                                d.watchdog_last = now;
+                        }
+                        int64_t left = (int64_t)(d.watchdog_last + half - now);
+                        if (next_ns < 0 || left < next_ns)
+                                next_ns = left < 0 ? 0 : left;
+                }
+                if (d.ngroups != last_groups) {
+                        char status[64];
+                        snprintf(status, sizeof(status), "STATUS=listening, %d group%s", d.ngroups,
+                                 d.ngroups == 1 ? "" : "s");
+                        notify(status);
+                        last_groups = d.ngroups;
+                }
                 int timeout = next_ns < 0 ? -1 : (int)(next_ns / 1000000 + 1);
                 int n = epoll_wait(d.epfd, evs, 64, timeout);
                 if (n < 0 && errno != EINTR) {
@@ -662,7 +723,8 @@ int main(int argc, char **argv) {
                         d.groups->members[k].conn = NULL;
                 group_maybe_free(d.groups);
         }
-        unlink(d.socket_path);
+        if (!d.socket_activated) /* systemd owns an activated socket's file */
+                unlink(d.socket_path);
         close(d.listen_fd);
         close(d.signal_fd);
         close(d.epfd);

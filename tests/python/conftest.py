@@ -23,7 +23,7 @@ def devald_path():
     path = os.environ.get("DEVALD", os.path.join(ROOT, "build", "devald"))
     if not os.access(path, os.X_OK):
         pytest.exit("devald not found at %s: build it first (meson) or set $DEVALD" % path, 2)
-    return path
+    return os.path.abspath(path)
 
 
 class Daemon:
