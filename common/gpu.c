@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "deval.h"
 
@@ -44,6 +46,29 @@ typedef void *CUfunction;
 
 #define MAX_DEVICES 64
 
+/* The virtual memory management API's structs, as cuda.h lays them out. */
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+        int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+        int id;
+} CUmemLocation;
+typedef struct {
+        int type;                 /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+        int requestedHandleTypes; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 */
+        CUmemLocation location;
+        void *win32HandleMetaData;
+        struct {
+                unsigned char compressionType;
+                unsigned char gpuDirectRDMACapable;
+                unsigned short usage;
+                unsigned char reserved[4];
+        } allocFlags;
+} CUmemAllocationProp;
+typedef struct {
+        CUmemLocation location;
+        int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
+} CUmemAccessDesc;
+
 static struct {
         pthread_once_t once;
         int status;
@@ -65,6 +90,19 @@ static struct {
         CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
         CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                    unsigned, unsigned, void *, void **, void **);
+        CUresult (*cuMemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
+        CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                                unsigned long long);
+        CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+        CUresult (*cuMemAddressReserve)(DvDevPtr *, size_t, size_t, DvDevPtr, unsigned long long);
+        CUresult (*cuMemAddressFree)(DvDevPtr, size_t);
+        CUresult (*cuMemMap)(DvDevPtr, size_t, size_t, CUmemGenericAllocationHandle,
+                             unsigned long long);
+        CUresult (*cuMemUnmap)(DvDevPtr, size_t);
+        CUresult (*cuMemSetAccess)(DvDevPtr, size_t, const CUmemAccessDesc *, size_t);
+        CUresult (*cuMemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int,
+                                                 unsigned long long);
+        CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
         pthread_mutex_t lock; /* guards the per-device state below */
         CUcontext ctx[MAX_DEVICES];
         CUfunction copy[MAX_DEVICES];
@@ -114,6 +152,16 @@ static void cu_load(void) {
         SYM(cuModuleLoadData);
         SYM(cuModuleGetFunction);
         SYM(cuLaunchKernel);
+        SYM(cuMemGetAllocationGranularity);
+        SYM(cuMemCreate);
+        SYM(cuMemRelease);
+        SYM(cuMemAddressReserve);
+        SYM(cuMemAddressFree);
+        SYM(cuMemMap);
+        SYM(cuMemUnmap);
+        SYM(cuMemSetAccess);
+        SYM(cuMemExportToShareableHandle);
+        SYM(cuMemImportFromShareableHandle);
 #undef SYM
         int r = cu_check(cu.cuInit(0), "cuInit");
         cu.status = r ? DEVAL_ENOTSUP : 0;
@@ -186,6 +234,88 @@ static int cu_copy_device(int device, DvDevPtr dst, DvDevPtr src, size_t bytes) 
         return r ? r : cu_check(cu.cuCtxSynchronize(), "cuMemcpyDtoD");
 }
 
+static size_t cu_round(int device, size_t bytes) {
+        CUmemAllocationProp prop = {
+                .type = 1, .requestedHandleTypes = 1, .location = {.type = 1, .id = device}};
+        size_t gran = 2 << 20;
+        if (cu.cuMemGetAllocationGranularity(&gran, &prop, 0) != 0 || gran == 0)
+                gran = 2 << 20;
+        bytes = bytes ? bytes : 1;
+        return (bytes + gran - 1) / gran * gran;
+}
+
+/* Reserve, map and open handle h to every device that can reach it (peer access). */
+static int cu_map(int device, CUmemGenericAllocationHandle h, size_t size, DvDevPtr *ret) {
+        DvDevPtr p = 0;
+        int r, n = 0;
+        if ((r = cu_check(cu.cuMemAddressReserve(&p, size, 0, 0, 0), "cuMemAddressReserve")) < 0)
+                return r;
+        if ((r = cu_check(cu.cuMemMap(p, size, 0, h, 0), "cuMemMap")) < 0) {
+                cu.cuMemAddressFree(p, size);
+                return r;
+        }
+        CUmemAccessDesc own = {.location = {.type = 1, .id = device}, .flags = 3};
+        if ((r = cu_check(cu.cuMemSetAccess(p, size, &own, 1), "cuMemSetAccess")) < 0) {
+                cu.cuMemUnmap(p, size);
+                cu.cuMemAddressFree(p, size);
+                return r;
+        }
+        cu.cuDeviceGetCount(&n);
+        for (int d = 0; d < n; d++) { /* best effort: where P2P works, kernels there read it */
+                CUmemAccessDesc peer = {.location = {.type = 1, .id = d}, .flags = 3};
+                if (d != device)
+                        cu.cuMemSetAccess(p, size, &peer, 1);
+        }
+        *ret = p;
+        return 0;
+}
+
+static int cu_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_fd) {
+        CUmemAllocationProp prop = {
+                .type = 1, .requestedHandleTypes = 1, .location = {.type = 1, .id = device}};
+        CUmemGenericAllocationHandle h;
+        int r, fd = -1;
+        if ((r = cu_use(device)) < 0)
+                return r;
+        size_t size = cu_round(device, bytes);
+        if ((r = cu_check(cu.cuMemCreate(&h, size, &prop, 0), "cuMemCreate")) < 0)
+                return r;
+        if ((r = cu_check(cu.cuMemExportToShareableHandle(&fd, h, 1, 0),
+                          "cuMemExportToShareableHandle")) < 0 ||
+            (r = cu_map(device, h, size, ret)) < 0) {
+                if (fd >= 0)
+                        close(fd);
+                cu.cuMemRelease(h);
+                return r;
+        }
+        cu.cuMemRelease(h); /* the mapping and the descriptor keep it alive */
+        *ret_fd = fd;
+        return 0;
+}
+
+static int cu_import_fd(int device, int fd, size_t bytes, DvDevPtr *ret) {
+        CUmemGenericAllocationHandle h;
+        int r;
+        if ((r = cu_use(device)) < 0)
+                return r;
+        if ((r = cu_check(cu.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, 1),
+                          "cuMemImportFromShareableHandle")) < 0)
+                return r;
+        r = cu_map(device, h, cu_round(device, bytes), ret);
+        cu.cuMemRelease(h);
+        return r;
+}
+
+static int cu_unmap(int device, DvDevPtr p, size_t bytes) {
+        int r = cu_use(device);
+        size_t size = cu_round(device, bytes);
+        if (r == 0)
+                r = cu_check(cu.cuMemUnmap(p, size), "cuMemUnmap");
+        if (r == 0)
+                r = cu_check(cu.cuMemAddressFree(p, size), "cuMemAddressFree");
+        return r;
+}
+
 /* The kernel reads its segment table and source table from device memory. */
 static int cu_run_plan(int device, const DvKernelSeg *segs, const uint64_t *starts, uint32_t nsegs,
                        DvDevPtr out, const DvDevPtr *srcs, uint32_t nsrcs) {
@@ -244,6 +374,9 @@ static const DvGpuApi cuda_api = {
         .copy_to_host = cu_copy_to_host,
         .copy_to_device = cu_copy_to_device,
         .copy_device = cu_copy_device,
+        .export_alloc = cu_export_alloc,
+        .import_fd = cu_import_fd,
+        .unmap = cu_unmap,
         .run_plan = cu_run_plan,
 };
 
@@ -323,6 +456,46 @@ static int fake_copy_device(int device, DvDevPtr dst, DvDevPtr src, size_t bytes
         return 0;
 }
 
+/* Fake shareable device memory: a memfd, mapped. */
+static int fake_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_fd) {
+        int r = fake_check(device);
+        if (r)
+                return r;
+        int fd = memfd_create("deval-fake-device", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, (off_t)(bytes ? bytes : 1)) < 0) {
+                if (fd >= 0)
+                        close(fd);
+                return gpu_fail(DEVAL_ENOMEM, "fake device %d is out of memory", device);
+        }
+        void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+                close(fd);
+                return gpu_fail(DEVAL_ENOMEM, "fake device %d is out of memory", device);
+        }
+        *ret = (DvDevPtr)(uintptr_t)p;
+        *ret_fd = fd;
+        return 0;
+}
+
+static int fake_import_fd(int device, int fd, size_t bytes, DvDevPtr *ret) {
+        int r = fake_check(device);
+        if (r)
+                return r;
+        void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+                return gpu_fail(DEVAL_ENOMEM, "fake import of %zu bytes failed", bytes);
+        *ret = (DvDevPtr)(uintptr_t)p;
+        return 0;
+}
+
+static int fake_unmap(int device, DvDevPtr p, size_t bytes) {
+        int r = fake_check(device);
+        if (r)
+                return r;
+        munmap((void *)(uintptr_t)p, bytes ? bytes : 1);
+        return 0;
+}
+
 static int fake_run_plan(int device, const DvKernelSeg *segs, const uint64_t *starts,
                          uint32_t nsegs, DvDevPtr out, const DvDevPtr *srcs, uint32_t nsrcs) {
         int r = fake_check(device);
@@ -352,6 +525,9 @@ static const DvGpuApi fake_api = {
         .copy_to_host = fake_copy_to_host,
         .copy_to_device = fake_copy_to_device,
         .copy_device = fake_copy_device,
+        .export_alloc = fake_export_alloc,
+        .import_fd = fake_import_fd,
+        .unmap = fake_unmap,
         .run_plan = fake_run_plan,
 };
 

@@ -27,6 +27,15 @@ typedef struct {
         int (*copy_to_host)(int device, void *dst, DvDevPtr src, size_t bytes);
         int (*copy_to_device)(int device, DvDevPtr dst, const void *src, size_t bytes);
         int (*copy_device)(int device, DvDevPtr dst, DvDevPtr src, size_t bytes);
+        /*
+         * Memory other processes can map: bytes on device, mapped here at *ret (readable and
+         * writable by every device that can reach it), with *ret_fd a descriptor to pass over
+         * a Unix socket. import_fd() maps such a descriptor on device; unmap() undoes
+         * either. The memory lives until every mapping of it is gone.
+         */
+        int (*export_alloc)(int device, size_t bytes, DvDevPtr *ret, int *ret_fd);
+        int (*import_fd)(int device, int fd, size_t bytes, DvDevPtr *ret);
+        int (*unmap)(int device, DvDevPtr p, size_t bytes);
         /* Run a flattened plan into out on device: the copy kernel (or its CPU body). */
         int (*run_plan)(int device, const DvKernelSeg *segs, const uint64_t *starts, uint32_t nsegs,
                         DvDevPtr out, const DvDevPtr *srcs, uint32_t nsrcs);

@@ -25,14 +25,18 @@
 /* ---- control plane: SOCK_SEQPACKET messages ---------------------------------------------- */
 
 enum {
-        DV_MSG_JOIN = 1,   /* DvJoinReq -> DvReply + fds {control, input, output} */
-        DV_MSG_GROW = 2,   /* DvGrowReq -> DvReply + fd {input} */
+        /* DvJoinReq -> DvReply + fds {control, input, output} and, in a device group (flags
+         * DV_REPLY_DEVICE), {device input, device output} */
+        DV_MSG_JOIN = 1,
+        DV_MSG_GROW = 2,   /* DvGrowReq -> DvReply + fd {input, or device input} */
         DV_MSG_OUTPUT = 3, /* DvMsgHdr -> DvReply + fd {output} */
         DV_MSG_LEAVE = 4,  /* DvMsgHdr -> DvReply */
         DV_MSG_STATUS = 5, /* DvMsgHdr -> DvStatusReply */
         DV_MSG_REPLY = 6,
         DV_MSG_GROUP = 7, /* DvNameReq -> DvGroupReply, or DvReply on failure */
         DV_MSG_ABORT = 8, /* DvNameReq -> DvReply */
+        /* DvMsgHdr -> DvReply + fd {this member's device output} (device groups) */
+        DV_MSG_DEV_OUTPUT = 9,
 };
 
 typedef struct {
@@ -51,20 +55,28 @@ typedef struct {
         int32_t rank;
         int32_t world_size;
         int32_t timeout_ms;
-        uint32_t reserved;
+        uint32_t has_device; /* 1: this rank's tensors live on the GPU named by device_uuid */
+        uint8_t device_uuid[16];
 } DvJoinReq;
 
 typedef struct {
         DvMsgHdr hdr;
         uint64_t size;
+        uint32_t device; /* 1: the device input arena */
+        uint32_t reserved;
 } DvGrowReq;
+
+#define DV_REPLY_DEVICE 1u /* a device group: device arenas come with the join */
 
 typedef struct {
         DvMsgHdr hdr;
         int32_t status;
         uint32_t nfds;
-        uint64_t size[3]; /* of the segments whose fds come with the reply, in order */
+        uint64_t size[5]; /* of the segments whose fds come with the reply, in order */
         uint64_t gen;     /* output arena generation, with DV_MSG_OUTPUT and DV_MSG_JOIN */
+        uint64_t dev_gen; /* device output generation, with DV_MSG_DEV_OUTPUT and a join */
+        uint32_t flags;   /* DV_REPLY_* */
+        uint32_t reserved;
         char msg[DV_MSG_MAX];
 } DvReply;
 
@@ -202,6 +214,7 @@ typedef struct {
         _Atomic int32_t abort_status;
         uint64_t out_gen; /* generation of the output arena the results refer to */
         uint64_t out_size;
+        uint64_t dev_out_gen; /* bumped when any device output arena of the group is replaced */
         char msg[DV_MSG_MAX]; /* why step done_seq failed, when it did */
         char abort_msg[DV_MSG_MAX];
         alignas(64) DvSlot slots[];
@@ -212,8 +225,9 @@ static inline uint64_t dv_ctl_size(int world_size) {
 }
 
 _Static_assert(sizeof(DvMsgHdr) == 8, "wire layout");
-_Static_assert(sizeof(DvJoinReq) == 88, "wire layout");
-_Static_assert(sizeof(DvReply) == 560, "wire layout");
+_Static_assert(sizeof(DvJoinReq) == 104, "wire layout");
+_Static_assert(sizeof(DvGrowReq) == 24, "wire layout");
+_Static_assert(sizeof(DvReply) == 592, "wire layout");
 _Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
 _Static_assert(sizeof(DvGroupInfo) == 112, "wire layout");
 _Static_assert(sizeof(DvRankInfo) == 24, "wire layout");

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "gpu.h"
 #include "plan.h"
 #include "wire.h"
 
@@ -39,6 +40,20 @@ enum {
 int arena_new(const char *name, uint64_t size, int kind, Arena *ret);
 void arena_deinit(Arena *a);
 
+/* Device memory a group shares with its ranks (cuda backend): exported, mapped here. */
+typedef struct {
+        int device; /* devald's ordinal; -1: none */
+        int fd;     /* the export descriptor while it is still to be sent, else -1 */
+        DvDevPtr ptr;
+        uint64_t size;
+} DevArena;
+
+#define DEV_ARENA_NULL ((DevArena){.device = -1, .fd = -1})
+#define DV_MAX_GPUS    64
+
+int dev_arena_new(int device, uint64_t size, DevArena *ret);
+void dev_arena_deinit(DevArena *a);
+
 enum {
         MEMBER_EMPTY = 0,
         MEMBER_JOINED,
@@ -54,6 +69,9 @@ typedef struct {
         uint64_t join_deadline_ns; /* while the group forms; 0: none */
         Arena in;                  /* worker's */
         Arena in_pending;          /* under lock: grown, the worker swaps it in before a step */
+        int device;                /* devald's ordinal of the rank's GPU; -1: a host rank */
+        DevArena din;              /* device groups: the rank's device input, worker's */
+        DevArena din_pending;      /* under lock, like in_pending */
 } Member;
 
 typedef struct {
@@ -87,6 +105,9 @@ struct Group {
         /* under lock */
         Arena out;
         uint64_t out_gen;
+        bool device_group;          /* every rank's tensors live on a GPU (cuda backend) */
+        DevArena dout[DV_MAX_GPUS]; /* device groups: one output per GPU that receives */
+        uint64_t dev_out_gen;
         int abort_status;
         char abort_msg[DV_MSG_MAX];
         uint64_t bytes_mapped;
@@ -117,8 +138,11 @@ struct Daemon {
         char socket_path[108];
         uint64_t max_group_bytes;
         int max_groups;
-        int threads; /* copy threads per group */
-        int spin_us; /* < 0: decide per group from the cores and the world size */
+        int threads;         /* copy threads per group */
+        int spin_us;         /* < 0: decide per group from the cores and the world size */
+        const DvGpuApi *gpu; /* the cuda backend's GPUs; NULL: host backend only */
+        int ngpus;
+        uint8_t gpu_uuid[DV_MAX_GPUS][16];
         uint64_t start_ns;
         Conn *conns;
         Conn *closed; /* closed during this batch of events, freed after it */
@@ -138,12 +162,16 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns);
 void group_maybe_free(Group *g);
 int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, size_t msglen);
 int group_output_fd(Group *g, uint64_t *size, uint64_t *gen);
+int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char *msg,
+                         size_t msglen);
+int group_dev_output_fd(Group *g, int rank, uint64_t *size, uint64_t *gen);
 void group_stop_all(Daemon *d, int status, const char *why);
 Group *group_lookup(Daemon *d, const char *name);
 
 /* worker.c */
 void *worker_main(void *arg);
 int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen);
+int worker_ensure_dev_output(Group *g, uint64_t size, char *msg, size_t msglen);
 
 /* step.c */
 int step_run(Group *g, uint32_t seq);
@@ -161,4 +189,4 @@ void exec_pool_free(void *pool);
 
 /* devald.c */
 void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int nfds,
-                     const uint64_t *sizes, uint64_t gen);
+                     const uint64_t *sizes, uint64_t gen, uint64_t dev_gen, uint32_t flags);

@@ -51,15 +51,17 @@ static void notify(const char *state) {
 }
 
 /**
- * conn_send_reply() - answer c with a DvReply, descriptors and sizes. A client that does not
+ * conn_send_reply(, 0, 0) - answer c with a DvReply, descriptors and sizes. A client that does not
  * read its socket is not waited for: the send never blocks, and a failed send is logged.
  */
 void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int nfds,
-                     const uint64_t *sizes, uint64_t gen) {
+                     const uint64_t *sizes, uint64_t gen, uint64_t dev_gen, uint32_t flags) {
         DvReply r = {.hdr = {DV_PROTO_VERSION, DV_MSG_REPLY},
                      .status = status,
                      .nfds = (uint32_t)nfds,
-                     .gen = gen};
+                     .gen = gen,
+                     .dev_gen = dev_gen,
+                     .flags = flags};
         for (int i = 0; i < nfds; i++)
                 r.size[i] = sizes[i];
         snprintf(r.msg, sizeof(r.msg), "%s", msg ? msg : "");
@@ -131,7 +133,7 @@ static void handle_status(Daemon *d, Conn *c) {
         r->hdr = (DvMsgHdr){DV_PROTO_VERSION, DV_MSG_STATUS};
         r->pid = (int32_t)getpid();
         snprintf(r->version, sizeof(r->version), "%s", DV_VERSION_STRING);
-        snprintf(r->backend, sizeof(r->backend), "host");
+        snprintf(r->backend, sizeof(r->backend), "%s", d->gpu ? "cuda" : "host");
         uint64_t now = dv_now_ns();
         r->uptime_us = (now - d->start_ns) / 1000;
         r->max_group_bytes = d->max_group_bytes;
@@ -175,7 +177,7 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
         int status = 0;
         Group *g = group_for(d, c, req, &status, msg, sizeof(msg));
         if (!g) {
-                conn_send_reply(c, status, msg, NULL, 0, NULL, 0);
+                conn_send_reply(c, status, msg, NULL, 0, NULL, 0, 0, 0);
                 return;
         }
         size_t len = sizeof(DvGroupReply) + (size_t)g->world * sizeof(DvRankInfo);
@@ -213,7 +215,7 @@ static void handle_abort(Daemon *d, Conn *c, const DvNameReq *req) {
         int status = 0;
         Group *g = group_for(d, c, req, &status, msg, sizeof(msg));
         if (!g) {
-                conn_send_reply(c, status, msg, NULL, 0, NULL, 0);
+                conn_send_reply(c, status, msg, NULL, 0, NULL, 0, 0, 0);
                 return;
         }
         log_info("group '%s' aborted by uid %u (pid %d)", g->name, (unsigned)c->uid, (int)c->pid);
@@ -225,12 +227,12 @@ static void handle_abort(Daemon *d, Conn *c, const DvNameReq *req) {
                 for (int k = 0; k < g->world; k++)
                         if (g->members[k].conn)
                                 conn_send_reply(g->members[k].conn, DEVAL_EABORTED, msg, NULL, 0,
-                                                NULL, 0);
+                                                NULL, 0, 0, 0);
         } else {
                 group_fail(g, DEVAL_EABORTED, "group '%s' was aborted by uid %u (deval-ctl abort)",
                            g->name, (unsigned)c->uid);
         }
-        conn_send_reply(c, 0, "", NULL, 0, NULL, 0);
+        conn_send_reply(c, 0, "", NULL, 0, NULL, 0, 0, 0);
 }
 
 /* One message from c. Return: false when the connection must be closed. */
@@ -253,7 +255,7 @@ static bool conn_handle(Daemon *d, Conn *c) {
         if ((size_t)n < sizeof(DvMsgHdr) || m.hdr.version != DV_PROTO_VERSION) {
                 log_warn("pid %d speaks another protocol version; closing", (int)c->pid);
                 conn_send_reply(c, DEVAL_EPROTO, "devald speaks protocol version 1", NULL, 0, NULL,
-                                0);
+                                0, 0, 0);
                 return false;
         }
         switch (m.hdr.type) {
@@ -263,7 +265,7 @@ static bool conn_handle(Daemon *d, Conn *c) {
                 int r = group_join(d, c, &m.join, msg, sizeof(msg));
                 if (r < 0) {
                         log_info("join refused for pid %d: %s", (int)c->pid, msg);
-                        conn_send_reply(c, r, msg, NULL, 0, NULL, 0);
+                        conn_send_reply(c, r, msg, NULL, 0, NULL, 0, 0, 0);
                 }
                 return true;
         }
@@ -274,15 +276,43 @@ static bool conn_handle(Daemon *d, Conn *c) {
                 Arena a;
                 if (!g || g->state != DV_GROUP_ACTIVE) {
                         conn_send_reply(c, g ? DEVAL_EABORTED : DEVAL_EPROTO,
-                                        "this connection has no active group", NULL, 0, NULL, 0);
+                                        "this connection has no active group", NULL, 0, NULL, 0, 0,
+                                        0);
+                        return true;
+                }
+                if (m.grow.device) {
+                        DevArena da;
+                        int r = g->device_group ? group_grow_dev_input(g, c->rank, m.grow.size, &da,
+                                                                       msg, sizeof(msg))
+                                                : DEVAL_EPROTO;
+                        if (r < 0) {
+                                conn_send_reply(c, r, g->device_group ? msg : "not a device group",
+                                                NULL, 0, NULL, 0, 0, 0);
+                                return true;
+                        }
+                        conn_send_reply(c, 0, "", &da.fd, 1, &da.size, 0, 0, DV_REPLY_DEVICE);
                         return true;
                 }
                 int r = group_grow_input(g, c->rank, m.grow.size, &a, msg, sizeof(msg));
                 if (r < 0) {
-                        conn_send_reply(c, r, msg, NULL, 0, NULL, 0);
+                        conn_send_reply(c, r, msg, NULL, 0, NULL, 0, 0, 0);
                         return true;
                 }
-                conn_send_reply(c, 0, "", &a.fd, 1, &a.size, 0);
+                conn_send_reply(c, 0, "", &a.fd, 1, &a.size, 0, 0, 0);
+                return true;
+        }
+        case DV_MSG_DEV_OUTPUT: {
+                Group *g = c->group;
+                uint64_t size, gen;
+                int fd = g && g->state != DV_GROUP_FORMING && g->device_group
+                                 ? group_dev_output_fd(g, c->rank, &size, &gen)
+                                 : -1;
+                if (fd < 0) {
+                        conn_send_reply(c, DEVAL_EPROTO, "this connection has no device group",
+                                        NULL, 0, NULL, 0, 0, 0);
+                        return true;
+                }
+                conn_send_reply(c, 0, "", &fd, 1, &size, 0, gen, DV_REPLY_DEVICE);
                 return true;
         }
         case DV_MSG_OUTPUT: {
@@ -290,15 +320,16 @@ static bool conn_handle(Daemon *d, Conn *c) {
                 uint64_t size, gen;
                 if (!g || g->state == DV_GROUP_FORMING) {
                         conn_send_reply(c, DEVAL_EPROTO, "this connection has no active group",
-                                        NULL, 0, NULL, 0);
+                                        NULL, 0, NULL, 0, 0, 0);
                         return true;
                 }
                 int fd = group_output_fd(g, &size, &gen);
                 if (fd < 0) {
-                        conn_send_reply(c, DEVAL_EABORTED, "the group is closed", NULL, 0, NULL, 0);
+                        conn_send_reply(c, DEVAL_EABORTED, "the group is closed", NULL, 0, NULL, 0,
+                                        0, 0);
                         return true;
                 }
-                conn_send_reply(c, 0, "", &fd, 1, &size, gen);
+                conn_send_reply(c, 0, "", &fd, 1, &size, gen, 0, 0);
                 return true;
         }
         case DV_MSG_LEAVE: {
@@ -307,11 +338,11 @@ static bool conn_handle(Daemon *d, Conn *c) {
                         log_debug("group '%s': rank %d left", g->name, c->rank);
                         group_member_gone(g, c->rank, true);
                         c->group = NULL;
-                        conn_send_reply(c, 0, "", NULL, 0, NULL, 0);
+                        conn_send_reply(c, 0, "", NULL, 0, NULL, 0, 0, 0);
                         group_maybe_free(g);
                         return true;
                 }
-                conn_send_reply(c, 0, "", NULL, 0, NULL, 0);
+                conn_send_reply(c, 0, "", NULL, 0, NULL, 0, 0, 0);
                 return true;
         }
         case DV_MSG_STATUS:
@@ -329,7 +360,7 @@ static bool conn_handle(Daemon *d, Conn *c) {
         }
         log_warn("malformed message (type %u, %zd bytes) from pid %d; closing", m.hdr.type, n,
                  (int)c->pid);
-        conn_send_reply(c, DEVAL_EPROTO, "malformed message", NULL, 0, NULL, 0);
+        conn_send_reply(c, DEVAL_EPROTO, "malformed message", NULL, 0, NULL, 0, 0, 0);
         return false;
 }
 
@@ -468,7 +499,8 @@ static void help(void) {
                "  -s --socket=PATH          listen on PATH (default: $DEVAL_SOCKET, else\n"
                "                            $XDG_RUNTIME_DIR/deval/devald.sock, or\n"
                "                            /run/deval/devald.sock for root)\n"
-               "  -b --backend=NAME         host (default) or auto; cuda is not built yet\n"
+               "  -b --backend=NAME         host (default), cuda (device groups on the GPUs), or\n"
+               "                            auto (cuda when a GPU is visible)\n"
                "  -l --log-level=LEVEL      err, warn, info (default) or debug\n"
                "     --max-group-bytes=N    shared memory one group may hold (default: a quarter\n"
                "                            of RAM); suffixes K, M, G\n"
@@ -508,6 +540,40 @@ static int parse_size(const char *s, uint64_t *ret) {
         if (*end || v > UINT64_MAX / mul)
                 return -1;
         *ret = v * mul;
+        return 0;
+}
+
+static char arg_backend[8] = "host";
+
+/*
+ * The cuda backend: the GPUs devald sees, by UUID (ranks name theirs by UUID, since their
+ * ordinals depend on their CUDA_VISIBLE_DEVICES). auto falls back to host without a GPU.
+ * Return: 0, or -1 after saying why.
+ */
+static int setup_backend(Daemon *d) {
+        if (strcmp(arg_backend, "host") == 0)
+                return 0;
+        const DvGpuApi *gpu = dv_gpu();
+        int n = 0;
+        if (gpu->init() < 0 || gpu->device_count(&n) < 0 || n < 1) {
+                if (strcmp(arg_backend, "auto") == 0) {
+                        log_info("backend auto: no GPU (%s), so host",
+                                 n < 1 && !dv_gpu_error()[0] ? "none visible" : dv_gpu_error());
+                        return 0;
+                }
+                log_err("backend cuda: %s",
+                        n < 1 && !dv_gpu_error()[0] ? "no GPU visible" : dv_gpu_error());
+                return -1;
+        }
+        d->ngpus = DV_MIN(n, DV_MAX_GPUS);
+        for (int k = 0; k < d->ngpus; k++)
+                if (gpu->device_uuid(k, d->gpu_uuid[k]) < 0) {
+                        log_err("backend cuda: %s", dv_gpu_error());
+                        return -1;
+                }
+        d->gpu = gpu;
+        log_info("backend cuda (%s driver): %d GPU%s", gpu->name, d->ngpus,
+                 d->ngpus == 1 ? "" : "s");
         return 0;
 }
 
@@ -552,13 +618,13 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                         snprintf(d->socket_path, sizeof(d->socket_path), "%s", optarg);
                         break;
                 case 'b':
-                        if (strcmp(optarg, "host") && strcmp(optarg, "auto")) {
-                                fprintf(stderr,
-                                        "devald: backend '%s' is not available in this "
-                                        "build (host, auto)\n",
+                        if (strcmp(optarg, "host") && strcmp(optarg, "auto") &&
+                            strcmp(optarg, "cuda")) {
+                                fprintf(stderr, "devald: unknown backend '%s' (host, cuda, auto)\n",
                                         optarg);
                                 return 2;
                         }
+                        snprintf(arg_backend, sizeof(arg_backend), "%s", optarg);
                         break;
                 case 'l':
                         if ((level = log_parse_level(optarg)) < 0) {
@@ -633,6 +699,8 @@ int main(int argc, char **argv) {
                 log_err("cannot set up the event loop: %m");
                 return 1;
         }
+        if (setup_backend(&d) < 0)
+                return 1;
         int inherited = listen_inherited(&d);
         if (inherited < 0 || (inherited == 0 && listen_on(&d) < 0))
                 return 1;
@@ -644,10 +712,10 @@ int main(int argc, char **argv) {
         ev.data.ptr = &d.signal_fd;
         epoll_ctl(d.epfd, EPOLL_CTL_ADD, d.signal_fd, &ev);
         d.start_ns = dv_now_ns();
-        log_info("listening on %s%s (backend host, %d copy threads, quota %" PRIu64
+        log_info("listening on %s%s (backend %s, %d copy threads, quota %" PRIu64
                  " bytes per group)",
-                 d.socket_path, d.socket_activated ? " (from systemd)" : "", d.threads,
-                 d.max_group_bytes);
+                 d.socket_path, d.socket_activated ? " (from systemd)" : "",
+                 d.gpu ? "cuda" : "host", d.threads, d.max_group_bytes);
         notify("READY=1\nSTATUS=listening, no groups");
         int last_groups = 0;
 

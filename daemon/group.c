@@ -59,6 +59,27 @@ void arena_deinit(Arena *a) {
         *a = ARENA_NULL;
 }
 
+/**
+ * dev_arena_new() - size bytes of shareable memory on devald's GPU device (cuda backend).
+ * Return: 0, or DEVAL_ENOMEM / DEVAL_ESYS with dv_gpu_error() saying why.
+ */
+int dev_arena_new(int device, uint64_t size, DevArena *ret) {
+        DvDevPtr p;
+        int fd, r = dv_gpu()->export_alloc(device, size, &p, &fd);
+        if (r < 0)
+                return r;
+        *ret = (DevArena){.device = device, .fd = fd, .ptr = p, .size = size};
+        return 0;
+}
+
+void dev_arena_deinit(DevArena *a) {
+        if (a->device >= 0 && a->ptr)
+                dv_gpu()->unmap(a->device, a->ptr, a->size);
+        if (a->fd >= 0)
+                close(a->fd);
+        *a = DEV_ARENA_NULL;
+}
+
 /* The live group called name (forming or active), or NULL. */
 Group *group_lookup(Daemon *d, const char *name) {
         for (Group *g = d->groups; g; g = g->next)
@@ -76,8 +97,14 @@ static int group_new(Daemon *d, const DvJoinReq *req, uid_t uid, Group **ret) {
                 free(g);
                 return DEVAL_ENOMEM;
         }
-        for (int r = 0; r < req->world_size; r++)
+        for (int r = 0; r < req->world_size; r++) {
                 g->members[r].in = g->members[r].in_pending = ARENA_NULL;
+                g->members[r].din = g->members[r].din_pending = DEV_ARENA_NULL;
+                g->members[r].device = -1;
+        }
+        for (int k = 0; k < DV_MAX_GPUS; k++)
+                g->dout[k] = DEV_ARENA_NULL;
+        g->device_group = req->has_device != 0;
         g->d = d;
         memcpy(g->name, req->group, sizeof(g->name));
         g->uid = uid;
@@ -118,7 +145,11 @@ static void group_free(Group *g) {
         for (int r = 0; r < g->world; r++) {
                 arena_deinit(&g->members[r].in);
                 arena_deinit(&g->members[r].in_pending);
+                dev_arena_deinit(&g->members[r].din);
+                dev_arena_deinit(&g->members[r].din_pending);
         }
+        for (int k = 0; k < DV_MAX_GPUS; k++)
+                dev_arena_deinit(&g->dout[k]);
         arena_deinit(&g->ctl);
         arena_deinit(&g->out);
         exec_pool_free(g->pool);
@@ -172,6 +203,21 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
         g->hdr->out_gen = 1;
         g->hdr->out_size = g->out.size;
         g->bytes_mapped = total;
+        if (g->device_group) {
+                for (int k = 0; k < g->world; k++) {
+                        int dev = g->members[k].device;
+                        if ((r = dev_arena_new(dev, ARENA_INITIAL, &g->members[k].din)) < 0)
+                                goto fail_gpu;
+                        g->bytes_mapped += ARENA_INITIAL;
+                        if (g->dout[dev].device >= 0)
+                                continue;
+                        if ((r = dev_arena_new(dev, ARENA_INITIAL, &g->dout[dev])) < 0)
+                                goto fail_gpu;
+                        g->bytes_mapped += ARENA_INITIAL;
+                }
+                g->dev_out_gen = 1;
+                g->hdr->dev_out_gen = 1;
+        }
 
         g->timeout_ns = -1;
         for (int k = 0; k < g->world; k++) {
@@ -202,6 +248,10 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
 fail:
         snprintf(msg, msglen, "devald could not set up group '%s': %s", g->name, deval_strerror(r));
         return r;
+fail_gpu:
+        snprintf(msg, msglen, "devald could not set up group '%s' on its GPUs: %s", g->name,
+                 dv_gpu_error());
+        return r;
 }
 
 static void group_reply_all(Group *g, int status, const char *msg) {
@@ -210,15 +260,28 @@ static void group_reply_all(Group *g, int status, const char *msg) {
                 if (!m->conn)
                         continue;
                 if (status < 0) {
-                        conn_send_reply(m->conn, status, msg, NULL, 0, NULL, 0);
+                        conn_send_reply(m->conn, status, msg, NULL, 0, NULL, 0, 0, 0);
                         continue;
                 }
-                int fds[3] = {g->ctl.fd, m->in.fd, g->out.fd};
-                uint64_t sizes[3] = {g->ctl.size, m->in.size, g->out.size};
-                conn_send_reply(m->conn, 0, "", fds, 3, sizes, g->out_gen);
+                int fds[5] = {g->ctl.fd, m->in.fd, g->out.fd};
+                uint64_t sizes[5] = {g->ctl.size, m->in.size, g->out.size};
+                int n = 3;
+                if (g->device_group) {
+                        fds[3] = m->din.fd;
+                        sizes[3] = m->din.size;
+                        fds[4] = g->dout[m->device].fd;
+                        sizes[4] = g->dout[m->device].size;
+                        n = 5;
+                }
+                conn_send_reply(m->conn, 0, "", fds, n, sizes, g->out_gen, g->dev_out_gen,
+                                g->device_group ? DV_REPLY_DEVICE : 0);
                 /* the client maps its copies; devald keeps its own mappings */
                 close(m->in.fd);
                 m->in.fd = -1;
+                if (m->din.fd >= 0) {
+                        close(m->din.fd);
+                        m->din.fd = -1;
+                }
         }
 }
 
@@ -262,6 +325,28 @@ int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msgle
                          req->world_size);
                 return DEVAL_EINVAL;
         }
+        int device = -1;
+        if (req->has_device) {
+                if (!d->gpu) {
+                        snprintf(msg, msglen,
+                                 "devald runs the host backend; start it with --backend cuda for "
+                                 "ranks whose tensors live on a GPU");
+                        return DEVAL_ENOTSUP;
+                }
+                for (int k = 0; k < d->ngpus && device < 0; k++)
+                        if (memcmp(d->gpu_uuid[k], req->device_uuid, 16) == 0)
+                                device = k;
+                if (device < 0) {
+                        snprintf(msg, msglen, "rank %d's GPU is not one devald can see", req->rank);
+                        return DEVAL_EINVAL;
+                }
+        }
+        if (g && g->device_group != (req->has_device != 0)) {
+                snprintf(msg, msglen,
+                         "group '%s' has ranks %s a GPU; every rank joins with one, or none does",
+                         g->name, g->device_group ? "with" : "without");
+                return DEVAL_EINVAL;
+        }
         if (g && g->members[req->rank].state != MEMBER_EMPTY) {
                 snprintf(msg, msglen, "rank %d of group '%s' is already joined by pid %d",
                          req->rank, g->name, (int)g->members[req->rank].pid);
@@ -282,6 +367,7 @@ int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msgle
         }
         Member *m = &g->members[req->rank];
         m->conn = c;
+        m->device = device;
         m->pid = c->pid;
         m->state = MEMBER_JOINED;
         m->timeout_ms = req->timeout_ms;
@@ -406,7 +492,7 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns) {
                                 if (g->members[j].state == MEMBER_EMPTY)
                                         n += snprintf(msg + n, sizeof(msg) - (size_t)n, " %d", j);
                         Conn *c = m->conn;
-                        conn_send_reply(c, DEVAL_ETIMEDOUT, msg, NULL, 0, NULL, 0);
+                        conn_send_reply(c, DEVAL_ETIMEDOUT, msg, NULL, 0, NULL, 0, 0, 0);
                         c->group = NULL;
                         group_member_gone(g, k, true);
                 }
@@ -465,6 +551,57 @@ int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, s
         return 0;
 }
 
+/**
+ * group_grow_dev_input() - group_grow_input() for a device group's device input arena.
+ */
+int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char *msg,
+                         size_t msglen) {
+        Member *m = &g->members[rank];
+        DevArena a;
+        int r;
+
+        uint64_t want = DV_ALIGN(DV_MAX(size, m->din.size + m->din.size / 2), 4096);
+        pthread_mutex_lock(&g->lock);
+        uint64_t current = m->din_pending.ptr ? m->din_pending.size : m->din.size;
+        uint64_t others = g->bytes_mapped - current;
+        pthread_mutex_unlock(&g->lock);
+        if (size > g->d->max_group_bytes || others + size > g->d->max_group_bytes) {
+                snprintf(msg, msglen,
+                         "rank %d needs %llu bytes of device input, which would take group '%s' "
+                         "past its quota of %llu bytes (--max-group-bytes)",
+                         rank, (unsigned long long)size, g->name,
+                         (unsigned long long)g->d->max_group_bytes);
+                return DEVAL_ENOMEM;
+        }
+        if (others + want > g->d->max_group_bytes)
+                want = DV_ALIGN(size, 4096);
+        if ((r = dev_arena_new(m->device, want, &a)) < 0) {
+                snprintf(msg, msglen, "devald could not allocate %llu bytes on GPU %d: %s",
+                         (unsigned long long)want, m->device, dv_gpu_error());
+                return r;
+        }
+        pthread_mutex_lock(&g->lock);
+        dev_arena_deinit(&m->din_pending);
+        m->din_pending = a;
+        g->bytes_mapped = others + want;
+        pthread_mutex_unlock(&g->lock);
+        *ret = a;
+        return 0;
+}
+
+/* rank's device output arena's fd (owned by the group), its size and generation, or -1. */
+int group_dev_output_fd(Group *g, int rank, uint64_t *size, uint64_t *gen) {
+        int dev = g->members[rank].device;
+        if (dev < 0)
+                return -1;
+        pthread_mutex_lock(&g->lock);
+        int fd = g->dout[dev].fd;
+        *size = g->dout[dev].size;
+        *gen = g->dev_out_gen;
+        pthread_mutex_unlock(&g->lock);
+        return fd;
+}
+
 /* The current output arena's fd (owned by the group), its size and generation, or -1. */
 int group_output_fd(Group *g, uint64_t *size, uint64_t *gen) {
         pthread_mutex_lock(&g->lock);
@@ -482,7 +619,7 @@ void group_stop_all(Daemon *d, int status, const char *why) {
                         for (int k = 0; k < g->world; k++)
                                 if (g->members[k].conn)
                                         conn_send_reply(g->members[k].conn, status, why, NULL, 0,
-                                                        NULL, 0);
+                                                        NULL, 0, 0, 0);
                         continue;
                 }
                 group_fail(g, status, "%s", why);

@@ -16,6 +16,7 @@
 
 #include "daemon.h"
 #include "dtype.h"
+#include "kernel_plan.h"
 #include "log.h"
 #include "util.h"
 
@@ -24,6 +25,7 @@ typedef struct {
         uint32_t seq;
         const DvRequest *reqs;
         DvCtlHeader *h;
+        bool dev; /* tensors are in the ranks' device input arenas (gather, pad) */
         char msg[DV_MSG_MAX];
 } Step;
 
@@ -56,6 +58,7 @@ static DvResult *res_of(Step *s, int k) {
 static int check_desc(Step *s, int k, int i, bool with_data) {
         const DvTensorDesc *t = &s->reqs[k].t[i];
         const Member *m = &s->g->members[k];
+        uint64_t arena = s->dev ? m->din.size : m->in.size;
         int64_t numel = 1, bytes;
 
         if (!dv_dtype_valid(t->dtype) || t->ndim < 0 || t->ndim > DEVAL_MAX_DIMS)
@@ -72,13 +75,13 @@ static int check_desc(Step *s, int k, int i, bool with_data) {
         if (!with_data)
                 return 0;
         if (!dv_mul_ok(numel, (int64_t)dv_dtype_size(t->dtype), &bytes) ||
-            (uint64_t)bytes != t->nbytes || t->offset % 8 != 0 || t->offset > m->in.size ||
-            t->nbytes > m->in.size - t->offset)
+            (uint64_t)bytes != t->nbytes || t->offset % 8 != 0 || t->offset > arena ||
+            t->nbytes > arena - t->offset)
                 return step_fail(s, DEVAL_EPROTO,
                                  "malformed request from rank %d (pid %d): tensor %d's %llu bytes "
                                  "at offset %llu do not match its shape or its %llu-byte arena",
                                  k, (int)m->pid, i, (unsigned long long)t->nbytes,
-                                 (unsigned long long)t->offset, (unsigned long long)m->in.size);
+                                 (unsigned long long)t->offset, (unsigned long long)arena);
         return 0;
 }
 
@@ -231,6 +234,39 @@ static void result_root_only(Step *s, int k, DvResult *res) {
         }
 }
 
+/*
+ * A device group's plan: the copy kernel on every GPU that receives, reading the ranks'
+ * device input arenas. Sources: rank k's tensor i at k * per_rank + i.
+ */
+static int exec_device(Step *s, const DvPlan *p, bool pad) {
+        Group *g = s->g;
+        int W = g->world, per_rank = pad ? 1 : (int)s->reqs[0].ntensors;
+        uint32_t nsrcs = (uint32_t)(W * per_rank);
+        _cleanup_(freep) DvKernelSeg *segs = calloc(p->nsegs + 1, sizeof(*segs));
+        _cleanup_(freep) uint64_t *starts = calloc(p->nsegs + 1, sizeof(*starts));
+        _cleanup_(freep) DvDevPtr *srcs = calloc(nsrcs, sizeof(*srcs));
+        int r;
+
+        if (!segs || !starts || !srcs)
+                return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
+        if ((r = worker_ensure_dev_output(g, p->out_end, s->msg, sizeof(s->msg))) < 0)
+                return r;
+        dv_kernel_plan(p, per_rank, pad, segs, starts);
+        for (int k = 0; k < W; k++)
+                for (int i = 0; i < per_rank; i++)
+                        srcs[k * per_rank + i] = g->members[k].din.ptr + s->reqs[k].t[i].offset;
+        for (int dev = 0; dev < DV_MAX_GPUS; dev++) {
+                if (g->dout[dev].device < 0)
+                        continue;
+                r = dv_gpu()->run_plan(dev, segs, starts, (uint32_t)p->nsegs, g->dout[dev].ptr,
+                                       srcs, nsrcs);
+                if (r < 0)
+                        return step_fail(s, r, "collective #%u (%s): the copy on GPU %d failed: %s",
+                                         s->seq, dv_op_name(s->reqs[0].op), dev, dv_gpu_error());
+        }
+        return 0;
+}
+
 static int step_gather(Step *s) {
         Group *g = s->g;
         int W = g->world, r;
@@ -240,6 +276,7 @@ static int step_gather(Step *s) {
         SAME_ON_ALL(s, ntensors, "%u", "the number of tensors");
         if ((r = check_gather_opts(s)) < 0)
                 return r;
+        s->dev = g->device_group;
         int n = (int)s->reqs[0].ntensors;
         _cleanup_(freep) DvShape *shapes =
                 calloc((size_t)(unsigned)W * (size_t)(unsigned)n, sizeof(*shapes));
@@ -261,11 +298,16 @@ static int step_gather(Step *s) {
         dv_plan_init(&p);
         if ((r = dv_plan_gather(&in, &p)) < 0)
                 goto out;
-        if ((r = worker_ensure_output(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
-                goto out_msg;
-        SrcCtx ctx = {.g = g, .reqs = s->reqs};
-        ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->out.map};
-        exec_host(g, &job);
+        if (s->dev) {
+                if ((r = exec_device(s, &p, false)) < 0)
+                        goto out_msg;
+        } else {
+                if ((r = worker_ensure_output(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
+                        goto out_msg;
+                SrcCtx ctx = {.g = g, .reqs = s->reqs};
+                ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->out.map};
+                exec_host(g, &job);
+        }
         pass_advance(g, s->reqs[0].op, &p);
         atomic_fetch_add_explicit(&g->bytes_moved, p.out_end, memory_order_relaxed);
         for (int k = 0; k < W; k++) {
@@ -405,6 +447,7 @@ static int step_pad(Step *s) {
         _cleanup_(freep) DvShape *shapes = calloc((size_t)(unsigned)W, sizeof(*shapes));
         if (!shapes)
                 return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
+        s->dev = g->device_group;
         for (int k = 0; k < W; k++) {
                 if ((r = check_desc(s, k, 0, true)) < 0)
                         return r;
@@ -422,11 +465,16 @@ static int step_pad(Step *s) {
                 plan_status(s, r, &p);
                 goto out;
         }
-        if ((r = worker_ensure_output(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
-                goto out;
-        SrcCtx ctx = {.g = g, .reqs = s->reqs, .first_tensor = true};
-        ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->out.map};
-        exec_host(g, &job);
+        if (s->dev) {
+                if ((r = exec_device(s, &p, true)) < 0)
+                        goto out;
+        } else {
+                if ((r = worker_ensure_output(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
+                        goto out;
+                SrcCtx ctx = {.g = g, .reqs = s->reqs, .first_tensor = true};
+                ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->out.map};
+                exec_host(g, &job);
+        }
         atomic_fetch_add_explicit(&g->bytes_moved, p.out_end, memory_order_relaxed);
         for (int k = 0; k < W; k++) {
                 DvResult *res = res_of(s, k);

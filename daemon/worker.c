@@ -122,6 +122,16 @@ static void worker_take_inputs(Group *g) {
                 close(m->in.fd); /* sent to the client already */
                 m->in.fd = -1;
         }
+        for (int k = 0; k < g->world; k++) {
+                Member *m = &g->members[k];
+                if (!m->din_pending.ptr)
+                        continue;
+                dev_arena_deinit(&m->din);
+                m->din = m->din_pending;
+                m->din_pending = DEV_ARENA_NULL;
+                close(m->din.fd); /* sent to the client already */
+                m->din.fd = -1;
+        }
         pthread_mutex_unlock(&g->lock);
 }
 
@@ -166,6 +176,47 @@ int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen) {
         arena_deinit(&old);
         g->hdr->out_gen = g->out_gen;
         g->hdr->out_size = g->out.size;
+        return 0;
+}
+
+/**
+ * worker_ensure_dev_output() - worker_ensure_output() for a device group: every GPU that
+ * receives gets an output arena of at least size bytes.
+ */
+int worker_ensure_dev_output(Group *g, uint64_t size, char *msg, size_t msglen) {
+        for (int dev = 0; dev < DV_MAX_GPUS; dev++) {
+                DevArena *cur = &g->dout[dev], a;
+                if (cur->device < 0 || size <= cur->size)
+                        continue;
+                pthread_mutex_lock(&g->lock);
+                uint64_t others = g->bytes_mapped - cur->size;
+                pthread_mutex_unlock(&g->lock);
+                uint64_t max = g->d->max_group_bytes;
+                if (size > max || others + size > max) {
+                        snprintf(msg, msglen,
+                                 "the result needs %llu bytes on GPU %d, which would take group "
+                                 "'%s' past its quota of %llu bytes (--max-group-bytes)",
+                                 (unsigned long long)size, dev, g->name, (unsigned long long)max);
+                        return DEVAL_ENOMEM;
+                }
+                uint64_t want = DV_ALIGN(DV_MAX(size, cur->size + cur->size / 2), 4096);
+                if (others + want > max)
+                        want = DV_ALIGN(size, 4096);
+                int r = dev_arena_new(dev, want, &a);
+                if (r < 0) {
+                        snprintf(msg, msglen, "devald could not allocate %llu bytes on GPU %d: %s",
+                                 (unsigned long long)want, dev, dv_gpu_error());
+                        return r;
+                }
+                pthread_mutex_lock(&g->lock);
+                DevArena old = *cur;
+                *cur = a; /* its fd stays open: ranks fetch it with DV_MSG_DEV_OUTPUT */
+                g->dev_out_gen++;
+                g->bytes_mapped = others + want;
+                pthread_mutex_unlock(&g->lock);
+                dev_arena_deinit(&old);
+                g->hdr->dev_out_gen = g->dev_out_gen;
+        }
         return 0;
 }
 

@@ -78,6 +78,9 @@ typedef struct {
 typedef struct {
         const char *socket_path; /* NULL: $DEVAL_SOCKET, else the default path */
         int32_t timeout_ms;      /* join and every collective; 0: default (300 s); < 0: forever */
+        int32_t on_device;       /* bool: a device group; this rank's tensors live on the CUDA
+                                    device below (devald --backend cuda; every rank alike) */
+        int32_t device;          /* the CUDA device ordinal, as this process sees it */
 } deval_join_opts;
 
 typedef enum {

@@ -20,6 +20,7 @@
 
 #include "deval.h"
 
+#include "gpu.h"
 #include "sock.h"
 #include "util.h"
 
@@ -198,6 +199,10 @@ int dv_refresh_output(deval_group *g) {
 static void group_free(deval_group *g) {
         if (!g)
                 return;
+        if (g->device >= 0 && g->din)
+                dv_gpu()->unmap(g->device, g->din, g->din_size);
+        if (g->device >= 0 && g->dout)
+                dv_gpu()->unmap(g->device, g->dout, g->dout_size);
         if (g->hdr)
                 munmap(g->hdr, g->ctl_size);
         if (g->in)
@@ -208,6 +213,70 @@ static void group_free(deval_group *g) {
                 close(g->sock);
         free(g->items);
         free(g);
+}
+
+/* Map a device arena descriptor from devald on this rank's GPU; the fd is closed. */
+static int import_dev(deval_group *g, int fd, uint64_t size, uint64_t *ret) {
+        int r = dv_gpu()->import_fd(g->device, fd, size, ret);
+        close(fd);
+        return r < 0 ? dv_set_err(g, r, "cannot map devald's device arena: %s", dv_gpu_error()) : 0;
+}
+
+/**
+ * dv_reserve_dev_input() - dv_reserve_input() for the device input arena of a device group.
+ */
+int dv_reserve_dev_input(deval_group *g, uint64_t size) {
+        DvGrowReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_GROW}, .size = size, .device = 1};
+        DvReply rep;
+        int fds[DV_MAX_FDS], nfds, r;
+        uint64_t p;
+
+        if (size <= g->din_size)
+                return 0;
+        if ((r = dv_request(g, &req, sizeof(req), &rep, fds, &nfds)) < 0)
+                return r;
+        if (rep.status < 0)
+                return dv_set_err(g, rep.status, "%s", rep.msg);
+        if (nfds != 1 || rep.size[0] < size) {
+                for (int i = 0; i < nfds; i++)
+                        close(fds[i]);
+                return dv_set_err(g, DEVAL_EPROTO, "devald sent a malformed arena");
+        }
+        if ((r = import_dev(g, fds[0], rep.size[0], &p)) < 0)
+                return r;
+        dv_gpu()->unmap(g->device, g->din, g->din_size);
+        g->din = p;
+        g->din_size = rep.size[0];
+        return 0;
+}
+
+/**
+ * dv_refresh_dev_output() - map this rank's device output arena if devald replaced it.
+ */
+int dv_refresh_dev_output(deval_group *g) {
+        DvMsgHdr req = {DV_PROTO_VERSION, DV_MSG_DEV_OUTPUT};
+        DvReply rep;
+        int fds[DV_MAX_FDS], nfds, r;
+        uint64_t p;
+
+        if (g->hdr->dev_out_gen == g->dout_gen)
+                return 0;
+        if ((r = dv_request(g, &req, sizeof(req), &rep, fds, &nfds)) < 0)
+                return r;
+        if (rep.status < 0)
+                return dv_set_err(g, rep.status, "%s", rep.msg);
+        if (nfds != 1) {
+                for (int i = 0; i < nfds; i++)
+                        close(fds[i]);
+                return dv_set_err(g, DEVAL_EPROTO, "devald sent a malformed arena");
+        }
+        if ((r = import_dev(g, fds[0], rep.size[0], &p)) < 0)
+                return r;
+        dv_gpu()->unmap(g->device, g->dout, g->dout_size);
+        g->dout = p;
+        g->dout_size = rep.size[0];
+        g->dout_gen = rep.dev_gen;
+        return 0;
 }
 
 static void group_freep(deval_group **g) {
@@ -272,6 +341,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         if (!g)
                 return join_err(DEVAL_ENOMEM, "deval_join: out of memory");
         g->sock = -1;
+        g->device = -1;
         g->pid = getpid();
         g->rank = rank;
         g->world = world_size;
@@ -295,6 +365,20 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                                 "'devald --socket %s')",
                                 g->socket_path, strerror(errno), g->socket_path);
 
+        if (opts && opts->on_device) {
+                const DvGpuApi *gpu = dv_gpu();
+                int count = 0;
+                if ((r = gpu->init()) < 0 || (r = gpu->device_count(&count)) < 0)
+                        return join_err(r, "deval_join: %s", dv_gpu_error());
+                if (opts->device < 0 || opts->device >= count)
+                        return join_err(DEVAL_EINVAL,
+                                        "deval_join: CUDA device %d does not exist (%d visible)",
+                                        opts->device, count);
+                if ((r = gpu->device_uuid(opts->device, req.device_uuid)) < 0)
+                        return join_err(r, "deval_join: %s", dv_gpu_error());
+                req.has_device = 1;
+                g->device = opts->device;
+        }
         snprintf(req.group, sizeof(req.group), "%s", group);
         req.rank = rank;
         req.world_size = world_size;
@@ -313,7 +397,9 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                                 g->socket_path, group);
         if (rep.status < 0)
                 return join_err(rep.status, "%s", rep.msg);
-        if (nfds != 3 || rep.size[0] < dv_ctl_size(world_size)) {
+        int want = g->device >= 0 ? 5 : 3;
+        if (nfds != want || rep.size[0] < dv_ctl_size(world_size) ||
+            (g->device >= 0) != ((rep.flags & DV_REPLY_DEVICE) != 0)) {
                 for (int i = 0; i < nfds; i++)
                         close(fds[i]);
                 return join_err(DEVAL_EPROTO, "devald sent malformed segments");
@@ -329,6 +415,18 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         g->out = outp;
         g->out_size = rep.size[2];
         g->out_gen = rep.gen;
+        if (g->device >= 0) {
+                int e4 = dv_gpu()->import_fd(g->device, fds[3], rep.size[3], &g->din);
+                int e5 = dv_gpu()->import_fd(g->device, fds[4], rep.size[4], &g->dout);
+                close(fds[3]);
+                close(fds[4]);
+                if (e4 < 0 || e5 < 0)
+                        return join_err(DEVAL_ESYS, "cannot map the group's device memory: %s",
+                                        dv_gpu_error());
+                g->din_size = rep.size[3];
+                g->dout_size = rep.size[4];
+                g->dout_gen = rep.dev_gen;
+        }
         if (e1 < 0 || e2 < 0 || e3 < 0)
                 return join_err(DEVAL_ENOMEM, "cannot map the group's shared memory");
         if (g->hdr->magic != DV_CTL_MAGIC || g->hdr->version != DV_PROTO_VERSION ||

@@ -26,6 +26,12 @@ struct deval_group {
         const uint8_t *out;
         uint64_t out_size;
         uint64_t out_gen;
+        int device;   /* a device group: this rank's CUDA device; -1: host arenas only */
+        uint64_t din; /* device input arena, mapped here */
+        uint64_t din_size;
+        uint64_t dout; /* device output arena on this rank's GPU, mapped here */
+        uint64_t dout_size;
+        uint64_t dout_gen;
         uint32_t seq;
         int failed; /* sticky status once the group is unusable */
         bool debug;
@@ -40,3 +46,5 @@ int dv_set_err(deval_group *g, int status, const char *fmt, ...)
 int dv_request(deval_group *g, const void *req, size_t len, DvReply *rep, int *fds, int *nfds);
 int dv_reserve_input(deval_group *g, uint64_t size);
 int dv_refresh_output(deval_group *g);
+int dv_reserve_dev_input(deval_group *g, uint64_t size);
+int dv_refresh_dev_output(deval_group *g);

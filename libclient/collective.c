@@ -180,11 +180,12 @@ static int coll_run(deval_group *g, const char *fn, DvResult **ret) {
         return 0;
 }
 
-/* A result descriptor as a view into the output arena, after checking it fits. */
-static int view_of(deval_group *g, const char *fn, const DvTensorDesc *d, deval_tensor *out) {
+/* A result descriptor as a view into the arena at base (size bytes), after checking it fits. */
+static int view_in(deval_group *g, const char *fn, const DvTensorDesc *d, const uint8_t *base,
+                   uint64_t size, deval_tensor *out) {
         int64_t numel = 1;
         if (!dv_dtype_valid(d->dtype) || d->ndim < 0 || d->ndim > DEVAL_MAX_DIMS ||
-            d->offset > g->out_size || d->nbytes > g->out_size - d->offset)
+            d->offset > size || d->nbytes > size - d->offset)
                 return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
         memset(out, 0, sizeof(*out));
         out->dtype = d->dtype;
@@ -198,8 +199,12 @@ static int view_of(deval_group *g, const char *fn, const DvTensorDesc *d, deval_
         if ((uint64_t)numel * dv_dtype_size(d->dtype) != d->nbytes)
                 return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
         out->device = -1;
-        out->data = d->nbytes ? (void *)(g->out + d->offset) : NULL;
+        out->data = d->nbytes ? (void *)(base + d->offset) : NULL;
         return 0;
+}
+
+static int view_of(deval_group *g, const char *fn, const DvTensorDesc *d, deval_tensor *out) {
+        return view_in(g, fn, d, g->out, g->out_size, out);
 }
 
 static const deval_gather_opts default_opts = DEVAL_GATHER_OPTS_INIT;
@@ -262,9 +267,27 @@ static bool in_buffer(const deval_group *g, const void *data, uint64_t bytes, ui
  * Describe n tensors in q, copying each into the input arena (64-byte aligned, after the
  * deval_input_buffer() region) unless it already lies in that region.
  */
-static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor *in,
-                       const bool *with_data, DvRequest *q) {
-        uint64_t bytes[DEVAL_MAX_TENSORS], off[DEVAL_MAX_TENSORS], end = g->in_keep;
+/* One tensor into the device input arena of a device group, from wherever it lives. */
+static int put_on_device(deval_group *g, uint64_t off, const deval_tensor *t, uint64_t bytes) {
+        const DvGpuApi *gpu = dv_gpu();
+        DvDevPtr dst = g->din + off, src = (DvDevPtr)(uintptr_t)t->data;
+        if (t->device == g->device)
+                return gpu->copy_device(g->device, dst, src, bytes);
+        if (t->device < 0)
+                return gpu->copy_to_device(g->device, dst, t->data, bytes);
+        void *bounce = malloc(bytes); /* another GPU of this process: through host memory */
+        if (!bounce)
+                return DEVAL_ENOMEM;
+        int r = gpu->copy_to_host(t->device, bounce, src, bytes);
+        if (r == 0)
+                r = gpu->copy_to_device(g->device, dst, bounce, bytes);
+        free(bounce);
+        return r;
+}
+
+static int put_tensors_to(deval_group *g, const char *fn, int n, const deval_tensor *in,
+                          const bool *with_data, DvRequest *q, bool dev) {
+        uint64_t bytes[DEVAL_MAX_TENSORS], off[DEVAL_MAX_TENSORS], end = dev ? 0 : g->in_keep;
         bool placed[DEVAL_MAX_TENSORS];
         int r;
 
@@ -274,8 +297,8 @@ static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor
                         return r;
                 if (!wd)
                         bytes[i] = 0;
-                placed[i] =
-                        bytes[i] && in[i].device < 0 && in_buffer(g, in[i].data, bytes[i], &off[i]);
+                placed[i] = !dev && bytes[i] && in[i].device < 0 &&
+                            in_buffer(g, in[i].data, bytes[i], &off[i]);
                 if (placed[i])
                         continue;
                 off[i] = DV_ALIGN(end, DV_ARENA_ALIGN);
@@ -286,10 +309,16 @@ static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor
         /* the arguments are fine: now the group's state decides */
         if ((r = coll_begin(g)) < 0)
                 return r;
-        if ((r = dv_reserve_input(g, end)) < 0)
+        if ((r = dev ? dv_reserve_dev_input(g, end) : dv_reserve_input(g, end)) < 0)
                 return stage_failed(g, fn, q, r, end);
         for (int i = 0; i < n; i++) {
-                if (bytes[i] && !placed[i] && in[i].device >= 0) {
+                if (bytes[i] && dev) {
+                        if ((r = put_on_device(g, off[i], &in[i], bytes[i])) < 0) {
+                                dv_set_err(g, r, "%s: tensor %d: %s", fn, i, dv_gpu_error());
+                                return stage_failed(g, fn, q, r == DEVAL_ENOMEM ? r : DEVAL_ESYS,
+                                                    end);
+                        }
+                } else if (bytes[i] && !placed[i] && in[i].device >= 0) {
                         r = dv_gpu()->copy_to_host(in[i].device, g->in + off[i],
                                                    (DvDevPtr)(uintptr_t)in[i].data, bytes[i]);
                         if (r < 0) {
@@ -312,6 +341,22 @@ static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor
         return 0;
 }
 
+static int put_tensors(deval_group *g, const char *fn, int n, const deval_tensor *in,
+                       const bool *with_data, DvRequest *q) {
+        return put_tensors_to(g, fn, n, in, with_data, q, false);
+}
+
+/* A result in a device group's output arena: a view on this rank's GPU. */
+static int view_of_dev(deval_group *g, const char *fn, const DvTensorDesc *d, deval_tensor *out) {
+        int r;
+        if ((r = dv_refresh_dev_output(g)) < 0)
+                return r;
+        r = view_in(g, fn, d, (const uint8_t *)(uintptr_t)g->dout, g->dout_size, out);
+        if (r == 0)
+                out->device = g->device;
+        return r;
+}
+
 static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
                          const deval_tensor in[], const deval_gather_opts *opts,
                          deval_tensor out[]) {
@@ -331,14 +376,16 @@ static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
                 return r;
         DvRequest *q = req_start(g, op);
         req_set_opts(q, opts);
-        if ((r = put_tensors(g, fn, n, in, NULL, q)) < 0)
+        bool dev = g->device >= 0;
+        if ((r = put_tensors_to(g, fn, n, in, NULL, q, dev)) < 0)
                 return r;
         if ((r = coll_run(g, fn, &res)) < 0)
                 return r;
         if (res->ntensors != (uint32_t)n)
                 return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
         for (int i = 0; i < n; i++)
-                if ((r = view_of(g, fn, &res->t[i], &out[i])) < 0)
+                if ((r = dev ? view_of_dev(g, fn, &res->t[i], &out[i])
+                             : view_of(g, fn, &res->t[i], &out[i])) < 0)
                         return r;
         return 0;
 }
@@ -436,13 +483,14 @@ int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, 
         q->dim = dim;
         q->pad_value = pad_value;
         q->pad_first = pad_first;
-        if ((r = put_tensors(g, fn, 1, in, NULL, q)) < 0)
+        bool dev = g->device >= 0;
+        if ((r = put_tensors_to(g, fn, 1, in, NULL, q, dev)) < 0)
                 return r;
         if ((r = coll_run(g, fn, &res)) < 0)
                 return r;
         if (res->ntensors != 1)
                 return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
-        return view_of(g, fn, &res->t[0], out);
+        return dev ? view_of_dev(g, fn, &res->t[0], out) : view_of(g, fn, &res->t[0], out);
 }
 
 static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
