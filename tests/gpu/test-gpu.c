@@ -5,9 +5,10 @@
  *   test-gpu            device tensors through a real devald ($DEVALD) on 2 ranks, then the
  *                       kernel on random gather plans against its CPU body; exit 77
  *                       (skipped) with the reason when no driver or GPU is there
- *   test-gpu --bench    a ragged gather's plan for 2, 4 and 8 ranks and 1 to 256 MiB per
- *                       rank, sources and output on one GPU, next to cuMemcpyDtoD of the
- *                       same output bytes in the same run
+ *                       and a device group (devald --backend cuda) on GPU 0
+ *   test-gpu --bench    ragged gathers of device tensors through devald, 2, 4 and 8 ranks,
+ *                       1 to 256 MiB per rank, next to cuMemcpyDtoD of the output in the same
+ *                       run, and 4-byte reduce latency; then the copy kernel alone
  */
 #include <signal.h>
 #include <stdio.h>
@@ -202,8 +203,14 @@ static int staged_rank(const char *sock, int rank) {
         return bad;
 }
 
-/* Before this process touches CUDA (a forked child cannot use a parent's CUDA state). */
-static int check_staged(void) {
+typedef int (*RankFn)(const char *sock, int rank, int world, void *arg);
+
+/*
+ * devald with backend, and world forked ranks running fn; the worst exit code (77 when the
+ * ranks found no GPU). Runs before this process touches CUDA: a forked child cannot use its
+ * parent's CUDA state.
+ */
+static int with_devald(const char *backend, int world, RankFn fn, void *arg) {
         const char *devald = getenv("DEVALD");
         if (!devald)
                 return 0;
@@ -211,20 +218,27 @@ static int check_staged(void) {
         if (!mkdtemp(dir))
                 return 1;
         snprintf(sock, sizeof(sock), "%s/devald.sock", dir);
+        fflush(NULL);
         pid_t d = fork();
         if (d == 0) {
-                execl(devald, devald, "--socket", sock, "--log-level", "warn", NULL);
+                execl(devald, devald, "--socket", sock, "--log-level", "warn", "--backend", backend,
+                      NULL);
                 _exit(127);
         }
         struct stat st;
-        for (int i = 0; i < 500 && stat(sock, &st) != 0; i++)
+        for (int i = 0; i < 1000 && stat(sock, &st) != 0; i++) {
+                if (waitpid(d, NULL, WNOHANG) == d) {
+                        rmdir(dir);
+                        return 77; /* devald refused the backend: said why on stderr */
+                }
                 usleep(10000);
-        pid_t ranks[2];
-        for (int r = 0; r < 2; r++)
+        }
+        pid_t ranks[16];
+        for (int r = 0; r < world; r++)
                 if ((ranks[r] = fork()) == 0)
-                        _exit(staged_rank(sock, r));
+                        _exit(fn(sock, r, world, arg));
         int worst = 0;
-        for (int r = 0; r < 2; r++) {
+        for (int r = 0; r < world; r++) {
                 int status;
                 waitpid(ranks[r], &status, 0);
                 int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
@@ -233,20 +247,188 @@ static int check_staged(void) {
         }
         kill(d, SIGTERM);
         waitpid(d, NULL, 0);
+        unlink(sock);
         rmdir(dir);
-        if (worst == 0)
-                printf("device tensors through devald on 2 ranks (staged, written back): ok\n");
         return worst;
+}
+
+static int staged_rank_fn(const char *sock, int rank, int world, void *arg) {
+        (void)world;
+        (void)arg;
+        return staged_rank(sock, rank);
+}
+
+/* A device group on GPU 0 shared by every rank: gathers land in device memory. */
+static int device_rank(const char *sock, int rank, int world, void *arg) {
+        (void)arg;
+        int count = 0;
+        if (gpu->init() < 0 || gpu->device_count(&count) < 0 || count == 0)
+                return 77;
+        deval_join_opts o = {.socket_path = sock, .timeout_ms = 30000, .on_device = 1, .device = 0};
+        deval_group *g;
+        if (deval_join("gpu-device-group", rank, world, &o, &g) != 0) {
+                fprintf(stderr, "rank %d: %s\n", rank, deval_errmsg(NULL));
+                return 1;
+        }
+        int bad = 0;
+        for (int round = 0; round < 2 && !bad; round++) {
+                int64_t rows = (round ? 20000 : 3) + rank, cols = 31 + rank; /* round 1 grows */
+                size_t bytes = sizeof(float) * (size_t)(rows * cols);
+                float *h = malloc(bytes);
+                for (int64_t i = 0; i < rows * cols; i++)
+                        h[i] = (float)(rank * 1e7 + i);
+                DvDevPtr d;
+                TRY(gpu->alloc(0, bytes, &d));
+                TRY(gpu->copy_to_device(0, d, h, bytes));
+                deval_tensor in = {.data = (void *)(uintptr_t)d,
+                                   .dtype = DEVAL_F32,
+                                   .ndim = 2,
+                                   .shape = {rows, cols},
+                                   .device = 0},
+                             out;
+                deval_gather_opts go = DEVAL_GATHER_OPTS_INIT;
+                go.pad_value = -1;
+                if (deval_gather(g, 1, &in, &go, &out) != 0 || out.device != 0) {
+                        fprintf(stderr, "rank %d: %s\n", rank, deval_errmsg(g));
+                        bad = 1;
+                        break;
+                }
+                int64_t width = 30 + world, total = out.shape[0];
+                float *o2 = malloc(sizeof(float) * (size_t)(total * width));
+                TRY(gpu->copy_to_host(0, o2, (DvDevPtr)(uintptr_t)out.data,
+                                      sizeof(float) * (size_t)(total * width)));
+                int64_t k = 0;
+                for (int r = 0; r < world && !bad; r++)
+                        for (int64_t i = 0; i < (round ? 20000 : 3) + r && !bad; i++, k++)
+                                for (int64_t j = 0; j < width && !bad; j++) {
+                                        float want = j < 31 + r
+                                                             ? (float)(r * 1e7 + i * (31 + r) + j)
+                                                             : -1.0f;
+                                        if (o2[k * width + j] != want) {
+                                                fprintf(stderr, "rank %d: row %lld col %lld\n",
+                                                        rank, (long long)k, (long long)j);
+                                                bad = 1;
+                                        }
+                                }
+                free(o2);
+                free(h);
+                gpu->free(0, d);
+        }
+        deval_leave(g);
+        return bad;
+}
+
+typedef struct {
+        int iters;
+} BenchArgs;
+
+/* Through devald: a ragged gather of device tensors, vs cuMemcpyDtoD of its output. */
+static int bench_rank(const char *sock, int rank, int world, void *arg) {
+        (void)arg;
+        static const uint64_t sizes[] = {1 << 20, 16 << 20, 64 << 20, 256 << 20};
+        int count = 0;
+        if (gpu->init() < 0 || gpu->device_count(&count) < 0 || count == 0)
+                return 77;
+        deval_join_opts o = {.socket_path = sock, .timeout_ms = 60000, .on_device = 1, .device = 0};
+        deval_group *g;
+        char name[64];
+        snprintf(name, sizeof(name), "gpu-bench-%d", world);
+        if (deval_join(name, rank, world, &o, &g) != 0) {
+                fprintf(stderr, "rank %d: %s\n", rank, deval_errmsg(NULL));
+                return 1;
+        }
+        for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+                int64_t cols = 256 - rank % 2, rows = (int64_t)(sizes[s] / 1024);
+                DvDevPtr d, scratch = 0;
+                TRY(gpu->alloc(0, (size_t)(rows * cols) * 4, &d));
+                deval_tensor in = {.data = (void *)(uintptr_t)d,
+                                   .dtype = DEVAL_F32,
+                                   .ndim = 2,
+                                   .shape = {rows, cols},
+                                   .device = 0},
+                             out;
+                deval_gather_opts go = DEVAL_GATHER_OPTS_INIT;
+                if (rank == world - 1)
+                        go.valid_rows = rows - 1;
+                double t[9], c[9];
+                for (int it = -2; it < 9; it++) {
+                        deval_barrier(g);
+                        double t0 = now_s();
+                        if (deval_gather(g, 1, &in, &go, &out) != 0) {
+                                fprintf(stderr, "rank %d: %s\n", rank, deval_errmsg(g));
+                                return 1;
+                        }
+                        if (it >= 0)
+                                t[it] = now_s() - t0;
+                }
+                uint64_t ob = (uint64_t)(out.shape[0] * out.shape[1]) * 4;
+                if (rank == 0) {
+                        TRY(gpu->alloc(0, ob, &scratch));
+                        for (int it = 0; it < 9; it++) {
+                                double t0 = now_s();
+                                TRY(gpu->copy_device(0, scratch, (DvDevPtr)(uintptr_t)out.data,
+                                                     ob));
+                                c[it] = now_s() - t0;
+                        }
+                        qsort(t, 9, sizeof(double), cmp_double);
+                        qsort(c, 9, sizeof(double), cmp_double);
+                        printf("%5d %6llu MiB %11.1f %11.1f %8.0f MiB %6.2fx\n", world,
+                               (unsigned long long)(sizes[s] >> 20), (double)ob / t[4] / 1e9,
+                               (double)ob / c[4] / 1e9, (double)ob / (1 << 20), c[4] / t[4]);
+                        fflush(stdout);
+                        gpu->free(0, scratch);
+                }
+                gpu->free(0, d);
+        }
+        double lat[200];
+        int32_t v = 1;
+        deval_tensor red = {.data = &v, .dtype = DEVAL_I32, .ndim = 0, .device = -1};
+        for (int it = 0; it < 200; it++) {
+                double t0 = now_s();
+                deval_reduce(g, &red, DEVAL_SUM);
+                lat[it] = now_s() - t0;
+        }
+        if (rank == 0) {
+                qsort(lat, 200, sizeof(double), cmp_double);
+                printf("%5d   4-byte reduce in a device group: p50 %.1f us, p99 %.1f us\n", world,
+                       lat[100] * 1e6, lat[198] * 1e6);
+                fflush(stdout); /* the rank ends with _exit() */
+        }
+        deval_leave(g);
+        return 0;
 }
 
 int main(int argc, char **argv) {
         int count = 0;
-        unsetenv("DEVAL_GPU_FAKE"); /* the real driver, or nothing */
+        /* the real driver, or nothing; DEVAL_GPU_CHECK_FAKE=1 runs this program's own logic on
+         * the fake, to check it on a machine without a GPU */
+        if (!getenv("DEVAL_GPU_CHECK_FAKE"))
+                unsetenv("DEVAL_GPU_FAKE");
         gpu = dv_gpu();
         bool benching = argc > 1 && strcmp(argv[1], "--bench") == 0;
-        int staged = benching ? 0 : check_staged();
-        if (staged == 1)
-                return 1;
+        if (benching && getenv("DEVALD")) { /* end to end first, before CUDA is touched here */
+                printf("through devald (--backend cuda), device tensors on GPU 0, ragged "
+                       "gather:\n%5s %9s %11s %11s %11s %7s\n",
+                       "ranks", "per rank", "deval GB/s", "D2D GB/s", "output", "ratio");
+                for (int world = 2; world <= 8; world *= 2)
+                        if (with_devald("cuda", world, bench_rank, NULL) == 1)
+                                return 1;
+                printf("\nthe copy kernel alone (plan executed directly):\n");
+        }
+        if (!benching) {
+                int r = with_devald("host", 2, staged_rank_fn, NULL);
+                if (r == 1)
+                        return 1;
+                if (r == 0 && getenv("DEVALD"))
+                        printf("device tensors through devald on 2 ranks (staged, written "
+                               "back): ok\n");
+                r = with_devald("cuda", 2, device_rank, NULL);
+                if (r == 1)
+                        return 1;
+                if (r == 0 && getenv("DEVALD"))
+                        printf("a device group on GPU 0, 2 ranks, through the copy kernel and "
+                               "CUDA IPC (growth included): ok\n");
+        }
         gpu = dv_gpu();
         if (gpu->init() < 0 || gpu->device_count(&count) < 0 || count == 0) {
                 printf("test-gpu: skipped: %s\n",
