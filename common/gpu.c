@@ -86,6 +86,7 @@ static struct {
         CUresult (*cuMemcpyDtoH_v2)(void *, DvDevPtr, size_t);
         CUresult (*cuMemcpyHtoD_v2)(DvDevPtr, const void *, size_t);
         CUresult (*cuMemcpyDtoD_v2)(DvDevPtr, DvDevPtr, size_t);
+        CUresult (*cuMemsetD8_v2)(DvDevPtr, unsigned char, size_t);
         CUresult (*cuModuleLoadData)(CUmodule *, const void *);
         CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
         CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -149,6 +150,7 @@ static void cu_load(void) {
         SYM(cuMemcpyDtoH_v2);
         SYM(cuMemcpyHtoD_v2);
         SYM(cuMemcpyDtoD_v2);
+        SYM(cuMemsetD8_v2);
         SYM(cuModuleLoadData);
         SYM(cuModuleGetFunction);
         SYM(cuLaunchKernel);
@@ -234,6 +236,8 @@ static int cu_copy_device(int device, DvDevPtr dst, DvDevPtr src, size_t bytes) 
         return r ? r : cu_check(cu.cuCtxSynchronize(), "cuMemcpyDtoD");
 }
 
+static int cu_unmap(int device, DvDevPtr p, size_t bytes);
+
 static size_t cu_round(int device, size_t bytes) {
         CUmemAllocationProp prop = {
                 .type = 1, .requestedHandleTypes = 1, .location = {.type = 1, .id = device}};
@@ -289,6 +293,13 @@ static int cu_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_fd)
                 return r;
         }
         cu.cuMemRelease(h); /* the mapping and the descriptor keep it alive */
+        /* zeroed before anyone sees it: no stale data from another group */
+        if ((r = cu_check(cu.cuMemsetD8_v2(*ret, 0, size), "cuMemsetD8")) < 0 ||
+            (r = cu_check(cu.cuCtxSynchronize(), "cuMemsetD8")) < 0) {
+                cu_unmap(device, *ret, size);
+                close(fd);
+                return r;
+        }
         *ret_fd = fd;
         return 0;
 }
@@ -456,11 +467,18 @@ static int fake_copy_device(int device, DvDevPtr dst, DvDevPtr src, size_t bytes
         return 0;
 }
 
-/* Fake shareable device memory: a memfd, mapped. */
+/*
+ * Fake shareable device memory: a memfd, mapped (zero-filled, like the real one after its
+ * memset). $DEVAL_GPU_FAKE_MEM caps one allocation, to exercise out-of-memory paths.
+ */
 static int fake_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_fd) {
         int r = fake_check(device);
         if (r)
                 return r;
+        const char *cap = getenv("DEVAL_GPU_FAKE_MEM");
+        if (cap && bytes > strtoull(cap, NULL, 10))
+                return gpu_fail(DEVAL_ENOMEM, "fake device %d is out of memory (%zu bytes asked)",
+                                device, bytes);
         int fd = memfd_create("deval-fake-device", MFD_CLOEXEC);
         if (fd < 0 || ftruncate(fd, (off_t)(bytes ? bytes : 1)) < 0) {
                 if (fd >= 0)

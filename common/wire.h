@@ -181,6 +181,7 @@ typedef struct {
         int32_t status; /* < 0: this rank could not stage its input; the step fails */
         uint32_t reserved;
         uint64_t staged_bytes; /* with status: how much it tried to stage */
+        char why[128];         /* with status: the rank's own words (untrusted text) */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
 } DvRequest;
 

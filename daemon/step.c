@@ -616,24 +616,22 @@ static int step_dispatch(Step *s) {
         for (int k = 0; k < s->g->world; k++) {
                 if (q[k].status == 0)
                         continue;
-                if (q[k].status == DEVAL_ESYS)
-                        return step_fail(
-                                s, DEVAL_ESYS,
-                                "collective #%u (%s): rank %d (pid %d) could not stage its "
-                                "%llu bytes of input (a device copy failed there)",
-                                s->seq, dv_op_name(q[k].op), k, (int)s->g->members[k].pid,
-                                (unsigned long long)q[k].staged_bytes);
-                if (q[k].status != DEVAL_ENOMEM)
+                if (q[k].status != DEVAL_ENOMEM && q[k].status != DEVAL_ESYS)
                         return step_fail(s, DEVAL_EPROTO,
                                          "malformed request from rank %d (pid %d): status %d", k,
                                          (int)s->g->members[k].pid, q[k].status);
-                return step_fail(s, DEVAL_ENOMEM,
+                /* the rank's own account of it: client text, so printable bytes only */
+                char why[sizeof(q[k].why)];
+                size_t n = 0;
+                for (; n < sizeof(why) - 1 && q[k].why[n]; n++)
+                        why[n] = q[k].why[n] >= 0x20 && q[k].why[n] < 0x7f ? q[k].why[n] : '?';
+                why[n] = '\0';
+                return step_fail(s, q[k].status,
                                  "collective #%u (%s): rank %d (pid %d) could not stage its %llu "
-                                 "bytes of input within group '%s''s quota of %llu bytes "
-                                 "(--max-group-bytes)",
+                                 "bytes of input: %s",
                                  s->seq, dv_op_name(q[k].op), k, (int)s->g->members[k].pid,
-                                 (unsigned long long)q[k].staged_bytes, s->g->name,
-                                 (unsigned long long)s->g->d->max_group_bytes);
+                                 (unsigned long long)q[k].staged_bytes,
+                                 n ? why : deval_strerror(q[k].status));
         }
         for (int k = 1; k < s->g->world; k++) {
                 uint32_t a = q[0].op, b = q[k].op;

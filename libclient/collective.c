@@ -237,6 +237,9 @@ static int stage_failed(deval_group *g, const char *fn, DvRequest *q, int status
                 return status;
         q->status = status;
         q->staged_bytes = bytes;
+        /* its own account travels with it, cut to fit */
+        memcpy(q->why, g->errmsg, sizeof(q->why) - 1);
+        q->why[sizeof(q->why) - 1] = '\0';
         q->ntensors = 0;
         int r = coll_run(g, fn, &res);
         return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: devald accepted a failed stage", fn);

@@ -249,6 +249,44 @@ static void test_device_group(void **state) {
         assert_int_equal(harness_run(&H, 3, rank_device_group, NULL, 30), 0);
 }
 
+/* A GPU that runs out of memory: every rank's step fails with DEVAL_ENOMEM naming it. */
+static int rank_gpu_oom(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(join_on(h, "gpuoom", rank, world, 0, &g), NULL);
+        float *x = calloc(1 << 20, sizeof(float)); /* 4 MiB: past the fake's 3 MiB */
+        deval_tensor t = {.data = x,
+                          .dtype = DEVAL_F32,
+                          .ndim = 1,
+                          .shape = {1 << 20},
+                          .device = -1},
+                     out;
+        int r = deval_gather(g, 1, &t, NULL, &out);
+        CHECK(r == DEVAL_ENOMEM && strstr(deval_errmsg(g), "fake device 0"), "got %s: %s",
+              deval_strerror(r), deval_errmsg(g));
+        t.shape[0] = 1000; /* and the group goes on */
+        CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g);
+        /* an output that does not fit on the GPU */
+        t.shape[0] = 500000; /* 2 MiB in each of 2 ranks: a 4 MiB result */
+        r = deval_gather(g, 1, &t, NULL, &out);
+        CHECK(r == DEVAL_ENOMEM && strstr(deval_errmsg(g), "GPU 0"), "got %s: %s",
+              deval_strerror(r), deval_errmsg(g));
+        CHECK_OK(deval_barrier(g), g);
+        free(x);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_device_out_of_memory(void **state) {
+        (void)state;
+        setenv("DEVAL_GPU_FAKE_MEM", "3145728", 1);
+        before_cuda(state);
+        int failed = harness_run(&H, 2, rank_gpu_oom, NULL, 30);
+        unsetenv("DEVAL_GPU_FAKE_MEM");
+        after_cuda(state);
+        assert_int_equal(failed, 0);
+}
+
 static int rank_mixed(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g = NULL;
@@ -293,6 +331,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_device_group, before_cuda, after_cuda),
                 cmocka_unit_test_setup_teardown(test_device_group_refuses_host_ranks, before_cuda,
                                                 after_cuda),
+                cmocka_unit_test(test_device_out_of_memory),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
