@@ -499,8 +499,8 @@ static void help(void) {
                "  -s --socket=PATH          listen on PATH (default: $DEVAL_SOCKET, else\n"
                "                            $XDG_RUNTIME_DIR/deval/devald.sock, or\n"
                "                            /run/deval/devald.sock for root)\n"
-               "  -b --backend=NAME         host (default), cuda (device groups on the GPUs), or\n"
-               "                            auto (cuda when a GPU is visible)\n"
+               "  -b --backend=NAME         auto (default: cuda when a GPU is visible, else host),\n"
+               "                            host, or cuda (device groups on the GPUs)\n"
                "  -l --log-level=LEVEL      err, warn, info (default) or debug\n"
                "     --max-group-bytes=N    shared memory one group may hold (default: a quarter\n"
                "                            of RAM); suffixes K, M, G\n"
@@ -543,7 +543,7 @@ static int parse_size(const char *s, uint64_t *ret) {
         return 0;
 }
 
-static char arg_backend[8] = "host";
+static char arg_backend[8] = "auto";
 
 /*
  * The cuda backend: the GPUs devald sees, by UUID (ranks name theirs by UUID, since their
