@@ -132,6 +132,27 @@ static int map_fd(int fd, uint64_t size, int prot, void **ret) {
         return 0;
 }
 
+/*
+ * A control message answered with one arena: its descriptor (ours to close) in *ret_fd and
+ * the reply in *rep, after checking it is at least min_size bytes.
+ */
+static int request_arena(deval_group *g, const void *req, size_t len, uint64_t min_size,
+                         DvReply *rep, int *ret_fd) {
+        int fds[DV_MAX_FDS], nfds, r;
+
+        if ((r = dv_request(g, req, len, rep, fds, &nfds)) < 0)
+                return r;
+        if (rep->status < 0)
+                return dv_set_err(g, rep->status, "%s", rep->msg);
+        if (nfds != 1 || rep->size[0] < min_size) {
+                for (int i = 0; i < nfds; i++)
+                        close(fds[i]);
+                return dv_set_err(g, DEVAL_EPROTO, "devald sent a malformed arena");
+        }
+        *ret_fd = fds[0];
+        return 0;
+}
+
 /**
  * dv_reserve_input() - make sure the input arena holds size bytes, asking devald to grow it.
  * Return: 0, DEVAL_ENOMEM past the group's quota, or a connection failure.
@@ -139,21 +160,14 @@ static int map_fd(int fd, uint64_t size, int prot, void **ret) {
 int dv_reserve_input(deval_group *g, uint64_t size) {
         DvGrowReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_GROW}, .size = size};
         DvReply rep;
-        int fds[DV_MAX_FDS], nfds, r;
+        int fd, r;
         void *p = NULL;
 
         if (size <= g->in_size)
                 return 0;
-        if ((r = dv_request(g, &req, sizeof(req), &rep, fds, &nfds)) < 0)
+        if ((r = request_arena(g, &req, sizeof(req), size, &rep, &fd)) < 0)
                 return r;
-        if (rep.status < 0)
-                return dv_set_err(g, rep.status, "%s", rep.msg);
-        if (nfds != 1 || rep.size[0] < size) {
-                for (int i = 0; i < nfds; i++)
-                        close(fds[i]);
-                return dv_set_err(g, DEVAL_EPROTO, "devald sent a malformed arena");
-        }
-        if ((r = map_fd(fds[0], rep.size[0], PROT_READ | PROT_WRITE, &p)) < 0)
+        if ((r = map_fd(fd, rep.size[0], PROT_READ | PROT_WRITE, &p)) < 0)
                 return dv_set_err(g, DEVAL_ENOMEM, "cannot map %llu bytes of input: %s",
                                   (unsigned long long)rep.size[0], strerror(-r));
         /* what deval_input_buffer() handed out moves along with the arena */
@@ -172,21 +186,14 @@ int dv_reserve_input(deval_group *g, uint64_t size) {
 int dv_refresh_output(deval_group *g) {
         DvMsgHdr req = {DV_PROTO_VERSION, DV_MSG_OUTPUT};
         DvReply rep;
-        int fds[DV_MAX_FDS], nfds, r;
+        int fd, r;
         void *p = NULL;
 
         if (g->hdr->out_gen == g->out_gen)
                 return 0;
-        if ((r = dv_request(g, &req, sizeof(req), &rep, fds, &nfds)) < 0)
+        if ((r = request_arena(g, &req, sizeof(req), 0, &rep, &fd)) < 0)
                 return r;
-        if (rep.status < 0)
-                return dv_set_err(g, rep.status, "%s", rep.msg);
-        if (nfds != 1) {
-                for (int i = 0; i < nfds; i++)
-                        close(fds[i]);
-                return dv_set_err(g, DEVAL_EPROTO, "devald sent a malformed arena");
-        }
-        if ((r = map_fd(fds[0], rep.size[0], PROT_READ, &p)) < 0)
+        if ((r = map_fd(fd, rep.size[0], PROT_READ, &p)) < 0)
                 return dv_set_err(g, DEVAL_ENOMEM, "cannot map %llu bytes of output: %s",
                                   (unsigned long long)rep.size[0], strerror(-r));
         munmap((void *)g->out, g->out_size ? g->out_size : 1);
@@ -228,21 +235,13 @@ static int import_dev(deval_group *g, int fd, uint64_t size, uint64_t *ret) {
 int dv_reserve_dev_input(deval_group *g, uint64_t size) {
         DvGrowReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_GROW}, .size = size, .device = 1};
         DvReply rep;
-        int fds[DV_MAX_FDS], nfds, r;
+        int fd, r;
         uint64_t p;
 
         if (size <= g->din_size)
                 return 0;
-        if ((r = dv_request(g, &req, sizeof(req), &rep, fds, &nfds)) < 0)
-                return r;
-        if (rep.status < 0)
-                return dv_set_err(g, rep.status, "%s", rep.msg);
-        if (nfds != 1 || rep.size[0] < size) {
-                for (int i = 0; i < nfds; i++)
-                        close(fds[i]);
-                return dv_set_err(g, DEVAL_EPROTO, "devald sent a malformed arena");
-        }
-        if ((r = import_dev(g, fds[0], rep.size[0], &p)) < 0)
+        if ((r = request_arena(g, &req, sizeof(req), size, &rep, &fd)) < 0 ||
+            (r = import_dev(g, fd, rep.size[0], &p)) < 0)
                 return r;
         dv_gpu()->unmap(g->device, g->din, g->din_size);
         g->din = p;
@@ -256,21 +255,13 @@ int dv_reserve_dev_input(deval_group *g, uint64_t size) {
 int dv_refresh_dev_output(deval_group *g) {
         DvMsgHdr req = {DV_PROTO_VERSION, DV_MSG_DEV_OUTPUT};
         DvReply rep;
-        int fds[DV_MAX_FDS], nfds, r;
+        int fd, r;
         uint64_t p;
 
         if (g->hdr->dev_out_gen == g->dout_gen)
                 return 0;
-        if ((r = dv_request(g, &req, sizeof(req), &rep, fds, &nfds)) < 0)
-                return r;
-        if (rep.status < 0)
-                return dv_set_err(g, rep.status, "%s", rep.msg);
-        if (nfds != 1) {
-                for (int i = 0; i < nfds; i++)
-                        close(fds[i]);
-                return dv_set_err(g, DEVAL_EPROTO, "devald sent a malformed arena");
-        }
-        if ((r = import_dev(g, fds[0], rep.size[0], &p)) < 0)
+        if ((r = request_arena(g, &req, sizeof(req), 0, &rep, &fd)) < 0 ||
+            (r = import_dev(g, fd, rep.size[0], &p)) < 0)
                 return r;
         dv_gpu()->unmap(g->device, g->dout, g->dout_size);
         g->dout = p;
