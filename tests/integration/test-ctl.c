@@ -41,13 +41,21 @@ static int teardown(void **state) {
         return 0;
 }
 
-/* deval-ctl ARGS as uid 65534; its exit status. */
+/*
+ * deval-ctl ARGS as uid 65534; its exit status. The binary is copied next to the socket first:
+ * the build tree may sit under a directory that uid cannot enter (a fresh clone in a
+ * mktemp -d directory, say).
+ */
 static int ctl_as_nobody(const Harness *h, const char *args) {
+        char copy[256], cmd[2048];
+        snprintf(copy, sizeof(copy), "%s/deval-ctl", h->dir);
+        snprintf(cmd, sizeof(cmd), "cp %s %s && chmod 0755 %s", getenv("DEVAL_CTL"), copy, copy);
+        if (system(cmd) != 0)
+                return -2;
         pid_t p = fork();
         if (p == 0) {
-                char cmd[512];
-                snprintf(cmd, sizeof(cmd), "%s --socket %s %s >/dev/null 2>&1", getenv("DEVAL_CTL"),
-                         h->socket, args);
+                snprintf(cmd, sizeof(cmd), "%s --socket %s %s >/dev/null 2>&1", copy, h->socket,
+                         args);
                 if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
                     setresuid(65534, 65534, 65534) < 0)
                         _exit(99);
@@ -56,6 +64,7 @@ static int ctl_as_nobody(const Harness *h, const char *args) {
         }
         int st;
         waitpid(p, &st, 0);
+        unlink(copy);
         return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -118,9 +127,11 @@ static int rank_inspected(const Harness *h, int rank, int world, void *arg) {
                 chmod(h->dir, 0755);
                 chmod(h->socket, 0777);
                 snprintf(args, sizeof(args), "group %s", name);
-                CHECK(ctl_as_nobody(h, args) == 1, "nobody may not look");
+                int st = ctl_as_nobody(h, args);
+                CHECK(st == 1, "nobody may not look (exit status %d)", st);
                 snprintf(args, sizeof(args), "abort %s", name);
-                CHECK(ctl_as_nobody(h, args) == 1, "nobody may not abort");
+                st = ctl_as_nobody(h, args);
+                CHECK(st == 1, "nobody may not abort (exit status %d)", st);
                 CHECK(harness_ctl(h, "group no-such-group", buf, sizeof(buf)) == 1, "unknown");
                 /* the owner may: every rank's collective fails with DEVAL_EABORTED */
                 CHECK(harness_ctl(h, args, buf, sizeof(buf)) == 0, "abort: %s", buf);
