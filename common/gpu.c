@@ -78,6 +78,7 @@ static struct {
         CUresult (*cuDeviceGetCount)(int *);
         CUresult (*cuDeviceGet)(CUdevice *, int);
         CUresult (*cuDeviceGetUuid_v2)(uint8_t *, CUdevice);
+        CUresult (*cuDeviceGetPCIBusId)(char *, int, CUdevice);
         CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
         CUresult (*cuCtxSetCurrent)(CUcontext);
         CUresult (*cuCtxSynchronize)(void);
@@ -142,6 +143,7 @@ static void cu_load(void) {
         SYM(cuDeviceGetCount);
         SYM(cuDeviceGet);
         SYM(cuDeviceGetUuid_v2);
+        SYM(cuDeviceGetPCIBusId);
         SYM(cuDevicePrimaryCtxRetain);
         SYM(cuCtxSetCurrent);
         SYM(cuCtxSynchronize);
@@ -207,6 +209,12 @@ static int cu_device_uuid(int device, uint8_t uuid[16]) {
         CUdevice dev;
         int r = cu_check(cu.cuDeviceGet(&dev, device), "cuDeviceGet");
         return r ? r : cu_check(cu.cuDeviceGetUuid_v2(uuid, dev), "cuDeviceGetUuid");
+}
+
+static int cu_device_busid(int device, char *buf, int len) {
+        CUdevice dev;
+        int r = cu_check(cu.cuDeviceGet(&dev, device), "cuDeviceGet");
+        return r ? r : cu_check(cu.cuDeviceGetPCIBusId(buf, len, dev), "cuDeviceGetPCIBusId");
 }
 
 static int cu_alloc(int device, size_t bytes, DvDevPtr *ret) {
@@ -380,6 +388,7 @@ static const DvGpuApi cuda_api = {
         .init = cu_init,
         .device_count = cu_device_count,
         .device_uuid = cu_device_uuid,
+        .device_busid = cu_device_busid,
         .alloc = cu_alloc,
         .free = cu_free,
         .copy_to_host = cu_copy_to_host,
@@ -421,6 +430,14 @@ static int fake_device_uuid(int device, uint8_t uuid[16]) {
                 return r;
         for (int i = 0; i < 16; i++)
                 uuid[i] = (uint8_t)(0xf0 ^ (device * 16 + i));
+        return 0;
+}
+
+static int fake_device_busid(int device, char *buf, int len) {
+        int r = fake_check(device);
+        if (r)
+                return r;
+        snprintf(buf, (size_t)len, "fake:%02x", device); /* matches no real PCI device */
         return 0;
 }
 
@@ -538,6 +555,7 @@ static const DvGpuApi fake_api = {
         .init = fake_init,
         .device_count = fake_device_count,
         .device_uuid = fake_device_uuid,
+        .device_busid = fake_device_busid,
         .alloc = fake_alloc,
         .free = fake_free,
         .copy_to_host = fake_copy_to_host,

@@ -22,6 +22,7 @@ typedef struct {
         int (*init)(void);
         int (*device_count)(int *ret);
         int (*device_uuid)(int device, uint8_t uuid[16]);
+        int (*device_busid)(int device, char *buf, int len); /* PCI "0000:17:00.0" */
         int (*alloc)(int device, size_t bytes, DvDevPtr *ret);
         int (*free)(int device, DvDevPtr p);
         int (*copy_to_host)(int device, void *dst, DvDevPtr src, size_t bytes);

@@ -37,6 +37,7 @@ enum {
         DV_MSG_ABORT = 8, /* DvNameReq -> DvReply */
         /* DvMsgHdr -> DvReply + fd {this member's device output} (device groups) */
         DV_MSG_DEV_OUTPUT = 9,
+        DV_MSG_TOPO = 10, /* DvMsgHdr -> DvTopoReply */
 };
 
 typedef struct {
@@ -138,6 +139,34 @@ typedef struct {
         char abort_msg[DV_MSG_MAX];
         DvRankInfo ranks[];
 } DvGroupReply;
+
+#define DV_TOPO_MAX_NODES 16
+typedef struct {
+        int32_t os_index;
+        uint32_t reserved;
+        uint64_t memory; /* bytes local to the node */
+        char cpus[64];   /* cpu list, "0-7,16-23" */
+} DvTopoNode;
+
+typedef struct {
+        uint8_t uuid[16];
+        char busid[16]; /* PCI "0000:17:00.0", empty when unknown */
+        int32_t numa;   /* the NUMA node nearest to it; -1 when unknown */
+        uint32_t reserved;
+        char cpus[64]; /* the cores nearest to it */
+} DvTopoGpu;
+
+typedef struct {
+        DvMsgHdr hdr;
+        int32_t status;
+        uint32_t hwloc; /* 1: from hwloc; 0: devald was built without it */
+        uint32_t cores; /* physical cores */
+        uint32_t pus;   /* hardware threads */
+        uint32_t nnodes;
+        uint32_t ngpus;
+        DvTopoNode nodes[DV_TOPO_MAX_NODES];
+        DvTopoGpu gpus[16];
+} DvTopoReply;
 
 /* ---- data plane: the control segment of one group ----------------------------------------- */
 

@@ -187,6 +187,9 @@ typedef struct {
 void exec_host(Group *g, const ExecJob *job);
 void exec_pool_free(void *pool);
 
+/* topo.c */
+void topo_describe(Daemon *d, DvTopoReply *r);
+
 /* devald.c */
 void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int nfds,
                      const uint64_t *sizes, uint64_t gen, uint64_t dev_gen, uint32_t flags);

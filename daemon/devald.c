@@ -348,6 +348,15 @@ static bool conn_handle(Daemon *d, Conn *c) {
         case DV_MSG_STATUS:
                 handle_status(d, c);
                 return true;
+        case DV_MSG_TOPO: {
+                DvTopoReply r = {.hdr = {DV_PROTO_VERSION, DV_MSG_TOPO}};
+                topo_describe(d, &r);
+                ssize_t k = dv_send_msg(c->fd, &r, sizeof(r), NULL, 0, MSG_DONTWAIT);
+                if (k < 0)
+                        log_warn("could not send the topology to pid %d: %s", (int)c->pid,
+                                 strerror((int)-k));
+                return true;
+        }
         case DV_MSG_GROUP:
         case DV_MSG_ABORT:
                 if ((size_t)n != sizeof(DvNameReq))
@@ -499,7 +508,8 @@ static void help(void) {
                "  -s --socket=PATH          listen on PATH (default: $DEVAL_SOCKET, else\n"
                "                            $XDG_RUNTIME_DIR/deval/devald.sock, or\n"
                "                            /run/deval/devald.sock for root)\n"
-               "  -b --backend=NAME         auto (default: cuda when a GPU is visible, else host),\n"
+               "  -b --backend=NAME         auto (default: cuda when a GPU is visible, else "
+               "host),\n"
                "                            host, or cuda (device groups on the GPUs)\n"
                "  -l --log-level=LEVEL      err, warn, info (default) or debug\n"
                "     --max-group-bytes=N    shared memory one group may hold (default: a quarter\n"

@@ -296,6 +296,77 @@ static int cmd_group(const char *name) {
         return 0;
 }
 
+static void uuid_str(const uint8_t *u, char *buf) {
+        char *p = buf;
+        for (int i = 0; i < 16; i++) {
+                if (i == 4 || i == 6 || i == 8 || i == 10)
+                        *p++ = '-';
+                p += sprintf(p, "%02x", u[i]);
+        }
+}
+
+static int cmd_topo(void) {
+        DvMsgHdr req = {DV_PROTO_VERSION, DV_MSG_TOPO};
+        _cleanup_(freep) DvTopoReply *r = calloc(1, sizeof(*r));
+        if (!r)
+                return 1;
+        ssize_t n = ctl_request(&req, sizeof(req), r, sizeof(*r));
+        if (n < 0 || ctl_failed(r, n))
+                return 1;
+        if ((size_t)n != sizeof(*r) || r->hdr.type != DV_MSG_TOPO ||
+            r->nnodes > DV_TOPO_MAX_NODES || r->ngpus > 16) {
+                fprintf(stderr, "deval-ctl: devald sent a malformed answer\n");
+                return 1;
+        }
+        for (uint32_t i = 0; i < r->nnodes; i++)
+                r->nodes[i].cpus[sizeof(r->nodes[i].cpus) - 1] = '\0';
+        for (uint32_t i = 0; i < r->ngpus; i++) {
+                r->gpus[i].cpus[sizeof(r->gpus[i].cpus) - 1] = '\0';
+                r->gpus[i].busid[sizeof(r->gpus[i].busid) - 1] = '\0';
+        }
+        if (arg_json) {
+                const char *sp = arg_json == JSON_PRETTY ? " " : "";
+                printf("{\"hwloc\":%s%s,%s\"cores\":%s%u,%s\"pus\":%s%u,%s\"numa_nodes\":%s[", sp,
+                       r->hwloc ? "true" : "false", sp, sp, r->cores, sp, sp, r->pus, sp, sp);
+                for (uint32_t i = 0; i < r->nnodes; i++) {
+                        printf("%s{\"os_index\":%s%d,%s\"memory\":%s%" PRIu64 ",%s\"cpus\":%s",
+                               i ? "," : "", sp, r->nodes[i].os_index, sp, sp, r->nodes[i].memory,
+                               sp, sp);
+                        json_string(r->nodes[i].cpus);
+                        printf("}");
+                }
+                printf("],%s\"gpus\":%s[", sp, sp);
+                for (uint32_t i = 0; i < r->ngpus; i++) {
+                        char u[40];
+                        uuid_str(r->gpus[i].uuid, u);
+                        printf("%s{\"uuid\":%s\"%s\",%s\"pci\":%s", i ? "," : "", sp, u, sp, sp);
+                        json_string(r->gpus[i].busid);
+                        printf(",%s\"numa\":%s%d,%s\"cpus\":%s", sp, sp, r->gpus[i].numa, sp, sp);
+                        json_string(r->gpus[i].cpus);
+                        printf("}");
+                }
+                printf("]}\n");
+                return 0;
+        }
+        printf("%u cores, %u hardware threads%s\n", r->cores, r->pus,
+               r->hwloc ? "" : " (devald was built without hwloc: no more detail)");
+        for (uint32_t i = 0; i < r->nnodes; i++) {
+                char mem[32];
+                human_bytes(r->nodes[i].memory, mem, sizeof(mem));
+                printf("NUMA node %d: cpus %s, %s\n", r->nodes[i].os_index, r->nodes[i].cpus, mem);
+        }
+        if (!r->ngpus)
+                printf("no GPUs (backend host)\n");
+        for (uint32_t i = 0; i < r->ngpus; i++) {
+                char u[40];
+                uuid_str(r->gpus[i].uuid, u);
+                printf("GPU %u: GPU-%s, PCI %s, NUMA node %d, near cpus %s\n", i, u,
+                       r->gpus[i].busid[0] ? r->gpus[i].busid : "?", r->gpus[i].numa,
+                       r->gpus[i].cpus);
+        }
+        return 0;
+}
+
 static int cmd_abort(const char *name) {
         DvNameReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_ABORT}};
         DvReply r;
@@ -314,6 +385,8 @@ static void help(void) {
                "Commands:\n"
                "  status                  daemon pid, version, backend, uptime and its groups\n"
                "  group NAME              one group's ranks: pid, state, arrived or not, input\n"
+               "  topo                    cores, NUMA nodes, and the GPUs with the cores near "
+               "them\n"
                "  abort NAME              fail every rank's collectives with DEVAL_EABORTED\n"
                "                          (the group's owner or root)\n\n"
                "Options:\n"
@@ -376,6 +449,8 @@ int main(int argc, char **argv) {
         int nargs = argc - optind - 1;
         if (strcmp(cmd, "status") == 0 && nargs == 0)
                 return cmd_status();
+        if (strcmp(cmd, "topo") == 0 && nargs == 0)
+                return cmd_topo();
         if ((strcmp(cmd, "group") == 0 || strcmp(cmd, "abort") == 0) && nargs != 1) {
                 fprintf(stderr, "deval-ctl: %s takes one group name\n", cmd);
                 return 2;

@@ -155,6 +155,19 @@ static void test_status_of_a_running_group(void **state) {
         assert_int_equal(harness_run(&H, 3, rank_busy, NULL, 20), 0);
 }
 
+/* deval-ctl topo: what hwloc sees here, which has cores and at least one NUMA node. */
+static void test_topology(void **state) {
+        (void)state;
+        char buf[8192];
+        assert_int_equal(harness_ctl(&H, "--json=short topo", buf, sizeof(buf)), 0);
+        assert_non_null(strstr(buf, "\"hwloc\":true"));
+        assert_non_null(strstr(buf, "\"numa_nodes\":[{\"os_index\":"));
+        assert_null(strstr(buf, "\"cores\":0,"));
+        assert_non_null(strstr(buf, "\"gpus\":[]")); /* the host backend here */
+        assert_int_equal(harness_ctl(&H, "topo", buf, sizeof(buf)), 0);
+        assert_non_null(strstr(buf, "NUMA node"));
+}
+
 static int run(const char *cmd) {
         char full[512];
         snprintf(full, sizeof(full), "%s %s >/dev/null 2>&1", getenv("DEVAL_CTL"), cmd);
@@ -179,6 +192,7 @@ int main(void) {
                 cmocka_unit_test(test_status_of_a_running_group),
                 cmocka_unit_test(test_exit_statuses),
                 cmocka_unit_test(test_group_details_and_abort),
+                cmocka_unit_test(test_topology),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

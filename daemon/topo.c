@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * topo.c - the machine as devald sees it, through hwloc: cores, NUMA nodes with their memory,
+ * and for each GPU of the cuda backend the NUMA node and cores nearest to it (matched by PCI
+ * bus id). Built without hwloc, it reports the CPU count alone.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "log.h"
+
+#ifdef DEVAL_HAVE_HWLOC
+#include <hwloc.h>
+
+static void cpulist(hwloc_const_bitmap_t set, char *buf, size_t len) {
+        if (!set || hwloc_bitmap_list_snprintf(buf, len, set) < 0)
+                snprintf(buf, len, "?");
+}
+
+void topo_describe(Daemon *d, DvTopoReply *r) {
+        hwloc_topology_t t;
+
+        if (hwloc_topology_init(&t) < 0)
+                return;
+        hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+        if (hwloc_topology_load(t) < 0) {
+                hwloc_topology_destroy(t);
+                return;
+        }
+        r->hwloc = 1;
+        r->cores = (uint32_t)hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE);
+        r->pus = (uint32_t)hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PU);
+        int nn = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE);
+        for (int i = 0; i < nn && r->nnodes < DV_TOPO_MAX_NODES; i++) {
+                hwloc_obj_t o = hwloc_get_obj_by_type(t, HWLOC_OBJ_NUMANODE, (unsigned)i);
+                DvTopoNode *n = &r->nodes[r->nnodes++];
+                n->os_index = (int32_t)o->os_index;
+                n->memory = o->attr ? o->attr->numanode.local_memory : 0;
+                cpulist(o->cpuset, n->cpus, sizeof(n->cpus));
+        }
+        for (int k = 0; d->gpu && k < d->ngpus && r->ngpus < 16; k++) {
+                DvTopoGpu *g = &r->gpus[r->ngpus++];
+                memcpy(g->uuid, d->gpu_uuid[k], 16);
+                g->numa = -1;
+                snprintf(g->cpus, sizeof(g->cpus), "?");
+                if (d->gpu->device_busid(k, g->busid, sizeof(g->busid)) < 0)
+                        continue;
+                hwloc_obj_t pci = hwloc_get_pcidev_by_busidstring(t, g->busid);
+                hwloc_obj_t near = pci ? hwloc_get_non_io_ancestor_obj(t, pci) : NULL;
+                if (!near)
+                        continue;
+                cpulist(near->cpuset, g->cpus, sizeof(g->cpus));
+                hwloc_obj_t numa = NULL;
+                for (hwloc_obj_t o = near; o && !numa; o = o->parent)
+                        if (o->memory_arity > 0)
+                                numa = o->memory_first_child;
+                g->numa = numa ? (int32_t)numa->os_index : -1;
+        }
+        hwloc_topology_destroy(t);
+}
+#else
+void topo_describe(Daemon *d, DvTopoReply *r) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        r->cores = r->pus = n > 0 ? (uint32_t)n : 0;
+        for (int k = 0; d->gpu && k < d->ngpus && r->ngpus < 16; k++) {
+                memcpy(r->gpus[r->ngpus].uuid, d->gpu_uuid[k], 16);
+                r->gpus[r->ngpus].numa = -1;
+                r->ngpus++;
+        }
+}
+#endif
