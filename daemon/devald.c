@@ -121,10 +121,15 @@ static void group_info(const Group *g, uint64_t now, DvGroupInfo *i) {
         i->age_us = (now - g->created_ns) / 1000;
 }
 
+/* Which groups a client may see: its own uid's, or every group for root. */
+static bool visible_to(const Group *g, const Conn *c) {
+        return c->uid == 0 || g->uid == c->uid;
+}
+
 static void handle_status(Daemon *d, Conn *c) {
         uint32_t n = 0;
         for (Group *g = d->groups; g; g = g->next)
-                n++;
+                n += visible_to(g, c);
         uint32_t shown = DV_MIN(n, (uint32_t)DV_STATUS_MAX_GROUPS);
         size_t len = sizeof(DvStatusReply) + shown * sizeof(DvGroupInfo);
         _cleanup_(freep) DvStatusReply *r = calloc(1, len);
@@ -139,6 +144,8 @@ static void handle_status(Daemon *d, Conn *c) {
         r->max_group_bytes = d->max_group_bytes;
         r->total_groups = n;
         for (Group *g = d->groups; g && r->ngroups < shown; g = g->next) {
+                if (!visible_to(g, c))
+                        continue;
                 DvGroupInfo *i = &r->groups[r->ngroups++];
                 group_info(g, now, i);
                 pthread_mutex_lock(&g->lock);

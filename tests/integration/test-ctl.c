@@ -54,8 +54,11 @@ static int ctl_as_nobody(const Harness *h, const char *args) {
                 return -2;
         pid_t p = fork();
         if (p == 0) {
-                snprintf(cmd, sizeof(cmd), "%s --socket %s %s >/dev/null 2>&1", copy, h->socket,
-                         args);
+                /* status: exit 77 when it lists no group at all, as another uid should see */
+                snprintf(cmd, sizeof(cmd),
+                         "out=$(%s --socket %s %s 2>&1); rc=$?; "
+                         "case \"$out\" in *'\"total_groups\":0'*) exit 77;; esac; exit $rc",
+                         copy, h->socket, args);
                 if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
                     setresuid(65534, 65534, 65534) < 0)
                         _exit(99);
@@ -126,8 +129,11 @@ static int rank_inspected(const Harness *h, int rank, int world, void *arg) {
                 /* someone else's group is not theirs to see or abort */
                 chmod(h->dir, 0755);
                 chmod(h->socket, 0777);
+                /* nor to list: another uid's status shows no group of ours */
+                int st = ctl_as_nobody(h, "--json=short status");
+                CHECK(st == 77, "nobody's status (exit status %d)", st);
                 snprintf(args, sizeof(args), "group %s", name);
-                int st = ctl_as_nobody(h, args);
+                st = ctl_as_nobody(h, args);
                 CHECK(st == 1, "nobody may not look (exit status %d)", st);
                 snprintf(args, sizeof(args), "abort %s", name);
                 st = ctl_as_nobody(h, args);
