@@ -127,6 +127,8 @@ typedef struct {
         uint32_t state;       /* DV_RANK_* */
         uint32_t arrived_seq; /* the last collective it arrived at */
         uint64_t input_bytes; /* its input arena */
+        uint64_t times_last;  /* collectives it arrived at last */
+        uint64_t late_us;     /* when last, how long after the first arrival, on average */
 } DvRankInfo;
 
 typedef struct {
@@ -135,6 +137,10 @@ typedef struct {
         uint32_t waiting_seq; /* the collective the group waits for */
         int32_t timeout_ms;   /* < 0: none */
         uint32_t nranks;      /* entries that follow */
+        uint32_t p50_us;      /* collectives' time from first arrival to completion, */
+        uint32_t p99_us;      /* over the last latency_n of them */
+        uint32_t latency_n;
+        uint32_t reserved;
         DvGroupInfo info;
         char abort_msg[DV_MSG_MAX];
         DvRankInfo ranks[];
@@ -260,7 +266,7 @@ _Static_assert(sizeof(DvGrowReq) == 24, "wire layout");
 _Static_assert(sizeof(DvReply) == 592, "wire layout");
 _Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
 _Static_assert(sizeof(DvGroupInfo) == 112, "wire layout");
-_Static_assert(sizeof(DvRankInfo) == 24, "wire layout");
+_Static_assert(sizeof(DvRankInfo) == 40, "wire layout");
 _Static_assert(sizeof(DvSlot) % 64 == 0, "slots on their own cache lines");
 _Static_assert(sizeof(DvCtlHeader) % 64 == 0, "slots on their own cache lines");
 

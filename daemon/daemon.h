@@ -72,6 +72,9 @@ typedef struct {
         int device;                /* devald's ordinal of the rank's GPU; -1: a host rank */
         DevArena din;              /* device groups: the rank's device input, worker's */
         DevArena din_pending;      /* under lock, like in_pending */
+        uint64_t arrived_ns;       /* worker's: when it arrived at the current step */
+        uint64_t times_last;       /* under lock: steps it arrived at last */
+        uint64_t late_ns;          /* under lock: summed lateness behind the first arrival */
 } Member;
 
 typedef struct {
@@ -112,6 +115,8 @@ struct Group {
         char abort_msg[DV_MSG_MAX];
         uint64_t bytes_mapped;
         uint32_t waiting_seq; /* the step the worker waits for */
+        uint32_t lat_us[256]; /* ring of step latencies (first arrival to completion) */
+        uint32_t lat_n;
 
         /* worker's */
         EvalPass pass;

@@ -179,6 +179,11 @@ static Group *group_for(Daemon *d, Conn *c, const DvNameReq *req, int *status, c
         return g;
 }
 
+static int cmp_u32(const void *a, const void *b) {
+        uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+        return x < y ? -1 : x > y;
+}
+
 static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
         char msg[DV_MSG_MAX];
         int status = 0;
@@ -197,6 +202,9 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
         group_info(g, dv_now_ns(), &r->info);
         pthread_mutex_lock(&g->lock);
         r->waiting_seq = g->waiting_seq;
+        uint32_t n = DV_MIN(g->lat_n, 256u), lat[256];
+        memcpy(lat, g->lat_us, n * sizeof(*lat));
+        r->latency_n = n;
         r->info.bytes_mapped = g->bytes_mapped;
         snprintf(r->abort_msg, sizeof(r->abort_msg), "%s", g->abort_msg);
         for (int k = 0; k < g->world; k++) {
@@ -206,15 +214,22 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
                 ri->pid = (int32_t)m->pid;
                 ri->state = (uint32_t)m->state;
                 ri->input_bytes = m->in_pending.map ? m->in_pending.size : m->in.size;
+                ri->times_last = m->times_last;
+                ri->late_us = m->times_last ? m->late_ns / m->times_last / 1000 : 0;
                 if (g->hdr)
                         ri->arrived_seq = atomic_load_explicit(&g->hdr->slots[k].arrived_seq,
                                                                memory_order_relaxed);
         }
         pthread_mutex_unlock(&g->lock);
-        ssize_t n = dv_send_msg(c->fd, r, len, NULL, 0, MSG_DONTWAIT);
-        if (n < 0)
+        if (n) {
+                qsort(lat, n, sizeof(*lat), cmp_u32);
+                r->p50_us = lat[(n - 1) / 2];
+                r->p99_us = lat[(n - 1) * 99 / 100];
+        }
+        ssize_t k = dv_send_msg(c->fd, r, len, NULL, 0, MSG_DONTWAIT);
+        if (k < 0)
                 log_warn("could not send group details to pid %d: %s", (int)c->pid,
-                         strerror((int)-n));
+                         strerror((int)-k));
 }
 
 static void handle_abort(Daemon *d, Conn *c, const DvNameReq *req) {

@@ -79,17 +79,19 @@ static int worker_wait(Group *g, uint32_t seq) {
                 if (s)
                         return s;
                 int arrived = 0;
+                uint64_t now = dv_now_ns();
                 for (int k = 0; k < g->world; k++) {
                         /* acquire pairs with the client's release store after it filled req */
                         if (atomic_load_explicit(&h->slots[k].arrived_seq, memory_order_acquire) ==
                             seq) {
                                 arrived++;
                                 op = h->slots[k].req.op;
+                                if (!g->members[k].arrived_ns) /* as seen here: to a wake-up */
+                                        g->members[k].arrived_ns = now;
                         }
                 }
                 if (arrived == g->world)
                         return 0;
-                uint64_t now = dv_now_ns();
                 if (arrived && !first_ns)
                         first_ns = now;
                 int64_t wait_ns = SLICE_NS;
@@ -232,6 +234,14 @@ void *worker_main(void *arg) {
                         break;
                 worker_take_inputs(g);
                 uint64_t t0 = dv_now_ns();
+                /* who kept the others waiting, and by how much */
+                int last = 0;
+                uint64_t first_ns = UINT64_MAX;
+                for (int k = 0; k < g->world; k++) {
+                        first_ns = DV_MIN(first_ns, g->members[k].arrived_ns);
+                        if (g->members[k].arrived_ns > g->members[last].arrived_ns)
+                                last = k;
+                }
                 int r = step_run(g, seq);
                 log_debug("group '%s': collective #%u (%s) took %llu us: %s", g->name, seq,
                           dv_op_name(g->reqs[0].op),
@@ -241,6 +251,17 @@ void *worker_main(void *arg) {
                 atomic_store_explicit(&h->done_seq, seq, memory_order_release);
                 atomic_fetch_add_explicit(&h->wake, 1, memory_order_release);
                 dv_futex_wake(&h->wake);
+                uint64_t done_ns = dv_now_ns();
+                pthread_mutex_lock(&g->lock);
+                if (g->world > 1) {
+                        g->members[last].times_last++;
+                        g->members[last].late_ns += g->members[last].arrived_ns - first_ns;
+                }
+                g->lat_us[g->lat_n++ % 256] =
+                        (uint32_t)DV_MIN((done_ns - first_ns) / 1000, (uint64_t)UINT32_MAX);
+                pthread_mutex_unlock(&g->lock);
+                for (int k = 0; k < g->world; k++)
+                        g->members[k].arrived_ns = 0;
         }
         worker_publish_abort(g);
         return NULL;

@@ -248,21 +248,24 @@ static int cmd_group(const char *name) {
                        "%s\"collectives\":%s%" PRIu64 ",%s\"bytes_moved\":%s%" PRIu64
                        ",%s\"bytes_mapped\":%s%" PRIu64
                        ",%s\"waiting_for\":%s%u,%s\"timeout_ms\":%s%d,"
-                       "%s\"failure\":%s",
+                       "%s\"p50_us\":%s%u,%s\"p99_us\":%s%u,%s\"latency_n\":%s%u,%s\"failure\":%s",
                        sp, sp, state_name(g->state), sp, sp, g->uid, sp, sp, g->world_size, sp, sp,
                        g->joined, sp, sp, g->collectives, sp, sp, g->bytes_moved, sp, sp,
-                       g->bytes_mapped, sp, sp, r->waiting_seq, sp, sp, r->timeout_ms, sp, sp);
+                       g->bytes_mapped, sp, sp, r->waiting_seq, sp, sp, r->timeout_ms, sp, sp,
+                       r->p50_us, sp, sp, r->p99_us, sp, sp, r->latency_n, sp, sp);
                 json_string(r->abort_msg);
                 printf(",%s\"ranks\":%s[", sp, sp);
                 for (uint32_t k = 0; k < r->nranks; k++) {
                         const DvRankInfo *ri = &r->ranks[k];
                         printf("%s{\"rank\":%s%d,%s\"pid\":%s%d,%s\"state\":%s\"%s\",%s\"arrived\":"
                                "%s%s,"
-                               "%s\"last_arrived_at\":%s%u,%s\"input_bytes\":%s%" PRIu64 "}",
+                               "%s\"last_arrived_at\":%s%u,%s\"input_bytes\":%s%" PRIu64
+                               ",%s\"times_last\":%s%" PRIu64 ",%s\"late_us\":%s%" PRIu64 "}",
                                k ? "," : "", sp, ri->rank, sp, sp, ri->pid, sp, sp,
                                rank_state(ri->state), sp, sp,
                                ri->arrived_seq == r->waiting_seq ? "true" : "false", sp, sp,
-                               ri->arrived_seq, sp, sp, ri->input_bytes);
+                               ri->arrived_seq, sp, sp, ri->input_bytes, sp, sp, ri->times_last, sp,
+                               sp, ri->late_us);
                 }
                 printf("]}\n");
                 return 0;
@@ -279,7 +282,12 @@ static int cmd_group(const char *name) {
         else if (g->state == DV_GROUP_ACTIVE)
                 printf("waiting for collective #%u (timeout %d ms)\n", r->waiting_seq,
                        r->timeout_ms);
-        printf("%5s %8s %-7s %-20s %11s\n", "RANK", "PID", "STATE", "ARRIVED", "INPUT");
+        if (r->latency_n)
+                printf("collective latency, first arrival to done: p50 %u us, p99 %u us (last "
+                       "%u)\n",
+                       r->p50_us, r->p99_us, r->latency_n);
+        printf("%5s %8s %-7s %-20s %11s %9s %10s\n", "RANK", "PID", "STATE", "ARRIVED", "INPUT",
+               "LAST", "LATE(avg)");
         for (uint32_t k = 0; k < r->nranks; k++) {
                 const DvRankInfo *ri = &r->ranks[k];
                 char in[32], arrived[32];
@@ -290,8 +298,11 @@ static int cmd_group(const char *name) {
                         snprintf(arrived, sizeof(arrived), "yes");
                 else
                         snprintf(arrived, sizeof(arrived), "no (last #%u)", ri->arrived_seq);
-                printf("%5d %8d %-7s %-20s %11s\n", ri->rank, ri->pid, rank_state(ri->state),
-                       arrived, in);
+                char late[32] = "-";
+                if (ri->times_last)
+                        snprintf(late, sizeof(late), "%.1f ms", (double)ri->late_us / 1000);
+                printf("%5d %8d %-7s %-20s %11s %9" PRIu64 " %10s\n", ri->rank, ri->pid,
+                       rank_state(ri->state), arrived, in, ri->times_last, late);
         }
         return 0;
 }

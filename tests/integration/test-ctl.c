@@ -156,6 +156,42 @@ static void test_group_details_and_abort(void **state) {
         assert_int_equal(harness_run(&H, 3, rank_inspected, NULL, 20), 0);
 }
 
+/* Rank 2 comes 60 ms late to each of 5 barriers: group shows it as the straggler. */
+static int rank_straggles(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        char name[64], args[128], buf[8192], want[128];
+        snprintf(name, sizeof(name), "straggle-%d", (int)getppid());
+        CHECK_OK(harness_join(h, "straggle", rank, world, 10000, &g), NULL);
+        for (int i = 0; i < 5; i++) {
+                if (rank == 2)
+                        usleep(60000);
+                CHECK_OK(deval_barrier(g), g);
+        }
+        if (rank == 0) {
+                snprintf(args, sizeof(args), "--json=short group %s", name);
+                CHECK(harness_ctl(h, args, buf, sizeof(buf)) == 0, "json: %s", buf);
+                CHECK(strstr(buf, "\"latency_n\":5"), "latency over 5: %s", buf);
+                /* rank 2 last at every barrier, 60 ms or so behind */
+                char *r2 = strstr(buf, "{\"rank\":2,");
+                CHECK(r2 && strstr(r2, "\"times_last\":5,"), "rank 2 not last 5 times: %s", buf);
+                unsigned long late = strtoul(strstr(r2, "\"late_us\":") + 10, NULL, 10);
+                CHECK(late >= 50000 && late < 1000000, "rank 2 late by %lu us", late);
+                snprintf(args, sizeof(args), "group %s", name);
+                CHECK(harness_ctl(h, args, buf, sizeof(buf)) == 0, "table: %s", buf);
+                snprintf(want, sizeof(want), "p50 ");
+                CHECK(strstr(buf, want) && strstr(buf, "LATE(avg)"), "table: %s", buf);
+        }
+        CHECK_OK(deval_barrier(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_straggler_view(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_straggles, NULL, 20), 0);
+}
+
 static void test_status_of_a_running_group(void **state) {
         (void)state;
         assert_int_equal(harness_run(&H, 3, rank_busy, NULL, 20), 0);
@@ -199,6 +235,7 @@ int main(void) {
                 cmocka_unit_test(test_exit_statuses),
                 cmocka_unit_test(test_group_details_and_abort),
                 cmocka_unit_test(test_topology),
+                cmocka_unit_test(test_straggler_view),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
