@@ -167,6 +167,8 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns);
 void group_maybe_free(Group *g);
 int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, size_t msglen);
 int group_output_fd(Group *g, uint64_t *size, uint64_t *gen);
+int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want,
+                uint64_t *ret_others);
 int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char *msg,
                          size_t msglen);
 int group_dev_output_fd(Group *g, int rank, uint64_t *size, uint64_t *gen);

@@ -508,6 +508,29 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns) {
 }
 
 /**
+ * group_quota() - size a replacement for an arena of current bytes that must hold size.
+ * Growth is by half again at least (a few regrowths for a growing workload), but never past
+ * the group's quota, which counts every arena of the group (bytes_mapped).
+ * @ret_want: the size to allocate; @ret_others: what the group holds besides that arena.
+ * Return: 0, or DEVAL_ENOMEM when even size does not fit.
+ */
+int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want,
+                uint64_t *ret_others) {
+        uint64_t max = g->d->max_group_bytes;
+        pthread_mutex_lock(&g->lock);
+        uint64_t others = g->bytes_mapped - current;
+        pthread_mutex_unlock(&g->lock);
+        if (size > max || others + size > max)
+                return DEVAL_ENOMEM;
+        uint64_t want = DV_ALIGN(DV_MAX(size, current + current / 2), 4096);
+        if (others + want > max)
+                want = DV_ALIGN(size, 4096);
+        *ret_want = want;
+        *ret_others = others;
+        return 0;
+}
+
+/**
  * group_grow_input() - give rank a larger input arena of at least size bytes, within the
  * group's quota. The worker swaps it in before the rank's next step.
  * Return: 0 with *ret describing the new arena (fd owned by the group; send it, don't close
@@ -519,14 +542,12 @@ int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, s
         char name[96];
         int r;
 
-        uint64_t want = DV_MAX(size, m->in.size + m->in.size / 2);
-        want = DV_ALIGN(want, 4096);
-        pthread_mutex_lock(&g->lock);
+        uint64_t want, others;
         /* bytes_mapped counts the arena the rank will use next: the pending one, if any */
+        pthread_mutex_lock(&g->lock);
         uint64_t current = m->in_pending.map ? m->in_pending.size : m->in.size;
-        uint64_t others = g->bytes_mapped - current;
         pthread_mutex_unlock(&g->lock);
-        if (size > g->d->max_group_bytes || others + size > g->d->max_group_bytes) {
+        if (group_quota(g, current, size, &want, &others) < 0) {
                 snprintf(msg, msglen,
                          "rank %d needs %llu bytes of input, which would take group '%s' past its "
                          "quota of %llu bytes (--max-group-bytes)",
@@ -534,8 +555,6 @@ int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, s
                          (unsigned long long)g->d->max_group_bytes);
                 return DEVAL_ENOMEM;
         }
-        if (others + want > g->d->max_group_bytes)
-                want = DV_ALIGN(size, 4096);
         snprintf(name, sizeof(name), "deval-in-%s-%d", g->name, rank);
         if ((r = arena_new(name, want, ARENA_INPUT, &a)) < 0) {
                 snprintf(msg, msglen, "devald could not allocate %llu bytes: %s",
@@ -560,12 +579,11 @@ int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char 
         DevArena a;
         int r;
 
-        uint64_t want = DV_ALIGN(DV_MAX(size, m->din.size + m->din.size / 2), 4096);
+        uint64_t want, others;
         pthread_mutex_lock(&g->lock);
         uint64_t current = m->din_pending.ptr ? m->din_pending.size : m->din.size;
-        uint64_t others = g->bytes_mapped - current;
         pthread_mutex_unlock(&g->lock);
-        if (size > g->d->max_group_bytes || others + size > g->d->max_group_bytes) {
+        if (group_quota(g, current, size, &want, &others) < 0) {
                 snprintf(msg, msglen,
                          "rank %d needs %llu bytes of device input, which would take group '%s' "
                          "past its quota of %llu bytes (--max-group-bytes)",
@@ -573,8 +591,6 @@ int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char 
                          (unsigned long long)g->d->max_group_bytes);
                 return DEVAL_ENOMEM;
         }
-        if (others + want > g->d->max_group_bytes)
-                want = DV_ALIGN(size, 4096);
         if ((r = dev_arena_new(m->device, want, &a)) < 0) {
                 snprintf(msg, msglen, "devald could not allocate %llu bytes on GPU %d: %s",
                          (unsigned long long)want, m->device, dv_gpu_error());

@@ -149,20 +149,15 @@ int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen) {
 
         if (size <= g->out.size)
                 return 0;
-        pthread_mutex_lock(&g->lock);
-        uint64_t others = g->bytes_mapped - g->out.size;
-        pthread_mutex_unlock(&g->lock);
-        uint64_t max = g->d->max_group_bytes;
-        if (size > max || others + size > max) {
+        uint64_t want, others;
+        if (group_quota(g, g->out.size, size, &want, &others) < 0) {
                 snprintf(msg, msglen,
                          "the result needs %llu bytes, which would take group '%s' past its quota "
                          "of %llu bytes (--max-group-bytes)",
-                         (unsigned long long)size, g->name, (unsigned long long)max);
+                         (unsigned long long)size, g->name,
+                         (unsigned long long)g->d->max_group_bytes);
                 return DEVAL_ENOMEM;
         }
-        uint64_t want = DV_ALIGN(DV_MAX(size, g->out.size + g->out.size / 2), 4096);
-        if (others + want > max)
-                want = DV_ALIGN(size, 4096);
         snprintf(name, sizeof(name), "deval-out-%s", g->name);
         if ((r = arena_new(name, want, ARENA_OUTPUT, &a)) < 0) {
                 snprintf(msg, msglen, "devald could not allocate %llu bytes for the result",
@@ -190,20 +185,15 @@ int worker_ensure_dev_output(Group *g, uint64_t size, char *msg, size_t msglen) 
                 DevArena *cur = &g->dout[dev], a;
                 if (cur->device < 0 || size <= cur->size)
                         continue;
-                pthread_mutex_lock(&g->lock);
-                uint64_t others = g->bytes_mapped - cur->size;
-                pthread_mutex_unlock(&g->lock);
-                uint64_t max = g->d->max_group_bytes;
-                if (size > max || others + size > max) {
+                uint64_t want, others;
+                if (group_quota(g, cur->size, size, &want, &others) < 0) {
                         snprintf(msg, msglen,
                                  "the result needs %llu bytes on GPU %d, which would take group "
                                  "'%s' past its quota of %llu bytes (--max-group-bytes)",
-                                 (unsigned long long)size, dev, g->name, (unsigned long long)max);
+                                 (unsigned long long)size, dev, g->name,
+                                 (unsigned long long)g->d->max_group_bytes);
                         return DEVAL_ENOMEM;
                 }
-                uint64_t want = DV_ALIGN(DV_MAX(size, cur->size + cur->size / 2), 4096);
-                if (others + want > max)
-                        want = DV_ALIGN(size, 4096);
                 int r = dev_arena_new(dev, want, &a);
                 if (r < 0) {
                         snprintf(msg, msglen, "devald could not allocate %llu bytes on GPU %d: %s",
