@@ -157,26 +157,31 @@ static void handle_status(Daemon *d, Conn *c) {
                 log_warn("could not send status to pid %d: %s", (int)c->pid, strerror((int)-k));
 }
 
-/* A group's details are its owner's and root's business. */
-static Group *group_for(Daemon *d, Conn *c, const DvNameReq *req, int *status, char *msg,
-                        size_t len) {
+/*
+ * The group req names, if c may see it: a group's details are its owner's and root's
+ * business. Otherwise c has been answered why, and the result is NULL.
+ */
+static Group *group_for(Daemon *d, Conn *c, const DvNameReq *req) {
+        char msg[DV_MSG_MAX];
+        int status;
+        Group *g = NULL;
+
         if (!memchr(req->name, 0, sizeof(req->name))) {
-                *status = DEVAL_EPROTO;
-                snprintf(msg, len, "malformed group name");
-                return NULL;
+                status = DEVAL_EPROTO;
+                snprintf(msg, sizeof(msg), "malformed group name");
+        } else if (!(g = group_lookup(d, req->name))) {
+                status = DEVAL_EINVAL;
+                snprintf(msg, sizeof(msg), "no group '%s' is forming or active", req->name);
+        } else if (c->uid != 0 && c->uid != g->uid) {
+                status = DEVAL_EPERM;
+                snprintf(msg, sizeof(msg), "group '%s' belongs to uid %u", g->name,
+                         (unsigned)g->uid);
+                g = NULL;
+        } else {
+                return g;
         }
-        Group *g = group_lookup(d, req->name);
-        if (!g) {
-                *status = DEVAL_EINVAL;
-                snprintf(msg, len, "no group '%s' is forming or active", req->name);
-                return NULL;
-        }
-        if (c->uid != 0 && c->uid != g->uid) {
-                *status = DEVAL_EPERM;
-                snprintf(msg, len, "group '%s' belongs to uid %u", g->name, (unsigned)g->uid);
-                return NULL;
-        }
-        return g;
+        conn_send_reply(c, status, msg, NULL, 0, NULL, 0, 0, 0);
+        return NULL;
 }
 
 static int cmp_u32(const void *a, const void *b) {
@@ -185,13 +190,9 @@ static int cmp_u32(const void *a, const void *b) {
 }
 
 static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
-        char msg[DV_MSG_MAX];
-        int status = 0;
-        Group *g = group_for(d, c, req, &status, msg, sizeof(msg));
-        if (!g) {
-                conn_send_reply(c, status, msg, NULL, 0, NULL, 0, 0, 0);
+        Group *g = group_for(d, c, req);
+        if (!g)
                 return;
-        }
         size_t len = sizeof(DvGroupReply) + (size_t)g->world * sizeof(DvRankInfo);
         _cleanup_(freep) DvGroupReply *r = calloc(1, len);
         if (!r)
@@ -233,13 +234,10 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
 }
 
 static void handle_abort(Daemon *d, Conn *c, const DvNameReq *req) {
-        char msg[DV_MSG_MAX];
-        int status = 0;
-        Group *g = group_for(d, c, req, &status, msg, sizeof(msg));
-        if (!g) {
-                conn_send_reply(c, status, msg, NULL, 0, NULL, 0, 0, 0);
+        Group *g = group_for(d, c, req);
+        if (!g)
                 return;
-        }
+        char msg[DV_MSG_MAX];
         log_info("group '%s' aborted by uid %u (pid %d)", g->name, (unsigned)c->uid, (int)c->pid);
         if (g->state == DV_GROUP_FORMING) { /* nobody is in a collective yet: tell the joiners */
                 snprintf(msg, sizeof(msg), "group '%s' was aborted by uid %u before it formed",

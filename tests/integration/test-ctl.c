@@ -160,7 +160,7 @@ static void test_group_details_and_abort(void **state) {
 static int rank_straggles(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g;
-        char name[64], args[128], buf[8192], want[128];
+        char name[64], args[128], buf[8192];
         snprintf(name, sizeof(name), "straggle-%d", (int)getppid());
         CHECK_OK(harness_join(h, "straggle", rank, world, 10000, &g), NULL);
         for (int i = 0; i < 5; i++) {
@@ -179,8 +179,7 @@ static int rank_straggles(const Harness *h, int rank, int world, void *arg) {
                 CHECK(late >= 50000 && late < 1000000, "rank 2 late by %lu us", late);
                 snprintf(args, sizeof(args), "group %s", name);
                 CHECK(harness_ctl(h, args, buf, sizeof(buf)) == 0, "table: %s", buf);
-                snprintf(want, sizeof(want), "p50 ");
-                CHECK(strstr(buf, want) && strstr(buf, "LATE(avg)"), "table: %s", buf);
+                CHECK(strstr(buf, "p50 ") && strstr(buf, "LATE(avg)"), "table: %s", buf);
         }
         CHECK_OK(deval_barrier(g), g);
         deval_leave(g);
