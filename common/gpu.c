@@ -11,8 +11,10 @@
 #include "gpu.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,20 +23,34 @@
 
 #include "deval.h"
 
+#include "cuda_abi.h"
+#include "util.h"
+
 static __thread char gpu_err[256];
+static __thread int gpu_sticky;
 
 const char *dv_gpu_error(void) {
         return gpu_err;
 }
 
-static int gpu_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int gpu_fail(int status, const char *fmt, ...) {
+int dv_gpu_sticky(void) {
+        return gpu_sticky;
+}
+
+/**
+ * dv_gpu_fail() - record why a GPU call failed (thread-local), not sticky.
+ * Return: status.
+ */
+int dv_gpu_fail(int status, const char *fmt, ...) {
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(gpu_err, sizeof(gpu_err), fmt, ap);
         va_end(ap);
+        gpu_sticky = 0;
         return status;
 }
+
+#define gpu_fail dv_gpu_fail
 
 /* ---- the CUDA driver ---------------------------------------------------------------------- */
 
@@ -46,28 +62,9 @@ typedef void *CUfunction;
 
 #define MAX_DEVICES 64
 
-/* The virtual memory management API's structs, as cuda.h lays them out. */
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct {
-        int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
-        int id;
-} CUmemLocation;
-typedef struct {
-        int type;                 /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
-        int requestedHandleTypes; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 */
-        CUmemLocation location;
-        void *win32HandleMetaData;
-        struct {
-                unsigned char compressionType;
-                unsigned char gpuDirectRDMACapable;
-                unsigned short usage;
-                unsigned char reserved[4];
-        } allocFlags;
-} CUmemAllocationProp;
-typedef struct {
-        CUmemLocation location;
-        int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
-} CUmemAccessDesc;
+typedef DvCuMemHandle CUmemGenericAllocationHandle;
+typedef DvCuMemAllocationProp CUmemAllocationProp;
+typedef DvCuMemAccessDesc CUmemAccessDesc;
 
 static struct {
         pthread_once_t once;
@@ -105,10 +102,28 @@ static struct {
         CUresult (*cuMemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int,
                                                  unsigned long long);
         CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
+        CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
+        CUresult (*cuDeviceCanAccessPeer)(int *, CUdevice, CUdevice);
+        CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
+        CUresult (*cuMemHostGetDevicePointer_v2)(DvDevPtr *, void *, unsigned);
+        CUresult (*cuMemFreeHost)(void *);
         pthread_mutex_t lock; /* guards the per-device state below */
         CUcontext ctx[MAX_DEVICES];
         CUfunction copy[MAX_DEVICES];
 } cu = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+/*
+ * The errors after which the context stays broken for the rest of the process's life (so
+ * cuda.h documents them): uncorrectable ECC and NVLink errors, contained errors, the kernel
+ * faults 700, 702 and 714-719, and unknown errors.
+ */
+static bool cu_sticky(CUresult r) {
+        return r == DV_CUDA_ERROR_ECC_UNCORRECTABLE || r == DV_CUDA_ERROR_NVLINK_UNCORRECTABLE ||
+               r == DV_CUDA_ERROR_CONTAINED || r == DV_CUDA_ERROR_ILLEGAL_ADDRESS ||
+               r == DV_CUDA_ERROR_LAUNCH_TIMEOUT ||
+               (r >= DV_CUDA_ERROR_HARDWARE_STACK_ERROR && r <= DV_CUDA_ERROR_LAUNCH_FAILED) ||
+               r == DV_CUDA_ERROR_UNKNOWN;
+}
 
 static int cu_check(CUresult r, const char *what) {
         const char *s = NULL;
@@ -116,18 +131,22 @@ static int cu_check(CUresult r, const char *what) {
                 return 0;
         if (cu.cuGetErrorString)
                 cu.cuGetErrorString(r, &s);
-        /* 2: CUDA_ERROR_OUT_OF_MEMORY */
-        return gpu_fail(r == 2 ? DEVAL_ENOMEM : DEVAL_ESYS, "%s: CUDA error %d (%s)", what, r,
-                        s ? s : "unknown");
+        int status = gpu_fail(r == DV_CUDA_ERROR_OUT_OF_MEMORY ? DEVAL_ENOMEM : DEVAL_ESYS,
+                              "%s: CUDA error %d (%s)", what, r, s ? s : "unknown");
+        gpu_sticky = cu_sticky(r);
+        return status;
 }
 
 static void cu_load(void) {
-        cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        /* $DEVAL_CUDA_LIBRARY: another driver library (tests load the toolkit's stub) */
+        const char *path = getenv("DEVAL_CUDA_LIBRARY");
+        path = path && *path ? path : "libcuda.so.1";
+        cu.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (!cu.lib) {
                 cu.status = gpu_fail(DEVAL_ENOTSUP,
-                                     "device tensors need the CUDA driver, and libcuda.so.1 could "
-                                     "not be loaded: %s",
-                                     dlerror());
+                                     "device tensors need the CUDA driver, and %s could not be "
+                                     "loaded: %s",
+                                     path, dlerror());
                 return;
         }
 #define SYM(name)                                                                               \
@@ -137,35 +156,8 @@ static void cu_load(void) {
                         cu.status = gpu_fail(DEVAL_ENOTSUP, "the CUDA driver lacks %s", #name); \
                         return;                                                                 \
                 }                                                                               \
-        } while (0)
-        SYM(cuInit);
-        SYM(cuGetErrorString);
-        SYM(cuDeviceGetCount);
-        SYM(cuDeviceGet);
-        SYM(cuDeviceGetUuid_v2);
-        SYM(cuDeviceGetPCIBusId);
-        SYM(cuDevicePrimaryCtxRetain);
-        SYM(cuCtxSetCurrent);
-        SYM(cuCtxSynchronize);
-        SYM(cuMemAlloc_v2);
-        SYM(cuMemFree_v2);
-        SYM(cuMemcpyDtoH_v2);
-        SYM(cuMemcpyHtoD_v2);
-        SYM(cuMemcpyDtoD_v2);
-        SYM(cuMemsetD8_v2);
-        SYM(cuModuleLoadData);
-        SYM(cuModuleGetFunction);
-        SYM(cuLaunchKernel);
-        SYM(cuMemGetAllocationGranularity);
-        SYM(cuMemCreate);
-        SYM(cuMemRelease);
-        SYM(cuMemAddressReserve);
-        SYM(cuMemAddressFree);
-        SYM(cuMemMap);
-        SYM(cuMemUnmap);
-        SYM(cuMemSetAccess);
-        SYM(cuMemExportToShareableHandle);
-        SYM(cuMemImportFromShareableHandle);
+        } while (0);
+        DV_CUDA_SYMBOLS(SYM)
 #undef SYM
         int r = cu_check(cu.cuInit(0), "cuInit");
         cu.status = r ? DEVAL_ENOTSUP : 0;
@@ -248,9 +240,13 @@ static int cu_unmap(int device, DvDevPtr p, size_t bytes);
 
 static size_t cu_round(int device, size_t bytes) {
         CUmemAllocationProp prop = {
-                .type = 1, .requestedHandleTypes = 1, .location = {.type = 1, .id = device}};
+                .type = DV_CU_MEM_ALLOCATION_TYPE_PINNED,
+                .requestedHandleTypes = DV_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                .location = {.type = DV_CU_MEM_LOCATION_TYPE_DEVICE, .id = device}};
         size_t gran = 2 << 20;
-        if (cu.cuMemGetAllocationGranularity(&gran, &prop, 0) != 0 || gran == 0)
+        if (cu.cuMemGetAllocationGranularity(&gran, &prop, DV_CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+                    0 ||
+            gran == 0)
                 gran = 2 << 20;
         bytes = bytes ? bytes : 1;
         return (bytes + gran - 1) / gran * gran;
@@ -266,7 +262,8 @@ static int cu_map(int device, CUmemGenericAllocationHandle h, size_t size, DvDev
                 cu.cuMemAddressFree(p, size);
                 return r;
         }
-        CUmemAccessDesc own = {.location = {.type = 1, .id = device}, .flags = 3};
+        CUmemAccessDesc own = {.location = {.type = DV_CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
+                               .flags = DV_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
         if ((r = cu_check(cu.cuMemSetAccess(p, size, &own, 1), "cuMemSetAccess")) < 0) {
                 cu.cuMemUnmap(p, size);
                 cu.cuMemAddressFree(p, size);
@@ -274,7 +271,9 @@ static int cu_map(int device, CUmemGenericAllocationHandle h, size_t size, DvDev
         }
         cu.cuDeviceGetCount(&n);
         for (int d = 0; d < n; d++) { /* best effort: where P2P works, kernels there read it */
-                CUmemAccessDesc peer = {.location = {.type = 1, .id = d}, .flags = 3};
+                CUmemAccessDesc peer = {
+                        .location = {.type = DV_CU_MEM_LOCATION_TYPE_DEVICE, .id = d},
+                        .flags = DV_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
                 if (d != device)
                         cu.cuMemSetAccess(p, size, &peer, 1);
         }
@@ -282,17 +281,48 @@ static int cu_map(int device, CUmemGenericAllocationHandle h, size_t size, DvDev
         return 0;
 }
 
+/*
+ * Whether device can export memory as a POSIX file descriptor through the virtual memory
+ * management API (CUDA 10.2 and later on Linux; not under every virtualisation).
+ */
+static int cu_can_export(int device) {
+        CUdevice dev;
+        int vmm = 0, posix = 0, r;
+        if ((r = cu_check(cu.cuDeviceGet(&dev, device), "cuDeviceGet")) < 0)
+                return r;
+        if ((r = cu_check(
+                     cu.cuDeviceGetAttribute(
+                             &vmm, DV_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+                     "cuDeviceGetAttribute")) < 0 ||
+            (r = cu_check(
+                     cu.cuDeviceGetAttribute(
+                             &posix,
+                             DV_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                             dev),
+                     "cuDeviceGetAttribute")) < 0)
+                return r;
+        if (!vmm || !posix)
+                return gpu_fail(DEVAL_ENOTSUP,
+                                "GPU %d cannot export memory as a file descriptor (virtual memory "
+                                "management %s, POSIX handles %s); deval needs both",
+                                device, vmm ? "yes" : "no", posix ? "yes" : "no");
+        return 0;
+}
+
 static int cu_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_fd) {
         CUmemAllocationProp prop = {
-                .type = 1, .requestedHandleTypes = 1, .location = {.type = 1, .id = device}};
+                .type = DV_CU_MEM_ALLOCATION_TYPE_PINNED,
+                .requestedHandleTypes = DV_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                .location = {.type = DV_CU_MEM_LOCATION_TYPE_DEVICE, .id = device}};
         CUmemGenericAllocationHandle h;
         int r, fd = -1;
-        if ((r = cu_use(device)) < 0)
+        if ((r = cu_use(device)) < 0 || (r = cu_can_export(device)) < 0)
                 return r;
         size_t size = cu_round(device, bytes);
         if ((r = cu_check(cu.cuMemCreate(&h, size, &prop, 0), "cuMemCreate")) < 0)
                 return r;
-        if ((r = cu_check(cu.cuMemExportToShareableHandle(&fd, h, 1, 0),
+        if ((r = cu_check(cu.cuMemExportToShareableHandle(
+                                  &fd, h, DV_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
                           "cuMemExportToShareableHandle")) < 0 ||
             (r = cu_map(device, h, size, ret)) < 0) {
                 if (fd >= 0)
@@ -300,7 +330,8 @@ static int cu_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_fd)
                 cu.cuMemRelease(h);
                 return r;
         }
-        cu.cuMemRelease(h); /* the mapping and the descriptor keep it alive */
+        cu.cuMemRelease(h);             /* the mapping and the descriptor keep it alive */
+        fcntl(fd, F_SETFD, FD_CLOEXEC); /* the driver's descriptor: not for exec'd children */
         /* zeroed before anyone sees it: no stale data from another group */
         if ((r = cu_check(cu.cuMemsetD8_v2(*ret, 0, size), "cuMemsetD8")) < 0 ||
             (r = cu_check(cu.cuCtxSynchronize(), "cuMemsetD8")) < 0) {
@@ -317,8 +348,10 @@ static int cu_import_fd(int device, int fd, size_t bytes, DvDevPtr *ret) {
         int r;
         if ((r = cu_use(device)) < 0)
                 return r;
-        if ((r = cu_check(cu.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, 1),
-                          "cuMemImportFromShareableHandle")) < 0)
+        if ((r = cu_check(
+                     cu.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+                                                       DV_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                     "cuMemImportFromShareableHandle")) < 0)
                 return r;
         r = cu_map(device, h, cu_round(device, bytes), ret);
         cu.cuMemRelease(h);
@@ -333,6 +366,36 @@ static int cu_unmap(int device, DvDevPtr p, size_t bytes) {
         if (r == 0)
                 r = cu_check(cu.cuMemAddressFree(p, size), "cuMemAddressFree");
         return r;
+}
+
+static int cu_can_access_peer(int device, int peer, int *ret) {
+        CUdevice a, b;
+        int r;
+        if ((r = cu_check(cu.cuDeviceGet(&a, device), "cuDeviceGet")) < 0 ||
+            (r = cu_check(cu.cuDeviceGet(&b, peer), "cuDeviceGet")) < 0)
+                return r;
+        return cu_check(cu.cuDeviceCanAccessPeer(ret, a, b), "cuDeviceCanAccessPeer");
+}
+
+static int cu_host_alloc(size_t bytes, void **ret_host, DvDevPtr *ret_dev) {
+        void *p = NULL;
+        int r;
+        /* every context may use it, and kernels read it through a device address */
+        unsigned flags = DV_CU_MEMHOSTALLOC_PORTABLE | DV_CU_MEMHOSTALLOC_DEVICEMAP;
+        if ((r = cu_check(cu.cuMemHostAlloc(&p, bytes ? bytes : 1, flags), "cuMemHostAlloc")) < 0)
+                return r;
+        if ((r = cu_check(cu.cuMemHostGetDevicePointer_v2(ret_dev, p, 0),
+                          "cuMemHostGetDevicePointer")) < 0) {
+                cu.cuMemFreeHost(p);
+                return r;
+        }
+        *ret_host = p;
+        return 0;
+}
+
+static void cu_host_free(void *host) {
+        if (host)
+                cu.cuMemFreeHost(host);
 }
 
 /* The kernel reads its segment table and source table from device memory. */
@@ -397,6 +460,9 @@ static const DvGpuApi cuda_api = {
         .export_alloc = cu_export_alloc,
         .import_fd = cu_import_fd,
         .unmap = cu_unmap,
+        .can_access_peer = cu_can_access_peer,
+        .host_alloc = cu_host_alloc,
+        .host_free = cu_host_free,
         .run_plan = cu_run_plan,
 };
 
@@ -485,6 +551,71 @@ static int fake_copy_device(int device, DvDevPtr dst, DvDevPtr src, size_t bytes
 }
 
 /*
+ * Where the fake's shareable mappings live, so that with $DEVAL_GPU_FAKE_NOP2P set (no GPU
+ * reaches another's memory) run_plan() refuses a source on another device, as a real GPU
+ * without P2P would fault on it.
+ */
+static struct {
+        pthread_mutex_t lock;
+        struct {
+                uintptr_t p;
+                size_t size;
+                int device;
+        } m[4096];
+} fake_maps = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static bool fake_nop2p(void) {
+        const char *env = getenv("DEVAL_GPU_FAKE_NOP2P");
+        return env && *env && strcmp(env, "0") != 0;
+}
+
+static void fake_map_note(void *p, size_t size, int device) {
+        pthread_mutex_lock(&fake_maps.lock);
+        for (size_t i = 0; i < DV_ARRAY_SIZE(fake_maps.m); i++)
+                if (!fake_maps.m[i].p) {
+                        fake_maps.m[i].p = (uintptr_t)p;
+                        fake_maps.m[i].size = size;
+                        fake_maps.m[i].device = device;
+                        break;
+                }
+        pthread_mutex_unlock(&fake_maps.lock);
+}
+
+static void fake_map_forget(uintptr_t p) {
+        pthread_mutex_lock(&fake_maps.lock);
+        for (size_t i = 0; i < DV_ARRAY_SIZE(fake_maps.m); i++)
+                if (fake_maps.m[i].p == p)
+                        fake_maps.m[i].p = 0;
+        pthread_mutex_unlock(&fake_maps.lock);
+}
+
+/* The device whose memory holds p, or -1 (host memory, or not the fake's). */
+static int fake_map_device(uintptr_t p) {
+        int dev = -1;
+        pthread_mutex_lock(&fake_maps.lock);
+        for (size_t i = 0; i < DV_ARRAY_SIZE(fake_maps.m); i++)
+                if (fake_maps.m[i].p && p >= fake_maps.m[i].p &&
+                    p < fake_maps.m[i].p + fake_maps.m[i].size)
+                        dev = fake_maps.m[i].device;
+        pthread_mutex_unlock(&fake_maps.lock);
+        return dev;
+}
+
+/*
+ * A sticky error on demand: when the file $DEVAL_GPU_FAKE_STICKY_ONCE names exists, the
+ * next run_plan() on device $DEVAL_GPU_FAKE_STICKY_DEVICE (default 1) removes it and fails
+ * as an illegal address in a kernel would: sticky, so the process must not use the device
+ * again. Removing the file makes it happen once, whichever process gets there first.
+ */
+static bool fake_sticky_now(int device) {
+        const char *path = getenv("DEVAL_GPU_FAKE_STICKY_ONCE");
+        const char *dev = getenv("DEVAL_GPU_FAKE_STICKY_DEVICE");
+        if (!path || !*path || device != (dev ? atoi(dev) : 1))
+                return false;
+        return unlink(path) == 0;
+}
+
+/*
  * Fake shareable device memory: a memfd, mapped (zero-filled, like the real one after its
  * memset). $DEVAL_GPU_FAKE_MEM caps one allocation, to exercise out-of-memory paths.
  */
@@ -507,6 +638,7 @@ static int fake_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_f
                 close(fd);
                 return gpu_fail(DEVAL_ENOMEM, "fake device %d is out of memory", device);
         }
+        fake_map_note(p, bytes ? bytes : 1, device);
         *ret = (DvDevPtr)(uintptr_t)p;
         *ret_fd = fd;
         return 0;
@@ -519,6 +651,7 @@ static int fake_import_fd(int device, int fd, size_t bytes, DvDevPtr *ret) {
         void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED)
                 return gpu_fail(DEVAL_ENOMEM, "fake import of %zu bytes failed", bytes);
+        fake_map_note(p, bytes ? bytes : 1, device);
         *ret = (DvDevPtr)(uintptr_t)p;
         return 0;
 }
@@ -527,8 +660,31 @@ static int fake_unmap(int device, DvDevPtr p, size_t bytes) {
         int r = fake_check(device);
         if (r)
                 return r;
+        fake_map_forget((uintptr_t)p);
         munmap((void *)(uintptr_t)p, bytes ? bytes : 1);
         return 0;
+}
+
+static int fake_can_access_peer(int device, int peer, int *ret) {
+        int r = fake_check(device);
+        if (r == 0)
+                r = fake_check(peer);
+        if (r == 0)
+                *ret = !fake_nop2p();
+        return r;
+}
+
+static int fake_host_alloc(size_t bytes, void **ret_host, DvDevPtr *ret_dev) {
+        void *p = malloc(bytes ? bytes : 1);
+        if (!p)
+                return gpu_fail(DEVAL_ENOMEM, "fake pinned memory: out of memory");
+        *ret_host = p;
+        *ret_dev = (DvDevPtr)(uintptr_t)p;
+        return 0;
+}
+
+static void fake_host_free(void *host) {
+        free(host);
 }
 
 static int fake_run_plan(int device, const DvKernelSeg *segs, const uint64_t *starts,
@@ -536,6 +692,20 @@ static int fake_run_plan(int device, const DvKernelSeg *segs, const uint64_t *st
         int r = fake_check(device);
         if (r)
                 return r;
+        if (fake_sticky_now(device)) {
+                r = gpu_fail(DEVAL_ESYS, "the copy kernel: CUDA error 700 (an illegal memory "
+                                         "access was encountered; fake)");
+                gpu_sticky = 1;
+                return r;
+        }
+        for (uint32_t i = 0; fake_nop2p() && i < nsrcs; i++) {
+                int where = fake_map_device((uintptr_t)srcs[i]);
+                if (where >= 0 && where != device)
+                        return gpu_fail(DEVAL_ESYS,
+                                        "the copy kernel on fake device %d read source %u on "
+                                        "device %d, which it cannot reach (no P2P)",
+                                        device, i, where);
+        }
         const uint8_t **host = calloc(nsrcs ? nsrcs : 1, sizeof(*host));
         if (!host)
                 return gpu_fail(DEVAL_ENOMEM, "out of memory");
@@ -564,6 +734,9 @@ static const DvGpuApi fake_api = {
         .export_alloc = fake_export_alloc,
         .import_fd = fake_import_fd,
         .unmap = fake_unmap,
+        .can_access_peer = fake_can_access_peer,
+        .host_alloc = fake_host_alloc,
+        .host_free = fake_host_free,
         .run_plan = fake_run_plan,
 };
 

@@ -37,6 +37,14 @@ typedef struct {
         int (*export_alloc)(int device, size_t bytes, DvDevPtr *ret, int *ret_fd);
         int (*import_fd)(int device, int fd, size_t bytes, DvDevPtr *ret);
         int (*unmap)(int device, DvDevPtr p, size_t bytes);
+        /*
+         * Whether kernels on device may read memory that lives on peer (the driver's word;
+         * devald's GPU workers confirm it with a test copy before relying on it).
+         */
+        int (*can_access_peer)(int device, int peer, int *ret);
+        /* Pinned host memory every device can read through *ret_dev (staging without P2P). */
+        int (*host_alloc)(size_t bytes, void **ret_host, DvDevPtr *ret_dev);
+        void (*host_free)(void *host);
         /* Run a flattened plan into out on device: the copy kernel (or its CPU body). */
         int (*run_plan)(int device, const DvKernelSeg *segs, const uint64_t *starts, uint32_t nsegs,
                         DvDevPtr out, const DvDevPtr *srcs, uint32_t nsrcs);
@@ -46,6 +54,15 @@ typedef struct {
 const DvGpuApi *dv_gpu(void);
 /* Why the last failing call failed, for messages (thread-local). */
 const char *dv_gpu_error(void);
+/* Set that message and return status (for code wrapping the table). */
+int dv_gpu_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/*
+ * Whether the last failing call on this thread hit a sticky error: one after which the
+ * CUDA context, and by the driver's rules the whole process, cannot be used again (an
+ * illegal address in a kernel, an uncorrectable ECC error). Cleared by each failure that
+ * is not sticky.
+ */
+int dv_gpu_sticky(void);
 
 /* The copy kernel compiled by nvcc, when the build had nvcc (NULL, 0 otherwise). */
 extern const unsigned char *dv_copy_kernel_fatbin;

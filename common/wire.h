@@ -158,8 +158,9 @@ typedef struct {
         uint8_t uuid[16];
         char busid[16]; /* PCI "0000:17:00.0", empty when unknown */
         int32_t numa;   /* the NUMA node nearest to it; -1 when unknown */
-        uint32_t reserved;
-        char cpus[64]; /* the cores nearest to it */
+        uint32_t p2p;   /* bit k: its copy kernel reads GPU k's memory directly (a test copy
+                           proved it); the others' inputs are staged through host memory */
+        char cpus[64];  /* the cores nearest to it */
 } DvTopoGpu;
 
 typedef struct {

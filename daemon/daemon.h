@@ -40,12 +40,18 @@ enum {
 int arena_new(const char *name, uint64_t size, int kind, Arena *ret);
 void arena_deinit(Arena *a);
 
-/* Device memory a group shares with its ranks (cuda backend): exported, mapped here. */
-typedef struct {
-        int device; /* devald's ordinal; -1: none */
-        int fd;     /* the export descriptor while it is still to be sent, else -1 */
-        DvDevPtr ptr;
+/*
+ * Device memory a group shares with its ranks (cuda backend), made by the GPU's worker
+ * process (gpu_worker.h); devald holds the export descriptor, which maps it into the ranks
+ * and into other GPUs' workers.
+ */
+typedef struct DevArena {
+        int device;   /* devald's ordinal; -1: none */
+        int fd;       /* the export descriptor */
+        DvDevPtr ptr; /* where the worker mapped it (nonzero: allocated) */
         uint64_t size;
+        uint64_t id;  /* names it to the workers */
+        uint32_t gen; /* the worker generation that made it */
 } DevArena;
 
 #define DEV_ARENA_NULL ((DevArena){.device = -1, .fd = -1})

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "gpu_worker.h"
 #include "log.h"
 #include "sock.h"
 #include "util.h"
@@ -601,6 +602,8 @@ static int setup_backend(Daemon *d) {
                         log_err("backend cuda: %s", dv_gpu_error());
                         return -1;
                 }
+        if (gpuw_start(d->ngpus) < 0)
+                return -1;
         d->gpu = gpu;
         log_info("backend cuda (%s driver): %d GPU%s", gpu->name, d->ngpus,
                  d->ngpus == 1 ? "" : "s");
@@ -713,6 +716,11 @@ static int parse_args(Daemon *d, int argc, char **argv) {
 
 int main(int argc, char **argv) {
         Daemon d = {.epfd = -1, .listen_fd = -1, .signal_fd = -1};
+        /* devald --gpu-worker N [--no-p2p]: one GPU's worker process (gpu_worker.h), on fd 3 */
+        if (argc >= 3 && strcmp(argv[1], "--gpu-worker") == 0) {
+                log_setup(LOG_LEVEL_INFO);
+                return gpuw_main(3, atoi(argv[2]), argc >= 4 && strcmp(argv[3], "--no-p2p") == 0);
+        }
         int r = parse_args(&d, argc, argv);
         if (r >= 0)
                 return r;
@@ -821,6 +829,8 @@ int main(int argc, char **argv) {
                         d.groups->members[k].conn = NULL;
                 group_maybe_free(d.groups);
         }
+        if (d.gpu)
+                gpuw_stop();
         if (!d.socket_activated) /* systemd owns an activated socket's file */
                 unlink(d.socket_path);
         close(d.listen_fd);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "gpu_worker.h"
 #include "log.h"
 #include "util.h"
 
@@ -64,19 +65,11 @@ void arena_deinit(Arena *a) {
  * Return: 0, or DEVAL_ENOMEM / DEVAL_ESYS with dv_gpu_error() saying why.
  */
 int dev_arena_new(int device, uint64_t size, DevArena *ret) {
-        DvDevPtr p;
-        int fd, r = dv_gpu()->export_alloc(device, size, &p, &fd);
-        if (r < 0)
-                return r;
-        *ret = (DevArena){.device = device, .fd = fd, .ptr = p, .size = size};
-        return 0;
+        return gpuw_alloc(device, size, ret);
 }
 
 void dev_arena_deinit(DevArena *a) {
-        if (a->device >= 0 && a->ptr)
-                dv_gpu()->unmap(a->device, a->ptr, a->size);
-        if (a->fd >= 0)
-                close(a->fd);
+        gpuw_free(a);
         *a = DEV_ARENA_NULL;
 }
 
@@ -278,10 +271,6 @@ static void group_reply_all(Group *g, int status, const char *msg) {
                 /* the client maps its copies; devald keeps its own mappings */
                 close(m->in.fd);
                 m->in.fd = -1;
-                if (m->din.fd >= 0) {
-                        close(m->din.fd);
-                        m->din.fd = -1;
-                }
         }
 }
 

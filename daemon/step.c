@@ -16,6 +16,7 @@
 
 #include "daemon.h"
 #include "dtype.h"
+#include "gpu_worker.h"
 #include "kernel_plan.h"
 #include "log.h"
 #include "util.h"
@@ -244,7 +245,7 @@ static int exec_device(Step *s, const DvPlan *p, bool pad) {
         uint32_t nsrcs = (uint32_t)(W * per_rank);
         _cleanup_(freep) DvKernelSeg *segs = calloc(p->nsegs + 1, sizeof(*segs));
         _cleanup_(freep) uint64_t *starts = calloc(p->nsegs + 1, sizeof(*starts));
-        _cleanup_(freep) DvDevPtr *srcs = calloc(nsrcs, sizeof(*srcs));
+        _cleanup_(freep) GpuwSrc *srcs = calloc(nsrcs, sizeof(*srcs));
         int r;
 
         if (!segs || !starts || !srcs)
@@ -254,12 +255,13 @@ static int exec_device(Step *s, const DvPlan *p, bool pad) {
         dv_kernel_plan(p, per_rank, pad, segs, starts);
         for (int k = 0; k < W; k++)
                 for (int i = 0; i < per_rank; i++)
-                        srcs[k * per_rank + i] = g->members[k].din.ptr + s->reqs[k].t[i].offset;
+                        srcs[k * per_rank + i] = (GpuwSrc){.arena = &g->members[k].din,
+                                                           .off = s->reqs[k].t[i].offset,
+                                                           .bytes = s->reqs[k].t[i].nbytes};
         for (int dev = 0; dev < DV_MAX_GPUS; dev++) {
                 if (g->dout[dev].device < 0)
                         continue;
-                r = dv_gpu()->run_plan(dev, segs, starts, (uint32_t)p->nsegs, g->dout[dev].ptr,
-                                       srcs, nsrcs);
+                r = gpuw_run(dev, segs, starts, (uint32_t)p->nsegs, &g->dout[dev], srcs, nsrcs);
                 if (r < 0)
                         return step_fail(s, r, "collective #%u (%s): the copy on GPU %d failed: %s",
                                          s->seq, dv_op_name(s->reqs[0].op), dev, dv_gpu_error());

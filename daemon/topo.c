@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "gpu_worker.h"
 #include "log.h"
 
 #ifdef DEVAL_HAVE_HWLOC
@@ -45,6 +46,7 @@ void topo_describe(Daemon *d, DvTopoReply *r) {
                 DvTopoGpu *g = &r->gpus[r->ngpus++];
                 memcpy(g->uuid, d->gpu_uuid[k], 16);
                 g->numa = -1;
+                g->p2p = (uint32_t)gpuw_p2p(k);
                 snprintf(g->cpus, sizeof(g->cpus), "?");
                 if (d->gpu->device_busid(k, g->busid, sizeof(g->busid)) < 0)
                         continue;
@@ -68,6 +70,7 @@ void topo_describe(Daemon *d, DvTopoReply *r) {
         for (int k = 0; d->gpu && k < d->ngpus && r->ngpus < 16; k++) {
                 memcpy(r->gpus[r->ngpus].uuid, d->gpu_uuid[k], 16);
                 r->gpus[r->ngpus].numa = -1;
+                r->gpus[r->ngpus].p2p = (uint32_t)gpuw_p2p(k);
                 r->ngpus++;
         }
 }

@@ -130,9 +130,7 @@ static void worker_take_inputs(Group *g) {
                         continue;
                 dev_arena_deinit(&m->din);
                 m->din = m->din_pending;
-                m->din_pending = DEV_ARENA_NULL;
-                close(m->din.fd); /* sent to the client already */
-                m->din.fd = -1;
+                m->din_pending = DEV_ARENA_NULL; /* its fd stays: other GPUs' workers map it */
         }
         pthread_mutex_unlock(&g->lock);
 }

@@ -354,7 +354,11 @@ static int cmd_topo(void) {
                         json_string(r->gpus[i].busid);
                         printf(",%s\"numa\":%s%d,%s\"cpus\":%s", sp, sp, r->gpus[i].numa, sp, sp);
                         json_string(r->gpus[i].cpus);
-                        printf("}");
+                        printf(",%s\"p2p\":%s[", sp, sp);
+                        for (uint32_t k = 0, n = 0; k < r->ngpus; k++)
+                                if (r->gpus[i].p2p >> k & 1)
+                                        printf("%s%u", n++ ? "," : "", k);
+                        printf("]}");
                 }
                 printf("]}\n");
                 return 0;
@@ -374,6 +378,18 @@ static int cmd_topo(void) {
                 printf("GPU %u: GPU-%s, PCI %s, NUMA node %d, near cpus %s\n", i, u,
                        r->gpus[i].busid[0] ? r->gpus[i].busid : "?", r->gpus[i].numa,
                        r->gpus[i].cpus);
+        }
+        if (r->ngpus > 1) { /* who reads whom: a row per GPU running the copy kernel */
+                printf("P2P (row reads column directly; '-' staged through host memory)\n     ");
+                for (uint32_t k = 0; k < r->ngpus; k++)
+                        printf(" %3u", k);
+                printf("\n");
+                for (uint32_t i = 0; i < r->ngpus; i++) {
+                        printf("  %3u", i);
+                        for (uint32_t k = 0; k < r->ngpus; k++)
+                                printf(" %3s", i == k ? "x" : r->gpus[i].p2p >> k & 1 ? "ok" : "-");
+                        printf("\n");
+                }
         }
         return 0;
 }

@@ -287,6 +287,142 @@ static void test_device_out_of_memory(void **state) {
         assert_int_equal(failed, 0);
 }
 
+/*
+ * GPUs that cannot read each other's memory ($DEVAL_GPU_FAKE_NOP2P: the fake's kernel then
+ * refuses a source on another GPU, as a real one would fault): the workers' test copies
+ * find out, and the inputs of the other GPU come through pinned host memory.
+ */
+static void test_device_group_without_p2p(void **state) {
+        setenv("DEVAL_GPU_FAKE_NOP2P", "1", 1);
+        before_cuda(state);
+        int failed = harness_run(&H, 3, rank_device_group, NULL, 30);
+        char out[4096];
+        int rc = harness_ctl(&H, "topo --json", out, sizeof(out));
+        unsetenv("DEVAL_GPU_FAKE_NOP2P");
+        after_cuda(state);
+        assert_int_equal(failed, 0);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(out, "\"p2p\":[]"));
+}
+
+/*
+ * A sticky CUDA error on GPU 1 (the fake's copy kernel "faults" once): the group on GPU 1
+ * fails with DEVAL_ESYS naming the GPU, and again on its next call (its device memory went
+ * with the worker); a group on GPU 0 and a host group, running all along, never notice;
+ * a new group on GPU 1 works, on a new worker process.
+ */
+static char sticky_file[128];
+
+static int gather_once(deval_group *g, int rank, int dev, int round) {
+        int64_t rows = 50 + rank + round % 7;
+        float x[64 * 4];
+        for (int64_t i = 0; i < rows * 4; i++)
+                x[i] = (float)(rank * 1000 + round + i);
+        deval_tensor in = {.data = x,
+                           .dtype = DEVAL_F32,
+                           .ndim = 2,
+                           .shape = {rows, 4},
+                           .device = dev < 0 ? -1 : dev},
+                     out;
+        void *d = NULL;
+        if (dev >= 0)
+                in.data = d = to_device(dev, x, sizeof(float) * (size_t)rows * 4);
+        int r = deval_gather(g, 1, &in, NULL, &out);
+        if (r == 0) {
+                int64_t total = 2 * 50 + 1 + 2 * (round % 7);
+                float first[4];
+                if (out.shape[0] != total)
+                        r = DEVAL_EMISMATCH;
+                else if (dev >= 0)
+                        dv_gpu()->copy_to_host(dev, first, (DvDevPtr)(uintptr_t)out.data,
+                                               sizeof(first));
+                else
+                        memcpy(first, out.data, sizeof(first));
+                if (r == 0 && first[1] != (float)(round + 1))
+                        r = DEVAL_EMISMATCH;
+        }
+        if (d)
+                dv_gpu()->free(dev, (DvDevPtr)(uintptr_t)d);
+        return r;
+}
+
+static int rank_sticky(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        (void)world;
+        int which = rank / 2, r2 = rank % 2; /* 0: GPU 0, 1: host, 2: GPU 1 */
+        deval_group *g;
+        if (which == 1)
+                CHECK_OK(harness_join(h, "sticky-host", r2, 2, 10000, &g), NULL);
+        else
+                CHECK_OK(
+                        join_on(h, which ? "sticky-gpu1" : "sticky-gpu0", r2, 2, which ? 1 : 0, &g),
+                        NULL);
+        int dev = which == 0 ? 0 : which == 2 ? 1 : -1;
+        if (which == 2) {
+                int r = gather_once(g, r2, dev, 0);
+                CHECK(r == DEVAL_ESYS && strstr(deval_errmsg(g), "GPU 1") &&
+                              strstr(deval_errmsg(g), "sticky"),
+                      "got %s: %s", deval_strerror(r), deval_errmsg(g));
+                r = gather_once(g, r2, dev, 1);
+                CHECK(r == DEVAL_ESYS && strstr(deval_errmsg(g), "restarted"), "got %s: %s",
+                      deval_strerror(r), deval_errmsg(g));
+                deval_leave(g);
+                /* a new group on GPU 1 gets a new worker */
+                CHECK_OK(join_on(h, "sticky-gpu1-again", r2, 2, 1, &g), NULL);
+                for (int round = 0; round < 20; round++)
+                        CHECK_OK(gather_once(g, r2, dev, round), g);
+                deval_leave(g);
+                return 0;
+        }
+        /* the others run until well after the fault, and every step must succeed; the
+         * pair agrees (a reduce) on when each saw it happen */
+        int32_t after = 0;
+        for (int round = 0; after < 100; round++) {
+                CHECK_OK(gather_once(g, r2, dev, round), g);
+                int32_t seen = access(sticky_file, F_OK) != 0;
+                deval_tensor t = {.data = &seen, .dtype = DEVAL_I32, .ndim = 0, .device = -1};
+                CHECK_OK(deval_reduce(g, &t, DEVAL_MAX), g);
+                after += seen;
+                CHECK(round < 100000, "the fault never happened");
+        }
+        deval_leave(g);
+        return 0;
+}
+
+static void touch(const char *path) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fclose(f);
+}
+
+static void test_sticky_error_contained(void **state) {
+        char topo[4096], status[4096];
+        snprintf(sticky_file, sizeof(sticky_file), "/tmp/deval-sticky-%d", (int)getpid());
+        setenv("DEVAL_GPU_FAKE_STICKY_ONCE", sticky_file, 1);
+        /* first the fault hits GPU 1's worker in its P2P test copy, as devald starts: the
+         * worker is started again without test copies, and GPU 1 stages what it reads */
+        touch(sticky_file);
+        before_cuda(state);
+        int rc_topo = harness_ctl(&H, "topo --json", topo, sizeof(topo));
+        bool probe_faulted = access(sticky_file, F_OK) != 0;
+        /* then in a group's copy kernel */
+        touch(sticky_file);
+        int failed = harness_run(&H, 6, rank_sticky, NULL, 60);
+        int rc = harness_ctl(&H, "status", status, sizeof(status));
+        bool step_faulted = access(sticky_file, F_OK) != 0;
+        unlink(sticky_file);
+        unsetenv("DEVAL_GPU_FAKE_STICKY_ONCE");
+        after_cuda(state);
+        assert_true(probe_faulted);
+        assert_int_equal(rc_topo, 0);
+        /* GPU 0 proved it reads GPU 1; GPU 1's new worker did not try */
+        assert_non_null(strstr(topo, "\"p2p\":[1]}"));
+        assert_non_null(strstr(topo, "\"p2p\":[]}"));
+        assert_int_equal(failed, 0);
+        assert_int_equal(rc, 0);
+        assert_true(step_faulted);
+}
+
 static int rank_mixed(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g = NULL;
@@ -332,6 +468,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_device_group_refuses_host_ranks, before_cuda,
                                                 after_cuda),
                 cmocka_unit_test(test_device_out_of_memory),
+                cmocka_unit_test(test_device_group_without_p2p),
+                cmocka_unit_test(test_sticky_error_contained),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * gpu_worker.h - devald's GPUs, each driven by its own worker process.
+ *
+ * A sticky CUDA error (an illegal address in a kernel, an uncorrectable ECC error) leaves
+ * the CUDA context unusable, and the driver's only documented way out is to end the
+ * process. So devald itself never makes a CUDA context: every device allocation, export
+ * and copy kernel runs in a worker process per GPU ("devald --gpu-worker"), started with
+ * the daemon and restarted after it dies. A fault then takes down that GPU's worker and
+ * the groups whose memory lived in it, and nothing else: not the groups on other GPUs,
+ * not the host groups, not devald.
+ *
+ * Each worker proves with a test copy which peers' memory its copy kernel can read, and
+ * stages the others' inputs through pinned host memory.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu.h"
+
+typedef struct DevArena DevArena;
+
+typedef struct {
+        const DevArena *arena;
+        uint64_t off;   /* where the tensor starts in the arena */
+        uint64_t bytes; /* how many bytes of it the plan reads */
+} GpuwSrc;
+
+/* Start one worker per GPU (0..ngpus-1); 0, or -1 after logging why. */
+int gpuw_start(int ngpus);
+/* Stop every worker and wait for them. */
+void gpuw_stop(void);
+/* The peers whose memory GPU device's kernel reads directly (bit k: GPU k). */
+uint64_t gpuw_p2p(int device);
+
+/*
+ * Device memory: allocated, zeroed and exported by device's worker. Fill ret; 0, or a
+ * negative DEVAL_E* with dv_gpu_error() saying why.
+ */
+int gpuw_alloc(int device, uint64_t size, DevArena *ret);
+void gpuw_free(DevArena *a);
+/* Run a plan on device into out; 0, or a negative DEVAL_E* with dv_gpu_error() set. */
+int gpuw_run(int device, const DvKernelSeg *segs, const uint64_t *starts, uint32_t nsegs,
+             const DevArena *out, const GpuwSrc *srcs, uint32_t nsrcs);
+
+/* The worker process's main loop on sock, for GPU device. Return: its exit code. */
+int gpuw_main(int sock, int device, int no_p2p);
