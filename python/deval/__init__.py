@@ -14,6 +14,12 @@ tuples, lists and dicts of them are accepted; one call is one collective however
 tensors are nested, and the result has the input's structure and kinds. Results are copies
 unless ``copy=False`` asks for read-only views into shared memory, valid until the group's
 next collective. Failures raise ``deval.Error`` subclasses carrying devald's message.
+
+A device group (``join(..., device=N)``, devald running ``--backend cuda``) keeps CUDA
+tensors on their GPUs: inputs go device to device into memory devald shares, the copy
+kernel gathers them, and torch results come back as tensors on the input's device. Other
+objects exposing ``__cuda_array_interface__`` are accepted too; their results are
+:class:`DeviceView` objects (zero-copy, valid until the group's next collective).
 """
 
 import contextlib
@@ -27,7 +33,7 @@ import numpy as np
 __all__ = [
     "join", "Group", "Error", "InvalidArgument", "Mismatch", "PeerLost", "DaemonLost",
     "Timeout", "OutOfMemory", "PermissionDenied", "ProtocolError", "Aborted", "NotSupported",
-    "SystemFailure", "MAX_TENSORS",
+    "SystemFailure", "MAX_TENSORS", "DeviceView",
 ]
 
 MAX_DIMS = 8
@@ -109,7 +115,8 @@ class _Bytes(ctypes.Structure):
 
 
 class _JoinOpts(ctypes.Structure):
-    _fields_ = [("socket_path", ctypes.c_char_p), ("timeout_ms", ctypes.c_int32)]
+    _fields_ = [("socket_path", ctypes.c_char_p), ("timeout_ms", ctypes.c_int32),
+                ("on_device", ctypes.c_int32), ("device", ctypes.c_int32)]
 
 
 class _GatherOpts(ctypes.Structure):
@@ -215,16 +222,52 @@ def _torch():
     return sys.modules.get("torch")
 
 
+class DeviceView:
+    """A result in GPU memory: shape, dtype, device and ``__cuda_array_interface__``.
+
+    cupy, numba and torch take it without copying (``torch.as_tensor(v, device="cuda")``);
+    like ``copy=False`` results it is valid until the group's next collective.
+    """
+
+    __slots__ = ("ptr", "shape", "dtype", "device", "__weakref__")
+
+    def __init__(self, ptr, shape, dtype, device):
+        self.ptr, self.shape, self.dtype, self.device = ptr, shape, dtype, device
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False),
+                "strides": None, "version": 3}
+
+    def __repr__(self):
+        return "DeviceView(shape=%r, dtype=%s, device=%d)" % (self.shape, self.dtype,
+                                                              self.device)
+
+
+def _cai_dtype(cai):
+    try:
+        return np.dtype(cai["typestr"])
+    except TypeError:
+        raise InvalidArgument("deval: a device array of type %r is not supported"
+                              % (cai["typestr"],), -1) from None
+
+
 class _Leaf:
-    """One tensor-like input, as a contiguous numpy array, and how to give results back."""
+    """One tensor-like input, as a contiguous numpy array, and how to give results back.
 
-    __slots__ = ("array", "dtype", "kind", "device", "torch_dtype")
+    With on_device (a device group's gathers), CUDA tensors stay where they are: kind
+    "cuda", described by their device pointer.
+    """
 
-    def __init__(self, x):
+    __slots__ = ("array", "dtype", "kind", "device", "torch_dtype", "ptr", "shape", "keep")
+
+    def __init__(self, x, on_device=False):
         torch = _torch()
         self.kind = "numpy"
         self.device = None
         self.torch_dtype = None
+        if on_device and self._cuda(x, torch):
+            return
         if torch is not None and isinstance(x, torch.Tensor):
             self.kind = "torch"
             self.device = x.device
@@ -263,8 +306,89 @@ class _Leaf:
         self.array = a if a.flags.c_contiguous else np.array(a, order="C")
         self.dtype = _NP_TO_DEVAL[a.dtype]
 
-    def fill(self, t):
-        _fill(self.array, self.dtype, t)
+    def _cuda(self, x, torch):
+        """Describe a device array in place; False if it is not one after all."""
+        is_torch = torch is not None and isinstance(x, torch.Tensor)
+        if is_torch:
+            if x.device.type != "cuda":
+                return False
+            t = x.detach().contiguous()
+            self.torch_dtype = t.dtype
+            self.device = t.device
+            if t.dtype == torch.bfloat16:
+                dtype = 8
+            else:
+                dtype = _NP_TO_DEVAL.get(torch.empty(0, dtype=t.dtype).numpy().dtype)
+            # the tensor must be written before devald's copy reads it
+            torch.cuda.current_stream(t.device).synchronize()
+            self.kind, self.keep, self.ptr = "torch-cuda", t, t.data_ptr()
+            self.shape, index = tuple(t.shape), t.device.index
+        else:
+            try:
+                cai = x.__cuda_array_interface__
+            except AttributeError:
+                return False
+            shape = tuple(cai["shape"])
+            dt = _cai_dtype(cai)
+            strides = cai.get("strides")
+            if strides is not None and tuple(strides) != tuple(
+                    int(np.prod(shape[i + 1:], dtype=np.int64)) * dt.itemsize
+                    for i in range(len(shape))):
+                raise InvalidArgument("deval: device arrays must be C-contiguous", -1)
+            if cai.get("mask") is not None:
+                raise InvalidArgument("deval: masked device arrays are not supported", -1)
+            dtype = _NP_TO_DEVAL.get(dt)
+            dev = getattr(x, "device", None)
+            index = getattr(dev, "id", dev if isinstance(dev, int) else None)
+            self.kind, self.keep, self.ptr, self.shape = "cuda", x, cai["data"][0], shape
+        if dtype is None:
+            raise InvalidArgument("deval: this device array's dtype is not supported", -1)
+        if len(self.shape) > MAX_DIMS:
+            raise InvalidArgument("deval: %d dims, at most %d" % (len(self.shape), MAX_DIMS),
+                                  -1)
+        self.dtype = dtype
+        self.array = None
+        self.device = self.device if is_torch else index
+        return True
+
+    @property
+    def ndim(self):
+        return len(self.shape) if self.array is None else self.array.ndim
+
+    def fill(self, t, group_device=None):
+        if self.array is not None:
+            _fill(self.array, self.dtype, t)
+            return
+        t.data = self.ptr or None
+        t.dtype = self.dtype
+        t.ndim = len(self.shape)
+        for d, n in enumerate(self.shape):
+            t.shape[d] = n
+        index = self.device.index if self.kind == "torch-cuda" else self.device
+        t.device = group_device if index is None else index
+
+    def wrap_device(self, v):
+        """Give a result in GPU memory (a DeviceView) back in the input's kind."""
+        if self.kind == "cuda":
+            return v
+        torch = _torch()
+        if torch is None:
+            raise NotSupported("deval: this device group's result is in GPU memory, and "
+                               "reading a numpy or scalar input's result back needs torch; "
+                               "pass device arrays, or use a host group", -10)
+        out = torch.as_tensor(v, device="cuda:%d" % v.device).clone()
+        # the copy must be done before the next collective reuses devald's memory
+        torch.cuda.current_stream(out.device).synchronize()
+        if self.torch_dtype == torch.bfloat16:
+            out = out.view(torch.bfloat16)
+        if self.kind == "torch-cuda":
+            return out.to(self.device)
+        if self.kind == "torch":
+            return out.to(self.device)
+        a = out.cpu().numpy()
+        if self.dtype == 8 and _BF16 is not None:
+            a = a.view(_BF16)
+        return a.item() if self.kind == "scalar" and a.ndim == 0 else a
 
     def wrap(self, a):
         """Give a result array back in the input's kind."""
@@ -305,13 +429,25 @@ def _view(t, copy):
     return a
 
 
-def _flatten(x, leaves):
+def _device_view(t):
+    """A result descriptor in GPU memory as a DeviceView."""
+    dtype = _DEVAL_TO_NP[t.dtype]
+    if t.dtype == 8:
+        dtype = np.dtype(np.uint16)  # bfloat16's bits; torch views them back
+    return DeviceView(t.data or 0, tuple(t.shape[d] for d in range(t.ndim)), dtype, t.device)
+
+
+def _result(leaf, t, copy):
+    return leaf.wrap_device(_device_view(t)) if t.device >= 0 else leaf.wrap(_view(t, copy))
+
+
+def _flatten(x, leaves, on_device=False):
     """Split a nested structure into leaves and a template to rebuild it."""
     if isinstance(x, dict):
-        return (dict, [(k, _flatten(v, leaves)) for k, v in x.items()])
+        return (dict, [(k, _flatten(v, leaves, on_device)) for k, v in x.items()])
     if isinstance(x, (list, tuple)):
-        return (type(x), [_flatten(v, leaves) for v in x])
-    leaves.append(_Leaf(x))
+        return (type(x), [_flatten(v, leaves, on_device) for v in x])
+    leaves.append(_Leaf(x, on_device))
     return (None, len(leaves) - 1)
 
 
@@ -345,12 +481,34 @@ def _env_int(name):
         raise InvalidArgument("deval.join: $%s is %r, not a number" % (name, v), -1) from None
 
 
-def join(group, rank=None, world_size=None, socket=None, timeout=None):
+def _device_index(device):
+    """A CUDA ordinal from an int, "cuda:N" or a torch.device; None for no device."""
+    if device is None:
+        return None
+    if isinstance(device, bool):
+        raise InvalidArgument("deval.join: device must be a CUDA ordinal", -1)
+    if isinstance(device, (int, np.integer)):
+        return int(device)
+    kind, index = getattr(device, "type", None), getattr(device, "index", None)
+    if kind is None and isinstance(device, str):
+        kind, _, rest = device.partition(":")
+        index = int(rest) if rest.isdigit() else None if not rest else -1
+    if kind != "cuda" or (index is not None and index < 0):
+        raise InvalidArgument("deval.join: device %r is not a CUDA device" % (device,), -1)
+    if index is None:
+        torch = _torch()
+        index = torch.cuda.current_device() if torch is not None else 0
+    return index
+
+
+def join(group, rank=None, world_size=None, socket=None, timeout=None, device=None):
     """Join ``group`` as ``rank`` of ``world_size`` ranks; waits until every rank joined.
 
     rank and world_size default to $RANK and $WORLD_SIZE (set by torchrun and accelerate
     launch); socket to $DEVAL_SOCKET or the default path; timeout (seconds) bounds the join
-    and every collective (None: 300 s; a negative value: forever).
+    and every collective (None: 300 s; a negative value: forever). device (an ordinal,
+    "cuda:N" or a torch.device) makes this a device group: devald must run the cuda
+    backend, every rank names its GPU, and gathered CUDA tensors stay on the GPUs.
     """
     if not isinstance(group, str):
         raise InvalidArgument("deval.join: the group name must be a str", -1)
@@ -365,8 +523,11 @@ def join(group, rank=None, world_size=None, socket=None, timeout=None):
     if timeout is not None and (isinstance(timeout, bool) or
                                 not isinstance(timeout, (int, float))):
         raise InvalidArgument("deval.join: timeout must be a number of seconds", -1)
+    index = _device_index(device)
     opts = _JoinOpts()
     opts.socket_path = os.fsencode(socket) if socket else None
+    if index is not None:
+        opts.on_device, opts.device = 1, index
     if timeout is None:
         opts.timeout_ms = 0
     elif timeout < 0:
@@ -379,14 +540,18 @@ def join(group, rank=None, world_size=None, socket=None, timeout=None):
     if r != 0:
         msg = _lib.deval_errmsg(None).decode(errors="replace")
         raise _ERRORS.get(r, Error)(msg, r)
-    return Group(handle, group, rank, world_size)
+    return Group(handle, group, rank, world_size, index)
 
 
 class Group:
-    """One rank's membership of a group. Not to be shared between threads."""
+    """One rank's membership of a group. Not to be shared between threads.
 
-    def __init__(self, handle, name, rank, world_size):
+    ``device`` is the CUDA ordinal of a device group's GPU, None for a host group.
+    """
+
+    def __init__(self, handle, name, rank, world_size, device=None):
         self._h = handle
+        self.device = device
         self.name = name
         self.rank = rank
         self.world_size = world_size
@@ -429,7 +594,7 @@ class Group:
     def _gather(self, fn, x, copy, opts):
         h = self._handle()
         leaves = []
-        template = _flatten(x, leaves)
+        template = _flatten(x, leaves, self.device is not None)
         n = len(leaves)
         if n == 0:
             raise InvalidArgument("deval: nothing to gather", -1)
@@ -439,9 +604,9 @@ class Group:
         ins = (_Tensor * n)()
         outs = (_Tensor * n)()
         for leaf, t in zip(leaves, ins):
-            leaf.fill(t)
+            leaf.fill(t, self.device)
         self._check(fn(h, n, ins, ctypes.byref(opts), outs))
-        results = [leaf.wrap(_view(t, copy)) for leaf, t in zip(leaves, outs)]
+        results = [_result(leaf, t, copy) for leaf, t in zip(leaves, outs)]
         return _rebuild(template, results)
 
     @staticmethod
@@ -504,19 +669,22 @@ class Group:
         """Pad every tensor in x along dim to the largest size any rank has there."""
         h = self._handle()
         leaves = []
-        template = _flatten(x, leaves)
+        template = _flatten(x, leaves, self.device is not None)
         results = []
         for leaf in leaves:
-            nd = leaf.array.ndim
+            nd = leaf.ndim
             if dim >= nd or dim < -nd:  # Accelerate returns such a tensor as it is
-                results.append(leaf.wrap(leaf.array.copy() if copy else leaf.array))
+                if leaf.array is None:
+                    results.append(leaf.keep.clone() if leaf.kind == "torch-cuda" else leaf.keep)
+                else:
+                    results.append(leaf.wrap(leaf.array.copy() if copy else leaf.array))
                 continue
             t, out = _Tensor(), _Tensor()
-            leaf.fill(t)
+            leaf.fill(t, self.device)
             self._check(_lib.deval_pad_across_processes(h, ctypes.byref(t), int(dim),
                                                         float(pad_index), bool(pad_first),
                                                         ctypes.byref(out)))
-            results.append(leaf.wrap(_view(out, copy)))
+            results.append(_result(leaf, out, copy))
         return _rebuild(template, results)
 
     def reduce(self, x, reduction="sum", scale=1.0):

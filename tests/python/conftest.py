@@ -27,11 +27,12 @@ def devald_path():
 
 
 class Daemon:
-    def __init__(self):
+    def __init__(self, args=(), env=None):
         self.dir = tempfile.mkdtemp(prefix="deval-py-")
         self.socket = os.path.join(self.dir, "devald.sock")
         self.proc = subprocess.Popen([devald_path(), "--socket", self.socket,
-                                      "--log-level", "warn"])
+                                      "--log-level", "warn", *args],
+                                     env=None if env is None else {**os.environ, **env})
         deadline = time.monotonic() + 5
         while not os.path.exists(self.socket):
             if self.proc.poll() is not None or time.monotonic() > deadline:
