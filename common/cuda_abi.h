@@ -38,8 +38,14 @@ typedef struct {
         int flags;   /* DV_CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
 } DvCuMemAccessDesc; /* CUmemAccessDesc */
 
+typedef struct {
+        char reserved[64];
+} DvCuIpcMemHandle; /* CUipcMemHandle, passed by value */
+
 enum {
         DV_CUDA_SUCCESS = 0,
+        DV_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+        DV_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1,
         DV_CUDA_ERROR_OUT_OF_MEMORY = 2,
         DV_CUDA_ERROR_ECC_UNCORRECTABLE = 214,
         DV_CUDA_ERROR_NVLINK_UNCORRECTABLE = 220,
@@ -64,37 +70,41 @@ enum {
  * Every driver entry point gpu.c resolves, by the name the library exports (cuda.h maps
  * its API names to these versioned ones: cuMemAlloc is cuMemAlloc_v2, and so on).
  */
-#define DV_CUDA_SYMBOLS(X)               \
-        X(cuInit)                        \
-        X(cuGetErrorString)              \
-        X(cuDeviceGetCount)              \
-        X(cuDeviceGet)                   \
-        X(cuDeviceGetUuid_v2)            \
-        X(cuDeviceGetPCIBusId)           \
-        X(cuDeviceGetAttribute)          \
-        X(cuDeviceCanAccessPeer)         \
-        X(cuDevicePrimaryCtxRetain)      \
-        X(cuCtxSetCurrent)               \
-        X(cuCtxSynchronize)              \
-        X(cuMemAlloc_v2)                 \
-        X(cuMemFree_v2)                  \
-        X(cuMemcpyDtoH_v2)               \
-        X(cuMemcpyHtoD_v2)               \
-        X(cuMemcpyDtoD_v2)               \
-        X(cuMemsetD8_v2)                 \
-        X(cuMemHostAlloc)                \
-        X(cuMemHostGetDevicePointer_v2)  \
-        X(cuMemFreeHost)                 \
-        X(cuModuleLoadData)              \
-        X(cuModuleGetFunction)           \
-        X(cuLaunchKernel)                \
-        X(cuMemGetAllocationGranularity) \
-        X(cuMemCreate)                   \
-        X(cuMemRelease)                  \
-        X(cuMemAddressReserve)           \
-        X(cuMemAddressFree)              \
-        X(cuMemMap)                      \
-        X(cuMemUnmap)                    \
-        X(cuMemSetAccess)                \
-        X(cuMemExportToShareableHandle)  \
-        X(cuMemImportFromShareableHandle)
+#define DV_CUDA_SYMBOLS(X)                \
+        X(cuInit)                         \
+        X(cuGetErrorString)               \
+        X(cuDeviceGetCount)               \
+        X(cuDeviceGet)                    \
+        X(cuDeviceGetUuid_v2)             \
+        X(cuDeviceGetPCIBusId)            \
+        X(cuDeviceGetAttribute)           \
+        X(cuDeviceCanAccessPeer)          \
+        X(cuDevicePrimaryCtxRetain)       \
+        X(cuCtxSetCurrent)                \
+        X(cuCtxSynchronize)               \
+        X(cuMemAlloc_v2)                  \
+        X(cuMemFree_v2)                   \
+        X(cuMemcpyDtoH_v2)                \
+        X(cuMemcpyHtoD_v2)                \
+        X(cuMemcpyDtoD_v2)                \
+        X(cuMemsetD8_v2)                  \
+        X(cuMemHostAlloc)                 \
+        X(cuMemHostGetDevicePointer_v2)   \
+        X(cuMemFreeHost)                  \
+        X(cuModuleLoadData)               \
+        X(cuModuleGetFunction)            \
+        X(cuLaunchKernel)                 \
+        X(cuMemGetAllocationGranularity)  \
+        X(cuMemCreate)                    \
+        X(cuMemRelease)                   \
+        X(cuMemAddressReserve)            \
+        X(cuMemAddressFree)               \
+        X(cuMemMap)                       \
+        X(cuMemUnmap)                     \
+        X(cuMemSetAccess)                 \
+        X(cuMemExportToShareableHandle)   \
+        X(cuMemImportFromShareableHandle) \
+        X(cuCtxEnablePeerAccess)          \
+        X(cuIpcGetMemHandle)              \
+        X(cuIpcOpenMemHandle_v2)          \
+        X(cuIpcCloseMemHandle)

@@ -11,6 +11,7 @@
 #include "gpu.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "deval.h"
@@ -51,6 +53,103 @@ int dv_gpu_fail(int status, const char *fmt, ...) {
 }
 
 #define gpu_fail dv_gpu_fail
+
+/* ---- legacy CUDA IPC handles -------------------------------------------------------------- */
+
+/*
+ * Where a GPU cannot export memory as a file descriptor (no virtual memory management, or
+ * no POSIX handles: some virtualised GPUs), deval falls back to cuIpcGetMemHandle()'s
+ * 64-byte handles. So that they travel exactly like descriptors (SCM_RIGHTS from devald to
+ * ranks and GPU workers), a handle is wrapped in a sealed memfd; import_fd() tells the two
+ * apart. $DEVAL_CUDA_LEGACY_IPC=1 forces the fallback (to test it on a GPU that has both).
+ */
+#define LEGACY_MAGIC "deval-cuda-ipc1"
+
+typedef struct {
+        char magic[16];
+        uint8_t handle[64];
+        uint64_t size;
+} LegacyBlob;
+
+enum {
+        LEGACY_NONE = 0,
+        LEGACY_OWN,   /* allocated here and exported: cuMemFree() */
+        LEGACY_OPENED /* opened from a handle: cuIpcCloseMemHandle() */
+};
+
+/* The pointers that came through legacy IPC, so unmap() knows how to let go of each. */
+static struct {
+        pthread_mutex_t lock;
+        struct {
+                DvDevPtr p;
+                int kind;
+                int fd; /* the fake's backing memfd, for LEGACY_OWN */
+        } m[1024];
+} legacy = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static bool legacy_forced(const char *env) {
+        const char *v = getenv(env);
+        return v && *v && strcmp(v, "0") != 0;
+}
+
+static int legacy_note(DvDevPtr p, int kind, int fd) {
+        int r = gpu_fail(DEVAL_ENOMEM, "too many legacy CUDA IPC mappings");
+        pthread_mutex_lock(&legacy.lock);
+        for (size_t i = 0; i < DV_ARRAY_SIZE(legacy.m); i++)
+                if (!legacy.m[i].kind) {
+                        legacy.m[i].p = p;
+                        legacy.m[i].kind = kind;
+                        legacy.m[i].fd = fd;
+                        r = 0;
+                        break;
+                }
+        pthread_mutex_unlock(&legacy.lock);
+        return r;
+}
+
+/* Forget p; return how it was made (LEGACY_NONE: not through legacy IPC), and its fd. */
+static int legacy_take(DvDevPtr p, int *ret_fd) {
+        int kind = LEGACY_NONE;
+        pthread_mutex_lock(&legacy.lock);
+        for (size_t i = 0; i < DV_ARRAY_SIZE(legacy.m); i++)
+                if (legacy.m[i].kind && legacy.m[i].p == p) {
+                        kind = legacy.m[i].kind;
+                        *ret_fd = legacy.m[i].fd;
+                        legacy.m[i].kind = LEGACY_NONE;
+                        break;
+                }
+        pthread_mutex_unlock(&legacy.lock);
+        return kind;
+}
+
+/* A sealed memfd holding handle; 0 with *ret_fd, or DEVAL_ENOMEM. */
+static int legacy_wrap(const void *handle, uint64_t size, int *ret_fd) {
+        LegacyBlob b = {.size = size};
+        memcpy(b.magic, LEGACY_MAGIC, sizeof(b.magic));
+        memcpy(b.handle, handle, sizeof(b.handle));
+        int fd = memfd_create("deval-cuda-ipc", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0 || pwrite(fd, &b, sizeof(b), 0) != (ssize_t)sizeof(b) ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+                if (fd >= 0)
+                        close(fd);
+                return gpu_fail(DEVAL_ENOMEM, "cannot wrap a CUDA IPC handle: %s", strerror(errno));
+        }
+        *ret_fd = fd;
+        return 0;
+}
+
+/* 1 with *ret filled when fd is a wrapped handle (sealed, the right size and magic), else 0. */
+static int legacy_unwrap(int fd, LegacyBlob *ret) {
+        struct stat st;
+        int seals = fcntl(fd, F_GET_SEALS);
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size != (off_t)sizeof(*ret) ||
+            seals < 0 || !(seals & F_SEAL_WRITE))
+                return 0;
+        if (pread(fd, ret, sizeof(*ret), 0) != (ssize_t)sizeof(*ret) ||
+            memcmp(ret->magic, LEGACY_MAGIC, sizeof(ret->magic)) != 0)
+                return 0;
+        return 1;
+}
 
 /* ---- the CUDA driver ---------------------------------------------------------------------- */
 
@@ -107,6 +206,10 @@ static struct {
         CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
         CUresult (*cuMemHostGetDevicePointer_v2)(DvDevPtr *, void *, unsigned);
         CUresult (*cuMemFreeHost)(void *);
+        CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned);
+        CUresult (*cuIpcGetMemHandle)(DvCuIpcMemHandle *, DvDevPtr);
+        CUresult (*cuIpcOpenMemHandle_v2)(DvDevPtr *, DvCuIpcMemHandle, unsigned);
+        CUresult (*cuIpcCloseMemHandle)(DvDevPtr);
         pthread_mutex_t lock; /* guards the per-device state below */
         CUcontext ctx[MAX_DEVICES];
         CUfunction copy[MAX_DEVICES];
@@ -309,6 +412,30 @@ static int cu_can_export(int device) {
         return 0;
 }
 
+/* cuMemAlloc() and cuIpcGetMemHandle(), wrapped: the fallback without POSIX handles. The
+ * device's context is current. */
+static int cu_export_legacy(size_t bytes, DvDevPtr *ret, int *ret_fd) {
+        DvCuIpcMemHandle h;
+        DvDevPtr p = 0;
+        int r, fd = -1;
+        size_t size = bytes ? bytes : 1;
+        if ((r = cu_check(cu.cuMemAlloc_v2(&p, size), "cuMemAlloc")) < 0)
+                return r;
+        /* zeroed before anyone sees it: no stale data from another group */
+        if ((r = cu_check(cu.cuMemsetD8_v2(p, 0, size), "cuMemsetD8")) < 0 ||
+            (r = cu_check(cu.cuCtxSynchronize(), "cuMemsetD8")) < 0 ||
+            (r = cu_check(cu.cuIpcGetMemHandle(&h, p), "cuIpcGetMemHandle")) < 0 ||
+            (r = legacy_wrap(&h, size, &fd)) < 0 || (r = legacy_note(p, LEGACY_OWN, -1)) < 0) {
+                if (fd >= 0)
+                        close(fd);
+                cu.cuMemFree_v2(p);
+                return r;
+        }
+        *ret = p;
+        *ret_fd = fd;
+        return 0;
+}
+
 static int cu_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_fd) {
         CUmemAllocationProp prop = {
                 .type = DV_CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -316,7 +443,13 @@ static int cu_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_fd)
                 .location = {.type = DV_CU_MEM_LOCATION_TYPE_DEVICE, .id = device}};
         CUmemGenericAllocationHandle h;
         int r, fd = -1;
-        if ((r = cu_use(device)) < 0 || (r = cu_can_export(device)) < 0)
+        if ((r = cu_use(device)) < 0)
+                return r;
+        if (legacy_forced("DEVAL_CUDA_LEGACY_IPC"))
+                return cu_export_legacy(bytes, ret, ret_fd);
+        if ((r = cu_can_export(device)) == DEVAL_ENOTSUP)
+                return cu_export_legacy(bytes, ret, ret_fd);
+        if (r < 0)
                 return r;
         size_t size = cu_round(device, bytes);
         if ((r = cu_check(cu.cuMemCreate(&h, size, &prop, 0), "cuMemCreate")) < 0)
@@ -345,9 +478,30 @@ static int cu_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_fd)
 
 static int cu_import_fd(int device, int fd, size_t bytes, DvDevPtr *ret) {
         CUmemGenericAllocationHandle h;
+        LegacyBlob blob;
         int r;
         if ((r = cu_use(device)) < 0)
                 return r;
+        if (legacy_unwrap(fd, &blob)) {
+                DvCuIpcMemHandle ipc;
+                DvDevPtr p = 0;
+                if (blob.size < bytes)
+                        return gpu_fail(DEVAL_EINVAL,
+                                        "a CUDA IPC handle for %llu bytes, %zu "
+                                        "expected",
+                                        (unsigned long long)blob.size, bytes);
+                memcpy(&ipc, blob.handle, sizeof(ipc));
+                if ((r = cu_check(cu.cuIpcOpenMemHandle_v2(&p, ipc,
+                                                           DV_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                                  "cuIpcOpenMemHandle")) < 0)
+                        return r;
+                if ((r = legacy_note(p, LEGACY_OPENED, -1)) < 0) {
+                        cu.cuIpcCloseMemHandle(p);
+                        return r;
+                }
+                *ret = p;
+                return 0;
+        }
         if ((r = cu_check(
                      cu.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
                                                        DV_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
@@ -359,7 +513,13 @@ static int cu_import_fd(int device, int fd, size_t bytes, DvDevPtr *ret) {
 }
 
 static int cu_unmap(int device, DvDevPtr p, size_t bytes) {
-        int r = cu_use(device);
+        int r = cu_use(device), fd;
+        switch (legacy_take(p, &fd)) {
+        case LEGACY_OWN:
+                return r ? r : cu_check(cu.cuMemFree_v2(p), "cuMemFree");
+        case LEGACY_OPENED:
+                return r ? r : cu_check(cu.cuIpcCloseMemHandle(p), "cuIpcCloseMemHandle");
+        }
         size_t size = cu_round(device, bytes);
         if (r == 0)
                 r = cu_check(cu.cuMemUnmap(p, size), "cuMemUnmap");
@@ -372,9 +532,26 @@ static int cu_can_access_peer(int device, int peer, int *ret) {
         CUdevice a, b;
         int r;
         if ((r = cu_check(cu.cuDeviceGet(&a, device), "cuDeviceGet")) < 0 ||
-            (r = cu_check(cu.cuDeviceGet(&b, peer), "cuDeviceGet")) < 0)
+            (r = cu_check(cu.cuDeviceGet(&b, peer), "cuDeviceGet")) < 0 ||
+            (r = cu_check(cu.cuDeviceCanAccessPeer(ret, a, b), "cuDeviceCanAccessPeer")) < 0 ||
+            !*ret)
                 return r;
-        return cu_check(cu.cuDeviceCanAccessPeer(ret, a, b), "cuDeviceCanAccessPeer");
+        /*
+         * VMM mappings carry their own access rights (cu_map()); memory from cuMemAlloc() or
+         * a legacy IPC handle lives in the peer's context, which device's context must be
+         * allowed into. Where that fails, the peer is not reachable after all.
+         */
+        if ((r = cu_use(peer)) < 0 || (r = cu_use(device)) < 0)
+                return r;
+        pthread_mutex_lock(&cu.lock);
+        CUcontext peer_ctx = cu.ctx[peer];
+        pthread_mutex_unlock(&cu.lock);
+        CUresult e = cu.cuCtxEnablePeerAccess(peer_ctx, 0);
+        if (e != 0 && e != DV_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+                cu_check(e, "cuCtxEnablePeerAccess");
+                *ret = 0;
+        }
+        return 0;
 }
 
 static int cu_host_alloc(size_t bytes, void **ret_host, DvDevPtr *ret_dev) {
@@ -639,6 +816,26 @@ static int fake_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_f
                 return gpu_fail(DEVAL_ENOMEM, "fake device %d is out of memory", device);
         }
         fake_map_note(p, bytes ? bytes : 1, device);
+        if (legacy_forced("DEVAL_GPU_FAKE_LEGACY_IPC")) {
+                /*
+                 * The fake's legacy handle: this process and the backing memfd's number,
+                 * opened by importers through /proc (a real handle is just as bound to
+                 * the exporting process staying alive).
+                 */
+                uint8_t handle[64] = {0};
+                int32_t who[2] = {(int32_t)getpid(), fd}, wrapped = -1;
+                memcpy(handle, who, sizeof(who));
+                if ((r = legacy_wrap(handle, bytes ? bytes : 1, &wrapped)) < 0 ||
+                    (r = legacy_note((DvDevPtr)(uintptr_t)p, LEGACY_OWN, fd)) < 0) {
+                        if (wrapped >= 0)
+                                close(wrapped);
+                        fake_map_forget((uintptr_t)p);
+                        munmap(p, bytes ? bytes : 1);
+                        close(fd);
+                        return r;
+                }
+                fd = wrapped;
+        }
         *ret = (DvDevPtr)(uintptr_t)p;
         *ret_fd = fd;
         return 0;
@@ -646,11 +843,29 @@ static int fake_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_f
 
 static int fake_import_fd(int device, int fd, size_t bytes, DvDevPtr *ret) {
         int r = fake_check(device);
+        int opened = -1;
+        LegacyBlob blob;
         if (r)
                 return r;
+        if (legacy_unwrap(fd, &blob)) {
+                int32_t who[2];
+                char path[64];
+                memcpy(who, blob.handle, sizeof(who));
+                snprintf(path, sizeof(path), "/proc/%d/fd/%d", who[0], who[1]);
+                if (blob.size < bytes || (opened = open(path, O_RDWR | O_CLOEXEC)) < 0)
+                        return gpu_fail(DEVAL_ESYS, "fake legacy IPC handle %s: %s", path,
+                                        blob.size < bytes ? "too small" : strerror(errno));
+                fd = opened;
+        }
         void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (opened >= 0)
+                close(opened);
         if (p == MAP_FAILED)
                 return gpu_fail(DEVAL_ENOMEM, "fake import of %zu bytes failed", bytes);
+        if (opened >= 0 && (r = legacy_note((DvDevPtr)(uintptr_t)p, LEGACY_OPENED, -1)) < 0) {
+                munmap(p, bytes ? bytes : 1);
+                return r;
+        }
         fake_map_note(p, bytes ? bytes : 1, device);
         *ret = (DvDevPtr)(uintptr_t)p;
         return 0;
@@ -660,6 +875,9 @@ static int fake_unmap(int device, DvDevPtr p, size_t bytes) {
         int r = fake_check(device);
         if (r)
                 return r;
+        int backing = -1;
+        if (legacy_take(p, &backing) == LEGACY_OWN)
+                close(backing); /* the exporter lets go: handles no longer open */
         fake_map_forget((uintptr_t)p);
         munmap((void *)(uintptr_t)p, bytes ? bytes : 1);
         return 0;

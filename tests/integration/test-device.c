@@ -306,6 +306,20 @@ static void test_device_group_without_p2p(void **state) {
 }
 
 /*
+ * GPUs without POSIX file descriptor handles: arenas go through legacy CUDA IPC handles,
+ * wrapped in sealed memfds, to the ranks and to the other GPU's worker
+ * ($DEVAL_GPU_FAKE_LEGACY_IPC makes the fake hand out such handles).
+ */
+static void test_device_group_legacy_ipc(void **state) {
+        setenv("DEVAL_GPU_FAKE_LEGACY_IPC", "1", 1);
+        before_cuda(state);
+        int failed = harness_run(&H, 3, rank_device_group, NULL, 30);
+        unsetenv("DEVAL_GPU_FAKE_LEGACY_IPC");
+        after_cuda(state);
+        assert_int_equal(failed, 0);
+}
+
+/*
  * A sticky CUDA error on GPU 1 (the fake's copy kernel "faults" once): the group on GPU 1
  * fails with DEVAL_ESYS naming the GPU, and again on its next call (its device memory went
  * with the worker); a group on GPU 0 and a host group, running all along, never notice;
@@ -469,6 +483,7 @@ int main(void) {
                                                 after_cuda),
                 cmocka_unit_test(test_device_out_of_memory),
                 cmocka_unit_test(test_device_group_without_p2p),
+                cmocka_unit_test(test_device_group_legacy_ipc),
                 cmocka_unit_test(test_sticky_error_contained),
         };
         return cmocka_run_group_tests(tests, setup, teardown);

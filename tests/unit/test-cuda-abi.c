@@ -45,9 +45,12 @@ _Static_assert(sizeof(DvCuMemAccessDesc) == sizeof(CUmemAccessDesc), "CUmemAcces
 SAME_LAYOUT(DvCuMemAccessDesc, CUmemAccessDesc, location);
 SAME_LAYOUT(DvCuMemAccessDesc, CUmemAccessDesc, flags);
 _Static_assert(sizeof(DvDevPtr) == sizeof(CUdeviceptr), "CUdeviceptr");
+_Static_assert(sizeof(DvCuIpcMemHandle) == sizeof(CUipcMemHandle), "CUipcMemHandle");
 
 #define SAME_VALUE(ours, theirs) _Static_assert((int)(ours) == (int)(theirs), #ours)
 SAME_VALUE(DV_CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_OUT_OF_MEMORY);
+SAME_VALUE(DV_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+SAME_VALUE(DV_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 SAME_VALUE(DV_CUDA_ERROR_ECC_UNCORRECTABLE, CUDA_ERROR_ECC_UNCORRECTABLE);
 SAME_VALUE(DV_CUDA_ERROR_NVLINK_UNCORRECTABLE, CUDA_ERROR_NVLINK_UNCORRECTABLE);
 SAME_VALUE(DV_CUDA_ERROR_CONTAINED, CUDA_ERROR_CONTAINED);
