@@ -201,6 +201,7 @@ void exec_host(Group *g, const ExecJob *job);
 void exec_pool_free(void *pool);
 
 /* topo.c */
+void topo_setup(void);
 void topo_describe(Daemon *d, DvTopoReply *r);
 
 /* devald.c */

@@ -724,6 +724,7 @@ int main(int argc, char **argv) {
         int r = parse_args(&d, argc, argv);
         if (r >= 0)
                 return r;
+        topo_setup();
 
         sigset_t mask;
         sigemptyset(&mask);

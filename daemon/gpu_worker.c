@@ -766,6 +766,7 @@ int gpuw_main(int sock, int device, int no_p2p) {
         struct iovec iov = {.iov_base = &rep, .iov_len = sizeof(rep)};
         if (send_all(sock, &iov, 1, -1) < 0 || rep.status < 0)
                 return 1;
+        int status = 0;
         for (;;) {
                 int fd = -1;
                 if (gw_serve(&gw, sock, &rep, &fd) < 0)
@@ -776,12 +777,15 @@ int gpuw_main(int sock, int device, int no_p2p) {
                         close(fd);
                 if (r < 0)
                         break;
-                if (rep.sticky)
-                        return 3;
+                if (rep.sticky) {
+                        status = 3; /* the context is gone: exit without touching it again */
+                        break;
+                }
         }
-        for (size_t i = 0; i < gw.nmaps; i++)
+        for (size_t i = 0; status == 0 && i < gw.nmaps; i++)
                 gw.api->unmap(gw.maps[i].device, gw.maps[i].ptr, gw.maps[i].size);
         free(gw.maps);
-        gw.api->host_free(gw.stage);
-        return 0;
+        if (status == 0)
+                gw.api->host_free(gw.stage);
+        return status;
 }

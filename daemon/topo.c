@@ -12,6 +12,7 @@
 #include "daemon.h"
 #include "gpu_worker.h"
 #include "log.h"
+#include "util.h"
 
 #ifdef DEVAL_HAVE_HWLOC
 #include <hwloc.h>
@@ -21,9 +22,24 @@ static void cpulist(hwloc_const_bitmap_t set, char *buf, size_t len) {
                 snprintf(buf, len, "?");
 }
 
-void topo_describe(Daemon *d, DvTopoReply *r) {
-        hwloc_topology_t t;
+/* The machine, read once at start and kept for devald's life (NULL: hwloc failed). */
+static hwloc_topology_t topology;
 
+/**
+ * topo_setup() - before any thread: read the machine's topology.
+ *
+ * Only the PCI plugin is wanted (devald matches GPUs by bus id itself): hwloc's GPU plugins
+ * would initialise CUDA, NVML or OpenCL inside devald, which must hold no CUDA context
+ * (gpu_worker.h), and the OpenCL loader they pull in leaks. hwloc loads plugins with each
+ * topology, so only its environment keeps them out; an administrator's setting wins. The
+ * topology is never destroyed: destroying it unloads the PCI plugin, whose library leaves
+ * its allocations behind.
+ */
+void topo_setup(void) {
+        setenv("HWLOC_PLUGINS_BLACKLIST",
+               "hwloc_cuda,hwloc_nvml,hwloc_opencl,hwloc_rsmi,hwloc_levelzero,hwloc_gl",
+               /* overwrite= */ 0);
+        hwloc_topology_t t;
         if (hwloc_topology_init(&t) < 0)
                 return;
         hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
@@ -31,6 +47,14 @@ void topo_describe(Daemon *d, DvTopoReply *r) {
                 hwloc_topology_destroy(t);
                 return;
         }
+        topology = t;
+}
+
+void topo_describe(Daemon *d, DvTopoReply *r) {
+        hwloc_topology_t t = topology;
+
+        if (!t)
+                return;
         r->hwloc = 1;
         r->cores = (uint32_t)hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE);
         r->pus = (uint32_t)hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PU);
@@ -61,9 +85,11 @@ void topo_describe(Daemon *d, DvTopoReply *r) {
                                 numa = o->memory_first_child;
                 g->numa = numa ? (int32_t)numa->os_index : -1;
         }
-        hwloc_topology_destroy(t);
 }
 #else
+void topo_setup(void) {
+}
+
 void topo_describe(Daemon *d, DvTopoReply *r) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         r->cores = r->pus = n > 0 ? (uint32_t)n : 0;
