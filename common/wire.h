@@ -118,7 +118,8 @@ enum {
         DV_RANK_EMPTY = 0,
         DV_RANK_JOINED,
         DV_RANK_LEFT,
-        DV_RANK_DEAD
+        DV_RANK_DEAD,
+        DV_RANK_STOPPED /* joined, and its process is stopped (SIGSTOP, a debugger) */
 };
 
 typedef struct {
@@ -140,7 +141,7 @@ typedef struct {
         uint32_t p50_us;      /* collectives' time from first arrival to completion, */
         uint32_t p99_us;      /* over the last latency_n of them */
         uint32_t latency_n;
-        uint32_t reserved;
+        uint32_t waiting_ms; /* since the first rank arrived at waiting_seq; 0: none yet */
         DvGroupInfo info;
         char abort_msg[DV_MSG_MAX];
         DvRankInfo ranks[];

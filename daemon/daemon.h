@@ -121,6 +121,7 @@ struct Group {
         char abort_msg[DV_MSG_MAX];
         uint64_t bytes_mapped;
         uint32_t waiting_seq; /* the step the worker waits for */
+        uint64_t waiting_since_ns; /* under lock: its first arrival; 0: none yet */
         uint32_t lat_us[256]; /* ring of step latencies (first arrival to completion) */
         uint32_t lat_n;
 
@@ -168,6 +169,7 @@ struct Daemon {
 /* group.c */
 int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msglen);
 void group_member_gone(Group *g, int rank, bool left);
+void proc_state(pid_t pid, char *buf, size_t len);
 void group_fail(Group *g, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns);
 void group_maybe_free(Group *g);

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -81,6 +82,16 @@ static void conn_close(Daemon *d, Conn *c) {
                 return;
         if (c->group) {
                 Group *g = c->group;
+                /*
+                 * A dying process closes its sockets before it becomes a zombie, and only
+                 * the zombie tells how it ended (group_member_gone() reads it from /proc):
+                 * give it a moment to get there. A client that merely hung up costs this
+                 * wait once.
+                 */
+                if (c->pidfd >= 0) {
+                        struct pollfd pfd = {.fd = c->pidfd, .events = POLLIN};
+                        poll(&pfd, 1, /* timeout_ms= */ 20);
+                }
                 group_member_gone(g, c->rank, false);
                 c->group = NULL;
                 group_maybe_free(g);
@@ -204,6 +215,9 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
         group_info(g, dv_now_ns(), &r->info);
         pthread_mutex_lock(&g->lock);
         r->waiting_seq = g->waiting_seq;
+        uint64_t now = dv_now_ns();
+        if (g->waiting_since_ns && now > g->waiting_since_ns)
+                r->waiting_ms = (uint32_t)DV_MIN((now - g->waiting_since_ns) / 1000000, UINT32_MAX);
         uint32_t n = DV_MIN(g->lat_n, 256u), lat[256];
         memcpy(lat, g->lat_us, n * sizeof(*lat));
         r->latency_n = n;
@@ -215,6 +229,12 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
                 ri->rank = k;
                 ri->pid = (int32_t)m->pid;
                 ri->state = (uint32_t)m->state;
+                char how[96];
+                if (m->state == MEMBER_JOINED) {
+                        proc_state(m->pid, how, sizeof(how));
+                        if (strcmp(how, " is stopped") == 0)
+                                ri->state = DV_RANK_STOPPED;
+                }
                 ri->input_bytes = m->in_pending.map ? m->in_pending.size : m->in.size;
                 ri->times_last = m->times_last;
                 ri->late_us = m->times_last ? m->late_ns / m->times_last / 1000 : 0;

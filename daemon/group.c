@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "daemon.h"
@@ -433,6 +434,49 @@ static void group_where(Group *g, char *buf, size_t len) {
 }
 
 /**
+ * proc_state() - how process pid is, as far as /proc tells: " was killed by signal 9
+ * (Killed)" or " exited with status 3" while it is a zombie nobody reaped yet, " is stopped"
+ * (SIGSTOP, or a debugger), else "" (running, or gone without a trace).
+ */
+void proc_state(pid_t pid, char *buf, size_t len) {
+        char path[32], stat[1024];
+        buf[0] = '\0';
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return;
+        ssize_t n = read(fd, stat, sizeof(stat) - 1);
+        close(fd);
+        if (n <= 0)
+                return;
+        stat[n] = '\0';
+        char *p = strrchr(stat, ')'); /* the command name may hold anything but not after this */
+        if (!p || p[1] != ' ')
+                return;
+        char state = p[2];
+        if (state == 'T' || state == 't') {
+                snprintf(buf, len, " is stopped");
+                return;
+        }
+        if (state != 'Z')
+                return;
+        /* field 52, exit_code (Linux 3.5): the wait status; 49 fields after the state */
+        char *f = p + 2;
+        for (int i = 0; i < 49 && f; i++) {
+                f = strchr(f, ' ');
+                f = f ? f + 1 : NULL;
+        }
+        if (!f)
+                return;
+        int status = atoi(f);
+        if (WIFSIGNALED(status))
+                snprintf(buf, len, " was killed by signal %d (%s)", WTERMSIG(status),
+                         strsignal(WTERMSIG(status)));
+        else if (WIFEXITED(status))
+                snprintf(buf, len, " exited with status %d", WEXITSTATUS(status));
+}
+
+/**
  * group_member_gone() - rank's client left (left=true) or hung up. A forming group gives the
  * rank back; an active group fails with DEVAL_EPEER naming the rank and its pid.
  */
@@ -452,9 +496,14 @@ void group_member_gone(Group *g, int rank, bool left) {
         m->state = left ? MEMBER_LEFT : MEMBER_DEAD;
         if (g->state != DV_GROUP_ACTIVE)
                 return;
+        char how[96];
+        proc_state(m->pid, how, sizeof(how));
         group_where(g, where, sizeof(where));
         group_fail(g, DEVAL_EPEER, "rank %d (pid %d) %s %s", rank, (int)m->pid,
-                   left ? "left the group" : "exited", where);
+                   left     ? "left the group"
+                   : how[0] ? how + 1
+                            : "exited",
+                   where);
 }
 
 /* Answer joins whose deadline passed with DEVAL_ETIMEDOUT naming the missing ranks. */

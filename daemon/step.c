@@ -16,6 +16,7 @@
 
 #include "daemon.h"
 #include "dtype.h"
+#include "fault.h"
 #include "gpu_worker.h"
 #include "kernel_plan.h"
 #include "log.h"
@@ -300,6 +301,7 @@ static int step_gather(Step *s) {
         dv_plan_init(&p);
         if ((r = dv_plan_gather(&in, &p)) < 0)
                 goto out;
+        DV_FAULT("daemon_copy", s->seq);
         if (s->dev) {
                 if ((r = exec_device(s, &p, false)) < 0)
                         goto out_msg;

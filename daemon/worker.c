@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "fault.h"
 #include "log.h"
 #include "util.h"
 
@@ -45,8 +46,10 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
                 if (atomic_load_explicit(&g->hdr->slots[k].arrived_seq, memory_order_acquire) ==
                     seq)
                         continue;
-                n += snprintf(msg + n, sizeof(msg) - (size_t)n, " rank %d (pid %d)", k,
-                              (int)g->members[k].pid);
+                char how[96];
+                proc_state(g->members[k].pid, how, sizeof(how));
+                n += snprintf(msg + n, sizeof(msg) - (size_t)n, " rank %d (pid %d%s%s)", k,
+                              (int)g->members[k].pid, how[0] ? "," : "", how);
                 if (seq > 1)
                         n += snprintf(msg + n, sizeof(msg) - (size_t)n,
                                       " never arrived, still after collective #%u (%s);", seq - 1,
@@ -92,8 +95,12 @@ static int worker_wait(Group *g, uint32_t seq) {
                 }
                 if (arrived == g->world)
                         return 0;
-                if (arrived && !first_ns)
+                if (arrived && !first_ns) {
                         first_ns = now;
+                        pthread_mutex_lock(&g->lock);
+                        g->waiting_since_ns = now;
+                        pthread_mutex_unlock(&g->lock);
+                }
                 int64_t wait_ns = SLICE_NS;
                 if (first_ns && g->timeout_ns >= 0) {
                         int64_t left = g->timeout_ns - (int64_t)(now - first_ns);
@@ -217,6 +224,7 @@ void *worker_main(void *arg) {
         for (uint32_t seq = 1;; seq++) {
                 pthread_mutex_lock(&g->lock);
                 g->waiting_seq = seq;
+                g->waiting_since_ns = 0;
                 pthread_mutex_unlock(&g->lock);
                 if (worker_wait(g, seq) != 0)
                         break;
@@ -235,6 +243,7 @@ void *worker_main(void *arg) {
                           dv_op_name(g->reqs[0].op),
                           (unsigned long long)((dv_now_ns() - t0) / 1000), deval_strerror(r));
                 atomic_fetch_add_explicit(&g->collectives, 1, memory_order_relaxed);
+                DV_FAULT("before_wake", seq);
                 /* release: every slot's res and msg are written before done_seq says so */
                 atomic_store_explicit(&h->done_seq, seq, memory_order_release);
                 atomic_fetch_add_explicit(&h->wake, 1, memory_order_release);

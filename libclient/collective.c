@@ -18,11 +18,12 @@
 
 #include "client.h"
 #include "dtype.h"
+#include "fault.h"
 #include "gpu.h"
 #include "util.h"
 
 #define SLICE_NS      (20 * 1000 * 1000) /* how often a sleeping rank checks devald is alive */
-#define WAIT_GRACE_NS (5000ll * 1000 * 1000)
+#define WAIT_GRACE_NS (2000ll * 1000 * 1000)
 
 static int group_fail_local(deval_group *g, int status, const char *msg) {
         g->failed = status;
@@ -126,10 +127,12 @@ static int coll_run(deval_group *g, const char *fn, DvResult **ret) {
         uint64_t start = dv_now_ns();
         int64_t limit = g->timeout_ms < 0 ? -1 : (int64_t)g->timeout_ms * 1000000 + WAIT_GRACE_NS;
 
+        DV_FAULT("before_arrive", seq);
         /* release: the request is complete before devald's worker can see the arrival */
         atomic_store_explicit(&slot->arrived_seq, seq, memory_order_release);
         atomic_fetch_add_explicit(&h->arrive, 1, memory_order_release);
         dv_futex_wake(&h->arrive);
+        DV_FAULT("after_arrive", seq);
 
         for (;;) {
                 uint32_t w = atomic_load_explicit(&h->wake, memory_order_acquire);
@@ -314,6 +317,7 @@ static int put_tensors_to(deval_group *g, const char *fn, int n, const deval_ten
                 return r;
         if ((r = dev ? dv_reserve_dev_input(g, end) : dv_reserve_input(g, end)) < 0)
                 return stage_failed(g, fn, q, r, end);
+        DV_FAULT("before_write", g->seq + 1);
         for (int i = 0; i < n; i++) {
                 if (bytes[i] && dev) {
                         if ((r = put_on_device(g, off[i], &in[i], bytes[i])) < 0) {

@@ -216,6 +216,8 @@ static const char *rank_state(uint32_t s) {
                 return "left";
         case DV_RANK_DEAD:
                 return "dead";
+        case DV_RANK_STOPPED:
+                return "stopped";
         }
         return "-";
 }
@@ -247,12 +249,13 @@ static int cmd_group(const char *name) {
                        "d,"
                        "%s\"collectives\":%s%" PRIu64 ",%s\"bytes_moved\":%s%" PRIu64
                        ",%s\"bytes_mapped\":%s%" PRIu64
-                       ",%s\"waiting_for\":%s%u,%s\"timeout_ms\":%s%d,"
+                       ",%s\"waiting_for\":%s%u,%s\"waiting_ms\":%s%u,%s\"timeout_ms\":%s%d,"
                        "%s\"p50_us\":%s%u,%s\"p99_us\":%s%u,%s\"latency_n\":%s%u,%s\"failure\":%s",
                        sp, sp, state_name(g->state), sp, sp, g->uid, sp, sp, g->world_size, sp, sp,
                        g->joined, sp, sp, g->collectives, sp, sp, g->bytes_moved, sp, sp,
-                       g->bytes_mapped, sp, sp, r->waiting_seq, sp, sp, r->timeout_ms, sp, sp,
-                       r->p50_us, sp, sp, r->p99_us, sp, sp, r->latency_n, sp, sp);
+                       g->bytes_mapped, sp, sp, r->waiting_seq, sp, sp, r->waiting_ms, sp, sp,
+                       r->timeout_ms, sp, sp, r->p50_us, sp, sp, r->p99_us, sp, sp, r->latency_n,
+                       sp, sp);
                 json_string(r->abort_msg);
                 printf(",%s\"ranks\":%s[", sp, sp);
                 for (uint32_t k = 0; k < r->nranks; k++) {
@@ -279,6 +282,9 @@ static int cmd_group(const char *name) {
                moved, mapped, (double)g->age_us / 1e6);
         if (r->abort_msg[0])
                 printf("failed: %s\n", r->abort_msg);
+        else if (g->state == DV_GROUP_ACTIVE && r->waiting_ms)
+                printf("waiting for collective #%u for %.1f s (timeout %d ms)\n", r->waiting_seq,
+                       r->waiting_ms / 1e3, r->timeout_ms);
         else if (g->state == DV_GROUP_ACTIVE)
                 printf("waiting for collective #%u (timeout %d ms)\n", r->waiting_seq,
                        r->timeout_ms);

@@ -1,0 +1,403 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test-faults.c - the fault-injection matrix: every way a rank or devald can stop (exit,
+ * abort, SIGKILL, SIGSTOP, a long sleep), at every fault point (common/fault.h), with 2 to
+ * 8 ranks, against a real devald. What must hold:
+ *
+ *   - a rank that dies: every other rank gets DEVAL_EPEER within 1 s, naming the rank, its
+ *     pid and how it ended;
+ *   - a rank that stops or sleeps: the others get DEVAL_ETIMEDOUT at the deadline, naming
+ *     it; deval-ctl shows it stopped and not arrived, and for how long the group waited;
+ *   - devald that dies mid-step: every rank gets DEVAL_EDAEMON within 1 s; one that stops:
+ *     DEVAL_ETIMEDOUT at the deadline;
+ *   - an aborted group fails every later call at once with DEVAL_EABORTED;
+ *   - a rank killed in one group leaves a concurrent group's 1000 collectives untouched.
+ *
+ * Ranks are forked here rather than by the harness, so that a dead rank stays a zombie
+ * until the others are done: only a zombie tells devald how a process ended.
+ */
+/* cmocka needs these first */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "util.h"
+
+static Harness H;
+
+enum {
+        MAX_RANKS = 8
+};
+
+typedef struct {
+        int status;   /* of the first failing call */
+        double t_err; /* when it returned */
+        int calls;    /* gathers that succeeded */
+        char msg[512];
+} Outcome;
+
+typedef struct {
+        double t_fault;
+        pid_t pid[MAX_RANKS];
+        Outcome out[MAX_RANKS];
+} Shared;
+
+static Shared *S;
+
+typedef struct {
+        const char *phase;  /* a fault point, or NULL: none */
+        const char *action; /* exit, abort, sigkill, sigstop, sleep */
+        int world;
+        int victim;       /* the rank that faults; -1: devald does */
+        int timeout_ms;   /* the group's deadline */
+        const char *name; /* the group */
+} Case;
+
+#ifndef DEVAL_FAULT_POINTS
+#define FAULTS_BUILT false
+#else
+#define FAULTS_BUILT true
+#endif
+
+/* A gather of a few rows; 0 or the status. */
+static int gather(deval_group *g, int rank) {
+        float x[16];
+        for (int i = 0; i < 16; i++)
+                x[i] = (float)(rank * 100 + i);
+        deval_tensor in = {.data = x,
+                           .dtype = DEVAL_F32,
+                           .ndim = 2,
+                           .shape = {1 + rank % 3, 4},
+                           .device = -1},
+                     out;
+        return deval_gather(g, 1, &in, NULL, &out);
+}
+
+static void run_rank(const Case *c, int rank) {
+        deval_group *g;
+        deval_join_opts o = {.socket_path = H.socket, .timeout_ms = c->timeout_ms};
+        Outcome *me = &S->out[rank];
+        me->status = deval_join(c->name, rank, c->world, &o, &g);
+        if (me->status < 0) {
+                snprintf(me->msg, sizeof(me->msg), "join: %s", deval_errmsg(NULL));
+                _exit(1);
+        }
+        if ((me->status = gather(g, rank)) < 0) /* collective #1: everyone is there */
+                goto failed;
+        me->calls = 1;
+        char spec[64];
+        if (rank == c->victim) {
+                snprintf(spec, sizeof(spec), "%s:%s:1500@2", c->phase, c->action);
+                setenv("DEVAL_FAULT", spec, 1);
+        }
+        if (rank == c->victim || (c->victim < 0 && rank == 0))
+                S->t_fault = harness_now();
+        for (int i = 0; i < 20; i++) { /* #2 faults; the others go on until they fail */
+                if ((me->status = gather(g, rank)) < 0)
+                        goto failed;
+                me->calls++;
+        }
+        _exit(0);
+failed:
+        me->t_err = harness_now();
+        snprintf(me->msg, sizeof(me->msg), "%s", deval_errmsg(g));
+        _exit(0);
+}
+
+/* Fork the ranks; wait for the survivors, and only then reap the victim. */
+static void run_case(const Case *c) {
+        memset(S, 0, sizeof(*S));
+        for (int k = 0; k < c->world; k++) {
+                pid_t pid = fork();
+                assert_true(pid >= 0);
+                if (pid == 0)
+                        run_rank(c, k);
+                S->pid[k] = pid;
+        }
+        for (int k = 0; k < c->world; k++) {
+                if (k == c->victim)
+                        continue;
+                int st;
+                assert_int_equal(waitpid(S->pid[k], &st, 0), S->pid[k]);
+                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                        fail_msg("%s:%s, %d ranks: rank %d ended with status 0x%x: %s", c->phase,
+                                 c->action, c->world, k, st, S->out[k].msg);
+        }
+        if (c->victim >= 0) {
+                int st;
+                kill(S->pid[c->victim], SIGKILL);
+                kill(S->pid[c->victim], SIGCONT);
+                waitpid(S->pid[c->victim], &st, 0);
+        }
+}
+
+static const char *how_it_ended(const char *action) {
+        if (strcmp(action, "exit") == 0)
+                return "exited with status 3";
+        if (strcmp(action, "abort") == 0)
+                return "was killed by signal 6";
+        if (strcmp(action, "sigkill") == 0)
+                return "was killed by signal 9";
+        return "is stopped";
+}
+
+static void check_survivors(const Case *c, int want, double lo, double hi, const char *say) {
+        for (int k = 0; k < c->world; k++) {
+                if (k == c->victim)
+                        continue;
+                const Outcome *o = &S->out[k];
+                double dt = o->t_err - S->t_fault;
+                if (o->status != want || dt < lo || dt > hi || (say && !strstr(o->msg, say)))
+                        fail_msg("%s:%s, %d ranks, rank %d: got %s after %.3f s (want %s in "
+                                 "[%.2f, %.2f] s saying '%s'): %s",
+                                 c->phase, c->action, c->world, k, deval_strerror(o->status), dt,
+                                 deval_strerror(want), lo, hi, say ? say : "", o->msg);
+        }
+}
+
+static void test_rank_faults(void **state) {
+        (void)state;
+        if (!FAULTS_BUILT)
+                skip();
+        static const char *const phases[] = {"before_write", "before_arrive", "after_arrive"};
+        static const char *const deaths[] = {"exit", "abort", "sigkill"};
+        static const int worlds[] = {2, 5, 8};
+        int n = 0;
+        for (size_t p = 0; p < DV_ARRAY_SIZE(phases); p++)
+                for (size_t a = 0; a < DV_ARRAY_SIZE(deaths); a++)
+                        for (size_t w = 0; w < DV_ARRAY_SIZE(worlds); w++) {
+                                char name[64];
+                                snprintf(name, sizeof(name), "death-%d-%d", (int)getpid(), n++);
+                                Case c = {phases[p],
+                                          deaths[a],
+                                          worlds[w],
+                                          /* victim= */ (int)(n % (size_t)worlds[w]),
+                                          10000,
+                                          name};
+                                run_case(&c);
+                                char say[96];
+                                snprintf(say, sizeof(say), "rank %d (pid %d) %s", c.victim,
+                                         (int)S->pid[c.victim], how_it_ended(c.action));
+                                check_survivors(&c, DEVAL_EPEER, 0.0, 1.0, say);
+                        }
+        printf("rank deaths: %d cases (3 points x exit/abort/SIGKILL x 2, 5, 8 ranks)\n", n);
+}
+
+static void test_rank_stops(void **state) {
+        (void)state;
+        if (!FAULTS_BUILT)
+                skip();
+        static const char *const phases[] = {"before_write", "before_arrive", "after_arrive"};
+        static const char *const stops[] = {"sigstop", "sleep"};
+        static const int worlds[] = {2, 8};
+        int n = 0;
+        for (size_t p = 0; p < DV_ARRAY_SIZE(phases); p++)
+                for (size_t a = 0; a < DV_ARRAY_SIZE(stops); a++)
+                        for (size_t w = 0; w < DV_ARRAY_SIZE(worlds); w++) {
+                                char name[64];
+                                snprintf(name, sizeof(name), "stop-%d-%d", (int)getpid(), n++);
+                                Case c = {phases[p],     stops[a], worlds[w],
+                                          worlds[w] - 1, 1000,     name};
+                                run_case(&c);
+                                char say[96];
+                                snprintf(say, sizeof(say), "rank %d (pid %d", c.victim,
+                                         (int)S->pid[c.victim]);
+                                /* the deadline runs from the first arrival; after_arrive
+                                 * completes #2 and stalls #3, a little later */
+                                check_survivors(&c, DEVAL_ETIMEDOUT, 0.9, 2.5, say);
+                                if (strcmp(c.action, "sigstop") == 0 &&
+                                    strcmp(c.phase, "after_arrive") != 0)
+                                        check_survivors(&c, DEVAL_ETIMEDOUT, 0.9, 2.5,
+                                                        "is stopped");
+                        }
+        printf("rank stops: %d cases (3 points x SIGSTOP/sleep x 2, 8 ranks)\n", n);
+}
+
+/* One stopped rank, watched through deval-ctl before the deadline. */
+static int rank_watched(const Harness *h, int rank, int world, void *arg) {
+        const char *name = arg;
+        deval_group *g;
+        deval_join_opts o = {.socket_path = h->socket, .timeout_ms = 3000};
+        CHECK_OK(deval_join(name, rank, world, &o, &g), NULL);
+        CHECK_OK(gather(g, rank), g);
+        if (rank == 1) {
+                S->pid[1] = getpid();
+                raise(SIGSTOP);
+                return 0;
+        }
+        int r = gather(g, rank);
+        CHECK(r == DEVAL_ETIMEDOUT && strstr(deval_errmsg(g), "is stopped"), "got %s: %s",
+              deval_strerror(r), deval_errmsg(g));
+        return 0;
+}
+
+static void test_stopped_rank_in_ctl(void **state) {
+        (void)state;
+        char name[64], args[128], out[8192];
+        snprintf(name, sizeof(name), "watched-%d", (int)getpid());
+        memset(S, 0, sizeof(*S));
+        pid_t runner = fork();
+        if (runner == 0)
+                _exit(harness_run(&H, 2, rank_watched, name, 20));
+        /* rank 0 waits for #2 from the first arrival on; look 1.2 s in */
+        usleep(1500000);
+        snprintf(args, sizeof(args), "group %s", name);
+        int rc = harness_ctl(&H, args, out, sizeof(out));
+        usleep(2000000); /* past the deadline: rank 0 is done */
+        kill(S->pid[1], SIGKILL);
+        int st;
+        waitpid(runner, &st, 0);
+        assert_int_equal(rc, 0);
+        if (!strstr(out, "waiting for collective #2 for ") || !strstr(out, "stopped") ||
+            !strstr(out, "no (last #1)"))
+                fail_msg("deval-ctl %s does not show the stopped rank:\n%s", args, out);
+        printf("%s", out);
+        /* rank 1, killed while stopped, is the one failure */
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+}
+
+static void test_daemon_faults(void **state) {
+        (void)state;
+        if (!FAULTS_BUILT)
+                skip();
+        static const char *const phases[] = {"daemon_copy", "before_wake"};
+        static const char *const actions[] = {"exit", "abort", "sigkill", "sigstop", "sleep"};
+        int n = 0;
+        harness_stop(&H);
+        for (size_t p = 0; p < DV_ARRAY_SIZE(phases); p++)
+                for (size_t a = 0; a < DV_ARRAY_SIZE(actions); a++) {
+                        char spec[64], name[64];
+                        snprintf(spec, sizeof(spec), "%s:%s:1500@2", phases[p], actions[a]);
+                        setenv("DEVAL_FAULT", spec, 1);
+                        harness_start(&H, NULL);
+                        unsetenv("DEVAL_FAULT");
+                        snprintf(name, sizeof(name), "daemon-%d-%d", (int)getpid(), n++);
+                        bool dies = strcmp(actions[a], "sigstop") != 0 &&
+                                    strcmp(actions[a], "sleep") != 0;
+                        Case c = {phases[p], actions[a], 3, -1, 1000, name};
+                        run_case(&c);
+                        if (dies) {
+                                check_survivors(&c, DEVAL_EDAEMON, 0.0, 1.0, "devald");
+                        } else if (strcmp(actions[a], "sigstop") == 0) {
+                                /* the ranks' own deadline: the group's plus a grace of 2 s
+                                 * in which devald's would have named the missing ranks */
+                                check_survivors(&c, DEVAL_ETIMEDOUT, 2.9, 4.0, "within 1000 ms");
+                        } else { /* 1.5 s asleep is slow, not dead: all 21 gathers work */
+                                for (int k = 0; k < c.world; k++)
+                                        if (S->out[k].status != 0 || S->out[k].calls != 21)
+                                                fail_msg("%s: rank %d: %d calls, then %s: %s",
+                                                         spec, k, S->out[k].calls,
+                                                         deval_strerror(S->out[k].status),
+                                                         S->out[k].msg);
+                        }
+                        /* devald is dead, stopped or asleep: end it, start the next */
+                        int st;
+                        kill(H.daemon, SIGKILL);
+                        kill(H.daemon, SIGCONT);
+                        waitpid(H.daemon, &st, 0);
+                }
+        harness_start(&H, NULL);
+        printf("devald faults: %d cases (2 points x exit/abort/SIGKILL/SIGSTOP/sleep)\n", n);
+}
+
+/* An aborted group: every later call fails at once. */
+static int rank_aborted(const Harness *h, int rank, int world, void *arg) {
+        const char *name = arg;
+        deval_group *g;
+        deval_join_opts o = {.socket_path = h->socket, .timeout_ms = 10000};
+        CHECK_OK(deval_join(name, rank, world, &o, &g), NULL);
+        int r = 0;
+        for (int i = 0; i < 100000 && r == 0; i++)
+                r = gather(g, rank);
+        CHECK(r == DEVAL_EABORTED, "got %s: %s", deval_strerror(r), deval_errmsg(g));
+        double t0 = harness_now();
+        for (int i = 0; i < 100; i++)
+                CHECK((r = gather(g, rank)) == DEVAL_EABORTED, "call %d: %s", i, deval_strerror(r));
+        double each = (harness_now() - t0) / 100;
+        CHECK(each < 0.001, "a call on an aborted group took %.6f s", each);
+        return 0;
+}
+
+static void test_aborted_group(void **state) {
+        (void)state;
+        char name[64], args[128], out[4096];
+        snprintf(name, sizeof(name), "aborted-%d", (int)getpid());
+        pid_t runner = fork();
+        if (runner == 0)
+                _exit(harness_run(&H, 4, rank_aborted, name, 30));
+        usleep(300000);
+        snprintf(args, sizeof(args), "abort %s", name);
+        int rc = harness_ctl(&H, args, out, sizeof(out));
+        int st;
+        waitpid(runner, &st, 0);
+        assert_int_equal(rc, 0);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* Two groups at once: a rank killed in one, the other's 1000 collectives go on. */
+static int rank_two_groups(const Harness *h, int rank, int world, void *arg) {
+        (void)world;
+        const char *base = arg;
+        char name[64];
+        int which = rank / 2, r2 = rank % 2;
+        snprintf(name, sizeof(name), "%s-%c", base, which ? 'b' : 'a');
+        deval_group *g;
+        deval_join_opts o = {.socket_path = h->socket, .timeout_ms = 10000};
+        CHECK_OK(deval_join(name, r2, 2, &o, &g), NULL);
+        if (which == 1) { /* group b: rank 1 dies in its 10th gather */
+                for (int i = 0; i < 9; i++)
+                        CHECK_OK(gather(g, r2), g);
+                if (r2 == 1)
+                        raise(SIGKILL);
+                int r = gather(g, r2);
+                CHECK(r == DEVAL_EPEER, "group b: got %s", deval_strerror(r));
+                return 0;
+        }
+        for (int i = 0; i < 1000; i++)
+                CHECK_OK(gather(g, r2), g);
+        return 0;
+}
+
+static void test_other_group_untouched(void **state) {
+        (void)state;
+        char name[64];
+        snprintf(name, sizeof(name), "pair-%d", (int)getpid());
+        /* rank 3 (group b's rank 1) is meant to die: harness_run counts it */
+        assert_int_equal(harness_run(&H, 4, rank_two_groups, name, 60), 1);
+}
+
+static int setup(void **state) {
+        (void)state;
+        S = mmap(NULL, sizeof(*S), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        assert_true(S != MAP_FAILED);
+        harness_start(&H, NULL);
+        return 0;
+}
+
+static int teardown(void **state) {
+        (void)state;
+        harness_stop(&H);
+        return 0;
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_rank_faults),           cmocka_unit_test(test_rank_stops),
+                cmocka_unit_test(test_stopped_rank_in_ctl),   cmocka_unit_test(test_aborted_group),
+                cmocka_unit_test(test_other_group_untouched), cmocka_unit_test(test_daemon_faults),
+        };
+        return cmocka_run_group_tests(tests, setup, teardown);
+}
