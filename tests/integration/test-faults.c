@@ -25,6 +25,7 @@
 #include <cmocka.h>
 /* clang-format on */
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -298,8 +299,8 @@ static void test_daemon_faults(void **state) {
                         } else { /* 1.5 s asleep is slow, not dead: all 21 gathers work */
                                 for (int k = 0; k < c.world; k++)
                                         if (S->out[k].status != 0 || S->out[k].calls != 21)
-                                                fail_msg("%s: rank %d: %d calls, then %s: %s",
-                                                         spec, k, S->out[k].calls,
+                                                fail_msg("%s: rank %d: %d calls, then %s: %s", spec,
+                                                         k, S->out[k].calls,
                                                          deval_strerror(S->out[k].status),
                                                          S->out[k].msg);
                         }
@@ -379,6 +380,147 @@ static void test_other_group_untouched(void **state) {
         assert_int_equal(harness_run(&H, 4, rank_two_groups, name, 60), 1);
 }
 
+/*
+ * devald killed with SIGKILL under load and started again, RESTARTS times, on the same
+ * socket: every waiting rank returns DEVAL_EDAEMON within 1 s each time, joins the new
+ * devald, and ends with the descriptors and memory it started with.
+ */
+enum {
+        RESTARTS = 100,
+        RESTART_RANKS = 3
+};
+
+typedef struct {
+        _Atomic int cycle; /* the devald now running (1-based); 0: none yet */
+        _Atomic int stop;
+        _Atomic int gathers[RESTART_RANKS];
+        _Atomic int failed[RESTART_RANKS]; /* cycles that ended in DEVAL_EDAEMON */
+        double t_kill;
+        double worst[RESTART_RANKS];
+        int bad_status[RESTART_RANKS];
+        int fds[RESTART_RANKS][2];  /* after the first cycle, after the last */
+        long rss[RESTART_RANKS][2]; /* KiB */
+        char msg[RESTART_RANKS][256];
+} Restarts;
+
+static int count_fds(void) {
+        int n = 0;
+        for (int fd = 0; fd < 1024; fd++)
+                n += fcntl(fd, F_GETFD) >= 0;
+        return n;
+}
+
+static long rss_kib(void) {
+        long pages = 0, rss = 0;
+        FILE *f = fopen("/proc/self/statm", "r");
+        if (f) {
+                if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+                        rss = 0;
+                fclose(f);
+        }
+        return rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static void restart_rank(Restarts *R, const char *sock, int rank) {
+        deval_join_opts o = {.socket_path = sock, .timeout_ms = 10000};
+        for (int done = 0; !R->stop;) {
+                deval_group *g = NULL;
+                if (R->cycle <= done || deval_join("restart", rank, RESTART_RANKS, &o, &g) < 0) {
+                        usleep(2000); /* devald is not (yet) there: try again */
+                        continue;
+                }
+                int r;
+                while ((r = gather(g, rank)) == 0)
+                        R->gathers[rank]++;
+                double dt = harness_now() - R->t_kill;
+                if (r != DEVAL_EDAEMON) {
+                        R->bad_status[rank] = r;
+                        snprintf(R->msg[rank], sizeof(R->msg[rank]), "%s", deval_errmsg(g));
+                }
+                if (dt > R->worst[rank])
+                        R->worst[rank] = dt;
+                deval_leave(g);
+                done = R->cycle;
+                int at = R->failed[rank] == 0 ? 0 : 1;
+                R->fds[rank][at] = count_fds();
+                R->rss[rank][at] = rss_kib();
+                R->failed[rank]++;
+        }
+        _exit(0);
+}
+
+static void test_daemon_restarts(void **state) {
+        (void)state;
+        Restarts *R =
+                mmap(NULL, sizeof(*R), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        assert_true(R != MAP_FAILED);
+        memset(R, 0, sizeof(*R));
+        char dir[64] = "/tmp/deval-restart-XXXXXX", sock[100];
+        assert_non_null(mkdtemp(dir));
+        snprintf(sock, sizeof(sock), "%s/devald.sock", dir);
+        pid_t ranks[RESTART_RANKS];
+        for (int k = 0; k < RESTART_RANKS; k++)
+                if ((ranks[k] = fork()) == 0)
+                        restart_rank(R, sock, k);
+        double t0 = harness_now();
+        for (int c = 1; c <= RESTARTS; c++) {
+                pid_t d = fork();
+                if (d == 0) {
+                        execl(getenv("DEVALD"), "devald", "--socket", sock, "--log-level", "err",
+                              (char *)NULL);
+                        _exit(127);
+                }
+                int before[RESTART_RANKS];
+                for (int k = 0; k < RESTART_RANKS; k++)
+                        before[k] = R->gathers[k];
+                R->cycle = c;
+                /* under load: every rank has gathered on this devald */
+                for (int k = 0, waited = 0; k < RESTART_RANKS; waited++) {
+                        if (R->gathers[k] > before[k] + 2) {
+                                k++;
+                                continue;
+                        }
+                        if (waited > 10000)
+                                fail_msg("restart %d: rank %d made no progress in 10 s", c, k);
+                        usleep(1000);
+                }
+                R->t_kill = harness_now();
+                kill(d, SIGKILL);
+                waitpid(d, NULL, 0);
+                for (int k = 0, waited = 0; k < RESTART_RANKS; waited++) {
+                        if (R->failed[k] >= c) {
+                                k++;
+                                continue;
+                        }
+                        if (waited > 5000)
+                                fail_msg("restart %d: rank %d is stuck after devald died", c, k);
+                        usleep(1000);
+                }
+        }
+        R->stop = 1;
+        for (int k = 0; k < RESTART_RANKS; k++)
+                waitpid(ranks[k], NULL, 0);
+        unlink(sock);
+        rmdir(dir);
+        double worst = 0;
+        for (int k = 0; k < RESTART_RANKS; k++) {
+                if (R->bad_status[k])
+                        fail_msg("rank %d got %s, not DEVAL_EDAEMON: %s", k,
+                                 deval_strerror(R->bad_status[k]), R->msg[k]);
+                worst = R->worst[k] > worst ? R->worst[k] : worst;
+                printf("rank %d: %d gathers; after restart 1: %d fds, %ld KiB; after restart "
+                       "%d: %d fds, %ld KiB\n",
+                       k, R->gathers[k], R->fds[k][0], R->rss[k][0], RESTARTS, R->fds[k][1],
+                       R->rss[k][1]);
+                assert_int_equal(R->fds[k][0], R->fds[k][1]);
+                assert_true(R->rss[k][1] - R->rss[k][0] < 1024);
+        }
+        printf("%d restarts in %.1f s: DEVAL_EDAEMON at most %.0f ms after the kill\n", RESTARTS,
+               harness_now() - t0, worst * 1e3);
+        assert_true(worst < 1.0);
+        munmap(R, sizeof(*R));
+}
+
 static int setup(void **state) {
         (void)state;
         S = mmap(NULL, sizeof(*S), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -398,6 +540,7 @@ int main(void) {
                 cmocka_unit_test(test_rank_faults),           cmocka_unit_test(test_rank_stops),
                 cmocka_unit_test(test_stopped_rank_in_ctl),   cmocka_unit_test(test_aborted_group),
                 cmocka_unit_test(test_other_group_untouched), cmocka_unit_test(test_daemon_faults),
+                cmocka_unit_test(test_daemon_restarts),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
