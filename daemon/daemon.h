@@ -23,6 +23,20 @@ typedef struct Daemon Daemon;
 typedef struct Group Group;
 typedef struct Conn Conn;
 
+/*
+ * What one uid holds in devald, against its quotas (--max-user-*). conns and groups are
+ * the main thread's; bytes (every arena of its groups) is reserved by group_quota() from
+ * any thread before an arena is made, so two groups growing at once cannot both take the
+ * last bytes. A record lives while the uid holds anything.
+ */
+typedef struct Usage {
+        struct Usage *next;
+        uid_t uid;
+        int conns;
+        int groups;
+        _Atomic uint64_t bytes;
+} Usage;
+
 typedef struct {
         int fd;
         uint8_t *map;
@@ -96,6 +110,7 @@ struct Group {
         Daemon *d;
         char name[DV_GROUP_NAME_MAX];
         uid_t uid;
+        Usage *usage; /* its uid's */
         int world;
         int joined;
         int state;   /* DV_GROUP_*, main thread's */
@@ -120,9 +135,9 @@ struct Group {
         int abort_status;
         char abort_msg[DV_MSG_MAX];
         uint64_t bytes_mapped;
-        uint32_t waiting_seq; /* the step the worker waits for */
+        uint32_t waiting_seq;      /* the step the worker waits for */
         uint64_t waiting_since_ns; /* under lock: its first arrival; 0: none yet */
-        uint32_t lat_us[256]; /* ring of step latencies (first arrival to completion) */
+        uint32_t lat_us[256];      /* ring of step latencies (first arrival to completion) */
         uint32_t lat_n;
 
         /* worker's */
@@ -131,6 +146,7 @@ struct Group {
         void *pool;
 
         _Atomic uint64_t collectives;
+        _Atomic uint64_t done_ns; /* when the worker last completed a collective */
         _Atomic uint64_t bytes_moved;
 };
 
@@ -141,6 +157,7 @@ struct Conn {
         int pidfd; /* the client process, watched for its exit; -1 if unavailable */
         pid_t pid;
         uid_t uid;
+        Usage *usage; /* its uid's */
         Group *group;
         int rank;
 };
@@ -150,6 +167,12 @@ struct Daemon {
         char socket_path[108];
         uint64_t max_group_bytes;
         int max_groups;
+        uint64_t max_user_bytes; /* every arena of one uid's groups */
+        int max_user_groups;
+        int max_user_conns;
+        int max_world;      /* ranks per group */
+        int idle_timeout_s; /* a group without a collective this long fails; 0: never */
+        Usage *usage;
         int threads;         /* copy threads per group */
         int spin_us;         /* < 0: decide per group from the cores and the world size */
         const DvGpuApi *gpu; /* the cuda backend's GPUs; NULL: host backend only */
@@ -175,8 +198,12 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns);
 void group_maybe_free(Group *g);
 int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, size_t msglen);
 int group_output_fd(Group *g, uint64_t *size, uint64_t *gen);
-int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want,
-                uint64_t *ret_others);
+int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, uint64_t *ret_others,
+                char *why, size_t whylen);
+void group_quota_undo(Group *g, uint64_t reserved);
+void group_expire_idle(Daemon *d, uint64_t now, int64_t *next_ns);
+Usage *usage_get(Daemon *d, uid_t uid);
+void usage_put(Daemon *d, Usage *u);
 int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char *msg,
                          size_t msglen);
 int group_dev_output_fd(Group *g, int rank, uint64_t *size, uint64_t *gen);

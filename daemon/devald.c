@@ -112,6 +112,9 @@ static void conn_close(Daemon *d, Conn *c) {
         c->next = d->closed;
         d->closed = c;
         nconns--;
+        c->usage->conns--;
+        usage_put(d, c->usage);
+        c->usage = NULL;
 }
 
 static void conns_reap(Daemon *d) {
@@ -415,6 +418,7 @@ static bool conn_handle(Daemon *d, Conn *c) {
 }
 
 static void accept_conns(Daemon *d) {
+        static unsigned refused;
         for (;;) {
                 int fd = accept4(d->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
                 if (fd < 0) {
@@ -431,9 +435,27 @@ static void accept_conns(Daemon *d) {
                         close(fd);
                         continue;
                 }
-                Conn *c = calloc(1, sizeof(*c));
+                Usage *u = usage_get(d, cred.uid);
+                Conn *c = u ? calloc(1, sizeof(*c)) : NULL;
                 if (!c) {
+                        usage_put(d, u);
                         close(fd);
+                        continue;
+                }
+                if (u->conns >= d->max_user_conns) {
+                        /* refused cleanly: the client reads this as the answer to its
+                         * first request, then the hang-up */
+                        char msg[160];
+                        snprintf(msg, sizeof(msg),
+                                 "uid %u already has %d connections to devald (--max-user-conns)",
+                                 (unsigned)cred.uid, u->conns);
+                        c->fd = fd;
+                        c->pid = cred.pid;
+                        conn_send_reply(c, DEVAL_ENOMEM, msg, NULL, 0, NULL, 0, 0, 0);
+                        close(fd);
+                        free(c);
+                        if (refused++ % 1000 == 0)
+                                log_warn("pid %d: %s", (int)cred.pid, msg);
                         continue;
                 }
                 *c = (Conn){.next = d->conns,
@@ -442,11 +464,13 @@ static void accept_conns(Daemon *d) {
                             .pidfd = -1,
                             .pid = cred.pid,
                             .uid = cred.uid,
+                            .usage = u,
                             .rank = -1};
                 struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
                 if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
                         close(fd);
                         free(c);
+                        usage_put(d, u);
                         continue;
                 }
                 /*
@@ -464,6 +488,7 @@ static void accept_conns(Daemon *d) {
                         }
                 }
                 d->conns = c;
+                u->conns++;
                 nconns++;
         }
 }
@@ -539,6 +564,10 @@ static int listen_on(Daemon *d) {
                 close(fd);
                 return -1;
         }
+        /* every user may connect (as devald.socket's SocketMode=0666 says): each group is
+         * kept to the uid that made it */
+        if (chmod(d->socket_path, 0666) < 0)
+                log_warn("cannot open %s to every user: %m", d->socket_path);
         d->listen_fd = fd;
         return 0;
 }
@@ -636,6 +665,11 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                 ARG_MAX_GROUPS,
                 ARG_THREADS,
                 ARG_SPIN_US,
+                ARG_MAX_USER_BYTES,
+                ARG_MAX_USER_GROUPS,
+                ARG_MAX_USER_CONNS,
+                ARG_MAX_WORLD,
+                ARG_IDLE_TIMEOUT,
                 ARG_VERSION
         };
         static const struct option opts[] = {
@@ -646,6 +680,11 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                 {"max-groups", required_argument, NULL, ARG_MAX_GROUPS},
                 {"threads", required_argument, NULL, ARG_THREADS},
                 {"spin-us", required_argument, NULL, ARG_SPIN_US},
+                {"max-user-bytes", required_argument, NULL, ARG_MAX_USER_BYTES},
+                {"max-user-groups", required_argument, NULL, ARG_MAX_USER_GROUPS},
+                {"max-user-conns", required_argument, NULL, ARG_MAX_USER_CONNS},
+                {"max-world", required_argument, NULL, ARG_MAX_WORLD},
+                {"idle-timeout", required_argument, NULL, ARG_IDLE_TIMEOUT},
                 {"help", no_argument, NULL, 'h'},
                 {"version", no_argument, NULL, ARG_VERSION},
                 {},
@@ -657,6 +696,12 @@ static int parse_args(Daemon *d, int argc, char **argv) {
         d->max_group_bytes =
                 pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : 1ull << 30;
         d->max_groups = 1024;
+        d->max_user_bytes =
+                pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 2ull << 30;
+        d->max_user_groups = 64;
+        d->max_user_conns = 1024;
+        d->max_world = DEVAL_MAX_WORLD;
+        d->idle_timeout_s = 24 * 3600;
         d->spin_us = -1;
         d->threads = (int)DV_MIN(DV_MAX(ncpu, 1), 8);
         if (dv_default_socket_path(d->socket_path, sizeof(d->socket_path)) < 0)
@@ -698,6 +743,35 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                                 return 2;
                         }
                         break;
+                case ARG_MAX_USER_BYTES:
+                        if (parse_size(optarg, &d->max_user_bytes) < 0 || !d->max_user_bytes) {
+                                fprintf(stderr, "devald: bad --max-user-bytes '%s'\n", optarg);
+                                return 2;
+                        }
+                        break;
+                case ARG_MAX_USER_GROUPS:
+                case ARG_MAX_USER_CONNS:
+                case ARG_MAX_WORLD:
+                case ARG_IDLE_TIMEOUT: {
+                        char *end;
+                        long v = strtol(optarg, &end, 10);
+                        int lo = c == ARG_IDLE_TIMEOUT ? 0 : 1;
+                        long hi = c == ARG_MAX_WORLD ? DEVAL_MAX_WORLD : 1000000000;
+                        if (*end || end == optarg || v < lo || v > hi) {
+                                fprintf(stderr, "devald: bad --%s '%s' (%d..%ld)\n",
+                                        c == ARG_MAX_USER_GROUPS  ? "max-user-groups"
+                                        : c == ARG_MAX_USER_CONNS ? "max-user-conns"
+                                        : c == ARG_MAX_WORLD      ? "max-world"
+                                                                  : "idle-timeout",
+                                        optarg, lo, hi);
+                                return 2;
+                        }
+                        *(c == ARG_MAX_USER_GROUPS  ? &d->max_user_groups
+                          : c == ARG_MAX_USER_CONNS ? &d->max_user_conns
+                          : c == ARG_MAX_WORLD      ? &d->max_world
+                                                    : &d->idle_timeout_s) = (int)v;
+                        break;
+                }
                 case ARG_THREADS:
                         d->threads = atoi(optarg);
                         if (d->threads < 1 || d->threads > 64) {
@@ -782,6 +856,7 @@ int main(int argc, char **argv) {
                 struct epoll_event evs[64];
                 int64_t next_ns = -1;
                 group_expire_joins(&d, dv_now_ns(), &next_ns);
+                group_expire_idle(&d, dv_now_ns(), &next_ns);
                 if (d.watchdog_ns) { /* keep-alive at half the watchdog interval */
                         uint64_t now = dv_now_ns(), half = d.watchdog_ns / 2;
                         if (now - d.watchdog_last >= half) {

@@ -82,7 +82,51 @@ Group *group_lookup(Daemon *d, const char *name) {
         return NULL;
 }
 
-static int group_new(Daemon *d, const DvJoinReq *req, uid_t uid, Group **ret) {
+/**
+ * usage_get() - uid's record, made on first use. Return: it, or NULL out of memory.
+ */
+Usage *usage_get(Daemon *d, uid_t uid) {
+        for (Usage *u = d->usage; u; u = u->next)
+                if (u->uid == uid)
+                        return u;
+        Usage *u = calloc(1, sizeof(*u));
+        if (!u)
+                return NULL;
+        u->uid = uid;
+        u->next = d->usage;
+        d->usage = u;
+        return u;
+}
+
+/**
+ * usage_put() - forget u once its uid holds nothing in devald. Accepts NULL.
+ */
+void usage_put(Daemon *d, Usage *u) {
+        if (!u || u->conns || u->groups || atomic_load(&u->bytes))
+                return;
+        for (Usage **p = &d->usage; *p; p = &(*p)->next)
+                if (*p == u) {
+                        *p = u->next;
+                        break;
+                }
+        free(u);
+}
+
+/*
+ * Take n more bytes for u's groups if that stays within limit. Any thread: two groups of a
+ * uid that grow at once each get a share or a refusal, never the same bytes.
+ */
+static bool usage_reserve(Usage *u, uint64_t limit, uint64_t n) {
+        uint64_t have = atomic_load_explicit(&u->bytes, memory_order_relaxed);
+        do {
+                if (n > limit || have > limit - n)
+                        return false;
+        } while (!atomic_compare_exchange_weak_explicit(
+                &u->bytes, &have, have + n, memory_order_relaxed, memory_order_relaxed));
+        return true;
+}
+
+static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret) {
         Group *g = calloc(1, sizeof(*g));
         if (!g)
                 return DEVAL_ENOMEM;
@@ -101,7 +145,9 @@ static int group_new(Daemon *d, const DvJoinReq *req, uid_t uid, Group **ret) {
         g->device_group = req->has_device != 0;
         g->d = d;
         memcpy(g->name, req->group, sizeof(g->name));
-        g->uid = uid;
+        g->uid = usage->uid;
+        g->usage = usage;
+        usage->groups++;
         g->world = req->world_size;
         g->state = DV_GROUP_FORMING;
         g->listed = true;
@@ -153,6 +199,9 @@ static void group_free(Group *g) {
         free(g->members);
         pthread_mutex_destroy(&g->lock);
         log_info("group '%s' freed", g->name);
+        atomic_fetch_sub(&g->usage->bytes, g->bytes_mapped);
+        g->usage->groups--;
+        usage_put(d, g->usage);
         free(g);
 }
 
@@ -170,6 +219,15 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
         int r;
 
         uint64_t total = dv_ctl_size(g->world) + ARENA_INITIAL * (uint64_t)(g->world + 1);
+        if (g->device_group) { /* an input per rank, an output per GPU that receives */
+                total += ARENA_INITIAL * (uint64_t)g->world;
+                bool seen[DV_MAX_GPUS] = {false};
+                for (int k = 0; k < g->world; k++)
+                        if (!seen[g->members[k].device]) {
+                                seen[g->members[k].device] = true;
+                                total += ARENA_INITIAL;
+                        }
+        }
         if (total > d->max_group_bytes) {
                 snprintf(msg, msglen,
                          "group '%s' needs %llu bytes to start, over the quota of %llu bytes "
@@ -178,6 +236,15 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                          (unsigned long long)d->max_group_bytes);
                 return DEVAL_ENOMEM;
         }
+        if (!usage_reserve(g->usage, d->max_user_bytes, total)) {
+                snprintf(msg, msglen,
+                         "group '%s' needs %llu bytes to start, which would take uid %u past "
+                         "its quota of %llu bytes across its groups (--max-user-bytes)",
+                         g->name, (unsigned long long)total, (unsigned)g->uid,
+                         (unsigned long long)d->max_user_bytes);
+                return DEVAL_ENOMEM;
+        }
+        g->bytes_mapped = total; /* reserved: group_free() gives it back */
         snprintf(name, sizeof(name), "deval-ctl-%s", g->name);
         if ((r = arena_new(name, dv_ctl_size(g->world), ARENA_SHARED, &g->ctl)) < 0)
                 goto fail;
@@ -196,18 +263,15 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
         g->out_gen = 1;
         g->hdr->out_gen = 1;
         g->hdr->out_size = g->out.size;
-        g->bytes_mapped = total;
         if (g->device_group) {
                 for (int k = 0; k < g->world; k++) {
                         int dev = g->members[k].device;
                         if ((r = dev_arena_new(dev, ARENA_INITIAL, &g->members[k].din)) < 0)
                                 goto fail_gpu;
-                        g->bytes_mapped += ARENA_INITIAL;
                         if (g->dout[dev].device >= 0)
                                 continue;
                         if ((r = dev_arena_new(dev, ARENA_INITIAL, &g->dout[dev])) < 0)
                                 goto fail_gpu;
-                        g->bytes_mapped += ARENA_INITIAL;
                 }
                 g->dev_out_gen = 1;
                 g->hdr->dev_out_gen = 1;
@@ -300,13 +364,21 @@ int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msgle
                          DEVAL_MAX_WORLD);
                 return DEVAL_EINVAL;
         }
+        if (req->world_size > d->max_world) {
+                snprintf(msg, msglen,
+                         "world size %d is over devald's limit of %d ranks per group "
+                         "(--max-world)",
+                         req->world_size, d->max_world);
+                return DEVAL_ENOMEM;
+        }
         if (req->rank < 0 || req->rank >= req->world_size) {
                 snprintf(msg, msglen, "rank %d is out of range for world size %d", req->rank,
                          req->world_size);
                 return DEVAL_EINVAL;
         }
         g = group_lookup(d, req->group);
-        if (g && g->uid != c->uid && c->uid != 0) {
+        /* root may watch and abort another uid's group (deval-ctl), never join it */
+        if (g && g->uid != c->uid) {
                 snprintf(msg, msglen, "group '%s' belongs to uid %u", g->name, (unsigned)g->uid);
                 return DEVAL_EPERM;
         }
@@ -348,7 +420,13 @@ int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msgle
                                  d->ngroups);
                         return DEVAL_ENOMEM;
                 }
-                if ((r = group_new(d, req, c->uid, &g)) < 0) {
+                if (c->usage->groups >= d->max_user_groups) {
+                        snprintf(msg, msglen,
+                                 "uid %u already has %d groups in devald (--max-user-groups)",
+                                 (unsigned)c->uid, c->usage->groups);
+                        return DEVAL_ENOMEM;
+                }
+                if ((r = group_new(d, req, c->usage, &g)) < 0) {
                         snprintf(msg, msglen, "out of memory");
                         return r;
                 }
@@ -552,20 +630,79 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns) {
  * @ret_want: the size to allocate; @ret_others: what the group holds besides that arena.
  * Return: 0, or DEVAL_ENOMEM when even size does not fit.
  */
-int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want,
-                uint64_t *ret_others) {
-        uint64_t max = g->d->max_group_bytes;
+int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, uint64_t *ret_others,
+                char *why, size_t whylen) {
+        uint64_t max = g->d->max_group_bytes, user_max = g->d->max_user_bytes;
         pthread_mutex_lock(&g->lock);
         uint64_t others = g->bytes_mapped - current;
         pthread_mutex_unlock(&g->lock);
-        if (size > max || others + size > max)
+        if (size > max || others + size > max) {
+                snprintf(why, whylen, "group '%s' past its quota of %llu bytes (--max-group-bytes)",
+                         g->name, (unsigned long long)max);
                 return DEVAL_ENOMEM;
+        }
         uint64_t want = DV_ALIGN(DV_MAX(size, current + current / 2), 4096);
         if (others + want > max)
                 want = DV_ALIGN(size, 4096);
+        /* the uid's quota across its groups: take the growth now */
+        if (want > current && !usage_reserve(g->usage, user_max, want - current)) {
+                want = DV_ALIGN(size, 4096);
+                if (want > current && !usage_reserve(g->usage, user_max, want - current)) {
+                        snprintf(why, whylen,
+                                 "uid %u past its quota of %llu bytes across its groups "
+                                 "(--max-user-bytes)",
+                                 (unsigned)g->uid, (unsigned long long)user_max);
+                        return DEVAL_ENOMEM;
+                }
+        }
         *ret_want = want;
         *ret_others = others;
         return 0;
+}
+
+/**
+ * group_quota_undo() - give back what group_quota() reserved (want - current) when the
+ * arena could not be made after all.
+ */
+void group_quota_undo(Group *g, uint64_t reserved) {
+        atomic_fetch_sub(&g->usage->bytes, reserved);
+}
+
+/**
+ * group_expire_idle() - fail groups that went --idle-timeout without a collective (forming
+ * ones: without every rank joining), so that a forgotten session gives its memory back.
+ * Main thread; *next_ns: when to look again.
+ */
+void group_expire_idle(Daemon *d, uint64_t now, int64_t *next_ns) {
+        if (d->idle_timeout_s <= 0)
+                return;
+        uint64_t limit = (uint64_t)d->idle_timeout_s * 1000000000ull;
+        for (Group *g = d->groups; g; g = g->next) {
+                if (g->state != DV_GROUP_FORMING && g->state != DV_GROUP_ACTIVE)
+                        continue;
+                uint64_t last = atomic_load_explicit(&g->done_ns, memory_order_relaxed);
+                last = DV_MAX(last, g->created_ns);
+                uint64_t idle = now > last ? now - last : 0;
+                if (idle < limit) {
+                        int64_t left = (int64_t)(limit - idle);
+                        if (*next_ns < 0 || left < *next_ns)
+                                *next_ns = left;
+                        continue;
+                }
+                if (g->state == DV_GROUP_FORMING) {
+                        /* group_expire_joins() answers the ranks that came, at once */
+                        for (int k = 0; k < g->world; k++)
+                                if (g->members[k].state == MEMBER_JOINED) {
+                                        g->members[k].join_deadline_ns = 1;
+                                        g->members[k].timeout_ms = d->idle_timeout_s * 1000;
+                                }
+                        *next_ns = 0;
+                        continue;
+                }
+                group_fail(g, DEVAL_ETIMEDOUT,
+                           "group '%s' was idle for %d s and expired (--idle-timeout)", g->name,
+                           d->idle_timeout_s);
+        }
 }
 
 /**
@@ -585,16 +722,15 @@ int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, s
         pthread_mutex_lock(&g->lock);
         uint64_t current = m->in_pending.map ? m->in_pending.size : m->in.size;
         pthread_mutex_unlock(&g->lock);
-        if (group_quota(g, current, size, &want, &others) < 0) {
-                snprintf(msg, msglen,
-                         "rank %d needs %llu bytes of input, which would take group '%s' past its "
-                         "quota of %llu bytes (--max-group-bytes)",
-                         rank, (unsigned long long)size, g->name,
-                         (unsigned long long)g->d->max_group_bytes);
+        char why[160];
+        if (group_quota(g, current, size, &want, &others, why, sizeof(why)) < 0) {
+                snprintf(msg, msglen, "rank %d needs %llu bytes of input, which would take %s",
+                         rank, (unsigned long long)size, why);
                 return DEVAL_ENOMEM;
         }
         snprintf(name, sizeof(name), "deval-in-%s-%d", g->name, rank);
         if ((r = arena_new(name, want, ARENA_INPUT, &a)) < 0) {
+                group_quota_undo(g, want - current);
                 snprintf(msg, msglen, "devald could not allocate %llu bytes: %s",
                          (unsigned long long)want, deval_strerror(r));
                 return r;
@@ -602,7 +738,7 @@ int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, s
         pthread_mutex_lock(&g->lock);
         arena_deinit(&m->in_pending);
         m->in_pending = a;
-        g->bytes_mapped = others + want;
+        g->bytes_mapped += want - current;
         pthread_mutex_unlock(&g->lock);
         *ret = a;
         return 0;
@@ -621,15 +757,15 @@ int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char 
         pthread_mutex_lock(&g->lock);
         uint64_t current = m->din_pending.ptr ? m->din_pending.size : m->din.size;
         pthread_mutex_unlock(&g->lock);
-        if (group_quota(g, current, size, &want, &others) < 0) {
+        char why[160];
+        if (group_quota(g, current, size, &want, &others, why, sizeof(why)) < 0) {
                 snprintf(msg, msglen,
-                         "rank %d needs %llu bytes of device input, which would take group '%s' "
-                         "past its quota of %llu bytes (--max-group-bytes)",
-                         rank, (unsigned long long)size, g->name,
-                         (unsigned long long)g->d->max_group_bytes);
+                         "rank %d needs %llu bytes of device input, which would take %s", rank,
+                         (unsigned long long)size, why);
                 return DEVAL_ENOMEM;
         }
         if ((r = dev_arena_new(m->device, want, &a)) < 0) {
+                group_quota_undo(g, want - current);
                 snprintf(msg, msglen, "devald could not allocate %llu bytes on GPU %d: %s",
                          (unsigned long long)want, m->device, dv_gpu_error());
                 return r;
@@ -637,7 +773,7 @@ int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char 
         pthread_mutex_lock(&g->lock);
         dev_arena_deinit(&m->din_pending);
         m->din_pending = a;
-        g->bytes_mapped = others + want;
+        g->bytes_mapped += want - current;
         pthread_mutex_unlock(&g->lock);
         *ret = a;
         return 0;

@@ -154,17 +154,16 @@ int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen) {
 
         if (size <= g->out.size)
                 return 0;
-        uint64_t want, others;
-        if (group_quota(g, g->out.size, size, &want, &others) < 0) {
-                snprintf(msg, msglen,
-                         "the result needs %llu bytes, which would take group '%s' past its quota "
-                         "of %llu bytes (--max-group-bytes)",
-                         (unsigned long long)size, g->name,
-                         (unsigned long long)g->d->max_group_bytes);
+        uint64_t want, others, current = g->out.size;
+        char why[160];
+        if (group_quota(g, current, size, &want, &others, why, sizeof(why)) < 0) {
+                snprintf(msg, msglen, "the result needs %llu bytes, which would take %s",
+                         (unsigned long long)size, why);
                 return DEVAL_ENOMEM;
         }
         snprintf(name, sizeof(name), "deval-out-%s", g->name);
         if ((r = arena_new(name, want, ARENA_OUTPUT, &a)) < 0) {
+                group_quota_undo(g, want - current);
                 snprintf(msg, msglen, "devald could not allocate %llu bytes for the result",
                          (unsigned long long)want);
                 return r;
@@ -173,7 +172,7 @@ int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen) {
         Arena old = g->out;
         g->out = a;
         g->out_gen++;
-        g->bytes_mapped = others + want;
+        g->bytes_mapped += want - current;
         pthread_mutex_unlock(&g->lock);
         arena_deinit(&old);
         g->hdr->out_gen = g->out_gen;
@@ -190,17 +189,17 @@ int worker_ensure_dev_output(Group *g, uint64_t size, char *msg, size_t msglen) 
                 DevArena *cur = &g->dout[dev], a;
                 if (cur->device < 0 || size <= cur->size)
                         continue;
-                uint64_t want, others;
-                if (group_quota(g, cur->size, size, &want, &others) < 0) {
+                uint64_t want, others, current = cur->size;
+                char why[160];
+                if (group_quota(g, current, size, &want, &others, why, sizeof(why)) < 0) {
                         snprintf(msg, msglen,
-                                 "the result needs %llu bytes on GPU %d, which would take group "
-                                 "'%s' past its quota of %llu bytes (--max-group-bytes)",
-                                 (unsigned long long)size, dev, g->name,
-                                 (unsigned long long)g->d->max_group_bytes);
+                                 "the result needs %llu bytes on GPU %d, which would take %s",
+                                 (unsigned long long)size, dev, why);
                         return DEVAL_ENOMEM;
                 }
                 int r = dev_arena_new(dev, want, &a);
                 if (r < 0) {
+                        group_quota_undo(g, want - current);
                         snprintf(msg, msglen, "devald could not allocate %llu bytes on GPU %d: %s",
                                  (unsigned long long)want, dev, dv_gpu_error());
                         return r;
@@ -209,7 +208,7 @@ int worker_ensure_dev_output(Group *g, uint64_t size, char *msg, size_t msglen) 
                 DevArena old = *cur;
                 *cur = a; /* its fd stays open: ranks fetch it with DV_MSG_DEV_OUTPUT */
                 g->dev_out_gen++;
-                g->bytes_mapped = others + want;
+                g->bytes_mapped += want - current;
                 pthread_mutex_unlock(&g->lock);
                 dev_arena_deinit(&old);
                 g->hdr->dev_out_gen = g->dev_out_gen;
@@ -243,6 +242,7 @@ void *worker_main(void *arg) {
                           dv_op_name(g->reqs[0].op),
                           (unsigned long long)((dv_now_ns() - t0) / 1000), deval_strerror(r));
                 atomic_fetch_add_explicit(&g->collectives, 1, memory_order_relaxed);
+                atomic_store_explicit(&g->done_ns, dv_now_ns(), memory_order_relaxed);
                 DV_FAULT("before_wake", seq);
                 /* release: every slot's res and msg are written before done_seq says so */
                 atomic_store_explicit(&h->done_seq, seq, memory_order_release);

@@ -83,7 +83,14 @@ static int recv_reply(int sock, int timeout_ms, DvReply *rep, int *fds, int *nfd
         if (r == 0)
                 return DEVAL_ETIMEDOUT;
         ssize_t n = dv_recv_msg(sock, rep, sizeof(*rep), fds, nfds, 0);
-        if (n == 0 || n == -ECONNRESET)
+        /*
+         * devald that refuses a connection (a quota) answers and closes at once, before
+         * reading what the client sent; the kernel then reports the reset ahead of the
+         * answer still queued here. Read the answer.
+         */
+        if (n == -ECONNRESET)
+                n = dv_recv_msg(sock, rep, sizeof(*rep), fds, nfds, MSG_DONTWAIT);
+        if (n == 0 || n == -ECONNRESET || n == -EAGAIN)
                 return DEVAL_EDAEMON;
         if (n < 0 || (size_t)n != sizeof(*rep) || rep->hdr.version != DV_PROTO_VERSION ||
             rep->hdr.type != DV_MSG_REPLY) {
