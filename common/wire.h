@@ -38,6 +38,7 @@ enum {
         /* DvMsgHdr -> DvReply + fd {this member's device output} (device groups) */
         DV_MSG_DEV_OUTPUT = 9,
         DV_MSG_TOPO = 10, /* DvMsgHdr -> DvTopoReply */
+        DV_MSG_DUMP = 11, /* DvNameReq -> DvReply + fd {the flight recorder's JSON, size[0]} */
 };
 
 typedef struct {

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "flight.h"
 #include "gpu.h"
 #include "plan.h"
 #include "wire.h"
@@ -137,12 +138,14 @@ struct Group {
         uint64_t bytes_mapped;
         uint32_t waiting_seq;      /* the step the worker waits for */
         uint64_t waiting_since_ns; /* under lock: its first arrival; 0: none yet */
+        Flight flight;             /* the last collectives, for deval-ctl dump and post-mortems */
         uint32_t lat_us[256];      /* ring of step latencies (first arrival to completion) */
         uint32_t lat_n;
 
         /* worker's */
         EvalPass pass;
         DvRequest *reqs;
+        uint64_t *arrivals; /* [world], for the recorder */
         void *pool;
 
         _Atomic uint64_t collectives;
@@ -202,6 +205,8 @@ int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, u
                 char *why, size_t whylen);
 void group_quota_undo(Group *g, uint64_t reserved);
 void group_expire_idle(Daemon *d, uint64_t now, int64_t *next_ns);
+char *group_flight_json(Group *g, size_t *ret_len);
+void group_flight_dump(Group *g, const char *why);
 Usage *usage_get(Daemon *d, uid_t uid);
 void usage_put(Daemon *d, Usage *u);
 int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char *msg,

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -273,10 +274,32 @@ static void handle_abort(Daemon *d, Conn *c, const DvNameReq *req) {
                                 conn_send_reply(g->members[k].conn, DEVAL_EABORTED, msg, NULL, 0,
                                                 NULL, 0, 0, 0);
         } else {
+                char why[64];
+                snprintf(why, sizeof(why), "was aborted by uid %u", (unsigned)c->uid);
+                group_flight_dump(g, why);
                 group_fail(g, DEVAL_EABORTED, "group '%s' was aborted by uid %u (deval-ctl abort)",
                            g->name, (unsigned)c->uid);
         }
         conn_send_reply(c, 0, "", NULL, 0, NULL, 0, 0, 0);
+}
+
+/* deval-ctl dump NAME: the group's flight recorder, as JSON in a sealed memfd. */
+static void handle_dump(Daemon *d, Conn *c, const DvNameReq *req) {
+        Group *g = group_for(d, c, req);
+        if (!g)
+                return;
+        size_t len = 0;
+        _cleanup_(freep) char *json = group_flight_json(g, &len);
+        _cleanup_(closep) int fd =
+                json ? memfd_create("deval-flight", MFD_CLOEXEC | MFD_ALLOW_SEALING) : -1;
+        if (fd < 0 || write(fd, json, len) != (ssize_t)len ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+                conn_send_reply(c, DEVAL_ENOMEM, "devald could not write the recorder out", NULL, 0,
+                                NULL, 0, 0, 0);
+                return;
+        }
+        uint64_t size = len;
+        conn_send_reply(c, 0, "", &fd, 1, &size, 0, 0, 0);
 }
 
 /* One message from c. Return: false when the connection must be closed. */
@@ -403,12 +426,15 @@ static bool conn_handle(Daemon *d, Conn *c) {
         }
         case DV_MSG_GROUP:
         case DV_MSG_ABORT:
+        case DV_MSG_DUMP:
                 if ((size_t)n != sizeof(DvNameReq))
                         break;
                 if (m.hdr.type == DV_MSG_GROUP)
                         handle_group(d, c, &m.name);
-                else
+                else if (m.hdr.type == DV_MSG_ABORT)
                         handle_abort(d, c, &m.name);
+                else
+                        handle_dump(d, c, &m.name);
                 return true;
         }
         log_warn("malformed message (type %u, %zd bytes) from pid %d; closing", m.hdr.type, n,

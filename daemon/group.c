@@ -8,11 +8,13 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -135,6 +137,11 @@ static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret)
                 free(g);
                 return DEVAL_ENOMEM;
         }
+        if (flight_init(&g->flight, req->world_size) < 0) {
+                free(g->members);
+                free(g);
+                return DEVAL_ENOMEM;
+        }
         for (int r = 0; r < req->world_size; r++) {
                 g->members[r].in = g->members[r].in_pending = ARENA_NULL;
                 g->members[r].din = g->members[r].din_pending = DEV_ARENA_NULL;
@@ -196,7 +203,9 @@ static void group_free(Group *g) {
         free(g->pass.rows[0]);
         free(g->pass.rows[1]);
         free(g->reqs);
+        free(g->arrivals);
         free(g->members);
+        flight_deinit(&g->flight);
         pthread_mutex_destroy(&g->lock);
         log_info("group '%s' freed", g->name);
         atomic_fetch_sub(&g->usage->bytes, g->bytes_mapped);
@@ -290,9 +299,10 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
         else
                 g->spin_ns = ncpu >= g->world + 2 ? 20000 : 0;
         g->reqs = calloc((size_t)g->world, sizeof(*g->reqs));
+        g->arrivals = calloc((size_t)g->world, sizeof(*g->arrivals));
         g->pass.rows[0] = calloc((size_t)g->world, sizeof(int64_t));
         g->pass.rows[1] = calloc((size_t)g->world, sizeof(int64_t));
-        if (!g->reqs || !g->pass.rows[0] || !g->pass.rows[1]) {
+        if (!g->reqs || !g->arrivals || !g->pass.rows[0] || !g->pass.rows[1]) {
                 r = DEVAL_ENOMEM;
                 goto fail;
         }
@@ -666,6 +676,54 @@ int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, u
  */
 void group_quota_undo(Group *g, uint64_t reserved) {
         atomic_fetch_sub(&g->usage->bytes, reserved);
+}
+
+/**
+ * group_flight_json() - g's flight recorder as JSON (malloc'd), or NULL out of memory.
+ */
+char *group_flight_json(Group *g, size_t *ret_len) {
+        pthread_mutex_lock(&g->lock);
+        char *json = flight_json(&g->flight, g->name, ret_len);
+        pthread_mutex_unlock(&g->lock);
+        return json;
+}
+
+/**
+ * group_flight_dump() - write g's flight recorder beside devald's socket, as
+ * flight-NAME.json (0600, owned by the group's uid when devald is root), and into the log:
+ * whole when it is short, else where the file is. Any thread.
+ */
+void group_flight_dump(Group *g, const char *why) {
+        size_t len;
+        _cleanup_(freep) char *json = group_flight_json(g, &len);
+        if (!json)
+                return;
+        char path[PATH_MAX], name[DV_GROUP_NAME_MAX];
+        snprintf(name, sizeof(name), "%s", g->name);
+        for (char *p = name; *p; p++) /* a file name of the group's, whatever it holds */
+                if (!(*p == '-' || *p == '_' || *p == '.' || (*p >= '0' && *p <= '9') ||
+                      (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')))
+                        *p = '_';
+        snprintf(path, sizeof(path), "%s", g->d->socket_path);
+        char *slash = strrchr(path, '/');
+        size_t dir = slash ? (size_t)(slash - path) : 1;
+        snprintf(path + dir, sizeof(path) - dir, "/flight-%s.json", name);
+        if (!slash)
+                path[0] = '.';
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0 || fchmod(fd, 0600) < 0 || write(fd, json, len) != (ssize_t)len) {
+                log_warn("group '%s': cannot write its flight recorder to %s: %m", g->name, path);
+        } else if (geteuid() == 0 && fchown(fd, g->uid, (gid_t)-1) < 0) {
+                log_warn("group '%s': cannot give %s to uid %u: %m", g->name, path,
+                         (unsigned)g->uid);
+        }
+        if (fd >= 0)
+                close(fd);
+        if (len < 16384)
+                log_info("group '%s' %s; flight recorder (%s): %.*s", g->name, why, path,
+                         (int)len - 1, json);
+        else
+                log_info("group '%s' %s; flight recorder in %s", g->name, why, path);
 }
 
 /**

@@ -60,13 +60,27 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
         }
         if (n > 0 && msg[n - 1] == ';')
                 msg[n - 1] = '\0';
+        /* the step that never ran goes into the recorder with whoever came */
+        DvRequest *reqs = calloc((size_t)g->world, sizeof(*reqs));
+        uint64_t *arrived = calloc((size_t)g->world, sizeof(*arrived));
+        for (int k = 0; reqs && arrived && k < g->world; k++)
+                if (atomic_load_explicit(&g->hdr->slots[k].arrived_seq, memory_order_acquire) ==
+                    seq) {
+                        memcpy(&reqs[k], &g->hdr->slots[k].req, sizeof(reqs[k]));
+                        arrived[k] = g->members[k].arrived_ns ? g->members[k].arrived_ns : 1;
+                }
         pthread_mutex_lock(&g->lock);
         if (!g->abort_status) {
                 g->abort_status = DEVAL_ETIMEDOUT;
                 memcpy(g->abort_msg, msg, sizeof(msg));
         }
+        if (reqs && arrived)
+                flight_record(&g->flight, seq, reqs, arrived, DEVAL_ETIMEDOUT, msg, 0);
         pthread_mutex_unlock(&g->lock);
+        free(reqs);
+        free(arrived);
         log_info("group '%s': %s", g->name, msg);
+        group_flight_dump(g, "timed out");
 }
 
 /* Wait for every rank at seq. Return: 0 when all arrived, else the group's failure. */
@@ -237,7 +251,16 @@ void *worker_main(void *arg) {
                         if (g->members[k].arrived_ns > g->members[last].arrived_ns)
                                 last = k;
                 }
+                uint64_t moved = atomic_load_explicit(&g->bytes_moved, memory_order_relaxed);
                 int r = step_run(g, seq);
+                char step_msg[DV_MSG_MAX];
+                snprintf(step_msg, sizeof(step_msg), "%.*s", DV_MSG_MAX - 1, g->hdr->msg);
+                pthread_mutex_lock(&g->lock);
+                for (int k = 0; k < g->world; k++)
+                        g->arrivals[k] = g->members[k].arrived_ns;
+                flight_record(&g->flight, seq, g->reqs, g->arrivals, r, r < 0 ? step_msg : "",
+                              atomic_load_explicit(&g->bytes_moved, memory_order_relaxed) - moved);
+                pthread_mutex_unlock(&g->lock);
                 log_debug("group '%s': collective #%u (%s) took %llu us: %s", g->name, seq,
                           dv_op_name(g->reqs[0].op),
                           (unsigned long long)((dv_now_ns() - t0) / 1000), deval_strerror(r));

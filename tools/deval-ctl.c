@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -149,8 +150,11 @@ static int ctl_connect(char *path, size_t len) {
         return fd;
 }
 
-/* Send req and receive one answer of at most cap bytes; its length, or -1 (said why). */
-static ssize_t ctl_request(const void *req, size_t len, void *buf, size_t cap) {
+/*
+ * Send req and receive one answer of at most cap bytes, and the descriptor that came with
+ * it into *ret_fd when ret_fd is not NULL (-1: none); its length, or -1 (said why).
+ */
+static ssize_t ctl_request_fd(const void *req, size_t len, void *buf, size_t cap, int *ret_fd) {
         char p[108];
         _cleanup_(closep) int fd = ctl_connect(p, sizeof(p));
         if (fd < 0)
@@ -164,12 +168,21 @@ static ssize_t ctl_request(const void *req, size_t len, void *buf, size_t cap) {
                 fprintf(stderr, "deval-ctl: devald at %s did not answer\n", p);
                 return -1;
         }
-        ssize_t n = dv_recv_msg(fd, buf, cap, NULL, NULL, 0);
+        int fds[DV_MAX_FDS], nfds = ret_fd ? 1 : 0;
+        ssize_t n = dv_recv_msg(fd, buf, cap, fds, &nfds, 0);
         if (n < (ssize_t)sizeof(DvMsgHdr) || ((DvMsgHdr *)buf)->version != DV_PROTO_VERSION) {
                 fprintf(stderr, "deval-ctl: devald at %s sent a malformed answer\n", p);
+                for (int i = 0; n >= 0 && i < nfds; i++)
+                        close(fds[i]);
                 return -1;
         }
+        if (ret_fd)
+                *ret_fd = nfds ? fds[0] : -1;
         return n;
+}
+
+static ssize_t ctl_request(const void *req, size_t len, void *buf, size_t cap) {
+        return ctl_request_fd(req, len, buf, cap, NULL);
 }
 
 /* A DvReply with a failure: say it, exit status 1. */
@@ -412,6 +425,31 @@ static int cmd_abort(const char *name) {
         return 0;
 }
 
+/* The group's flight recorder: devald's JSON, as it is. */
+static int cmd_dump(const char *name) {
+        DvNameReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_DUMP}};
+        DvReply r;
+        int fd = -1;
+        snprintf(req.name, sizeof(req.name), "%s", name);
+        ssize_t n = ctl_request_fd(&req, sizeof(req), &r, sizeof(r), &fd);
+        _cleanup_(closep) int owned = fd;
+        if (n < 0 || ctl_failed(&r, n))
+                return 1;
+        struct stat st;
+        if ((size_t)n != sizeof(r) || fd < 0 || fstat(fd, &st) < 0 ||
+            (uint64_t)st.st_size != r.size[0] || r.size[0] > (1ull << 30)) {
+                fprintf(stderr, "deval-ctl: devald sent a malformed answer\n");
+                return 1;
+        }
+        _cleanup_(freep) char *json = malloc(r.size[0] + 1);
+        if (!json || pread(fd, json, r.size[0], 0) != (ssize_t)r.size[0]) {
+                fprintf(stderr, "deval-ctl: cannot read the recorder: %s\n", strerror(errno));
+                return 1;
+        }
+        fwrite(json, 1, r.size[0], stdout);
+        return 0;
+}
+
 static void help(void) {
         printf("Usage: deval-ctl [OPTIONS] COMMAND\n\n"
                "Query and administer devald.\n\n"
@@ -421,7 +459,9 @@ static void help(void) {
                "  topo                    cores, NUMA nodes, and the GPUs with the cores near "
                "them\n"
                "  abort NAME              fail every rank's collectives with DEVAL_EABORTED\n"
-               "                          (the group's owner or root)\n\n"
+               "                          (the group's owner or root)\n"
+               "  dump NAME               the group's flight recorder (JSON): its last\n"
+               "                          collectives, each rank's call and arrival\n\n"
                "Options:\n"
                "  -s --socket=PATH        devald's socket (default: $DEVAL_SOCKET, else the\n"
                "                          per-user or system default)\n"
@@ -484,7 +524,8 @@ int main(int argc, char **argv) {
                 return cmd_status();
         if (strcmp(cmd, "topo") == 0 && nargs == 0)
                 return cmd_topo();
-        if ((strcmp(cmd, "group") == 0 || strcmp(cmd, "abort") == 0) && nargs != 1) {
+        if ((strcmp(cmd, "group") == 0 || strcmp(cmd, "abort") == 0 || strcmp(cmd, "dump") == 0) &&
+            nargs != 1) {
                 fprintf(stderr, "deval-ctl: %s takes one group name\n", cmd);
                 return 2;
         }
@@ -492,6 +533,8 @@ int main(int argc, char **argv) {
                 return cmd_group(argv[optind + 1]);
         if (strcmp(cmd, "abort") == 0)
                 return cmd_abort(argv[optind + 1]);
+        if (strcmp(cmd, "dump") == 0)
+                return cmd_dump(argv[optind + 1]);
         fprintf(stderr, "deval-ctl: unknown command '%s'\n", argv[optind]);
         return 2;
 }

@@ -25,12 +25,14 @@
 #include <cmocka.h>
 /* clang-format on */
 
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -314,6 +316,60 @@ static void test_daemon_faults(void **state) {
         printf("devald faults: %d cases (2 points x exit/abort/SIGKILL/SIGSTOP/sleep)\n", n);
 }
 
+/*
+ * The flight recorder: rank 2 skips a gather, so at collective #2 it asks for a barrier
+ * while the others gather (DEVAL_EMISMATCH); then it stalls past the deadline. deval-ctl
+ * dump, asked in between, and the file devald writes at the timeout both point at #2.
+ */
+static int rank_desync(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "desync", rank, world, 1000, &g), NULL);
+        CHECK_OK(gather(g, rank), g);
+        int r = rank == 2 ? deval_barrier(g) : gather(g, rank);
+        CHECK(r == DEVAL_EMISMATCH, "#2: %s: %s", deval_strerror(r), deval_errmsg(g));
+        char name[64], args[128], out[16384];
+        snprintf(name, sizeof(name), "desync-%d", (int)getppid());
+        if (rank == 2) {
+                usleep(1600000); /* never comes to #3 in time */
+                return 0;
+        }
+        if (rank == 0) {
+                snprintf(args, sizeof(args), "dump %s", name);
+                CHECK(harness_ctl(h, args, out, sizeof(out)) == 0, "dump: %s", out);
+                CHECK(strstr(out, "\"first_divergence\":2,") &&
+                              strstr(out, "{\"rank\":2,\"op\":\"barrier\"") &&
+                              strstr(out, "{\"rank\":1,\"op\":\"gather\""),
+                      "dump:\n%s", out);
+        }
+        r = deval_barrier(g);
+        CHECK(r == DEVAL_ETIMEDOUT, "#3: %s: %s", deval_strerror(r), deval_errmsg(g));
+        if (rank == 0) { /* the post-mortem beside the socket, for the group's uid only */
+                char path[256];
+                struct stat st;
+                snprintf(path, sizeof(path), "%s/flight-%s.json", h->dir, name);
+                usleep(100000);
+                CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600, "%s: %s", path,
+                      strerror(errno));
+                FILE *f = fopen(path, "r");
+                CHECK(f, "%s", path);
+                size_t n = fread(out, 1, sizeof(out) - 1, f);
+                out[n] = '\0';
+                fclose(f);
+                CHECK(strstr(out, "\"first_divergence\":2,") &&
+                              strstr(out, "{\"seq\":3,\"status\":\"timed out\"") &&
+                              strstr(out, "{\"rank\":2,\"op\":null"),
+                      "%s:\n%s", path, out);
+                unlink(path);
+        }
+        return 0;
+}
+
+static void test_flight_recorder(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_desync, NULL, 30), 0);
+}
+
 /* An aborted group: every later call fails at once. */
 static int rank_aborted(const Harness *h, int rank, int world, void *arg) {
         const char *name = arg;
@@ -537,10 +593,14 @@ static int teardown(void **state) {
 
 int main(void) {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_rank_faults),           cmocka_unit_test(test_rank_stops),
-                cmocka_unit_test(test_stopped_rank_in_ctl),   cmocka_unit_test(test_aborted_group),
-                cmocka_unit_test(test_other_group_untouched), cmocka_unit_test(test_daemon_faults),
+                cmocka_unit_test(test_rank_faults),
+                cmocka_unit_test(test_rank_stops),
+                cmocka_unit_test(test_stopped_rank_in_ctl),
+                cmocka_unit_test(test_aborted_group),
+                cmocka_unit_test(test_other_group_untouched),
+                cmocka_unit_test(test_daemon_faults),
                 cmocka_unit_test(test_daemon_restarts),
+                cmocka_unit_test(test_flight_recorder),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
