@@ -382,9 +382,14 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         req.world_size = world_size;
         req.timeout_ms = g->timeout_ms;
         ssize_t n = dv_send_msg(g->sock, &req, sizeof(req), NULL, 0, 0);
-        if (n < 0)
+        if (n < 0) {
+                /* devald refusing the connection (a quota) answered and hung up already */
+                int nf = 0;
+                if (recv_reply(g->sock, 0, &rep, fds, &nf) == 0 && rep.status < 0)
+                        return join_err(rep.status, "deval_join: %.*s", DV_MSG_MAX, rep.msg);
                 return join_err(DEVAL_EDAEMON, "devald at %s is gone: %s", g->socket_path,
                                 strerror((int)-n));
+        }
         r = recv_reply(g->sock, g->timeout_ms < 0 ? -1 : g->timeout_ms + REPLY_GRACE_MS, &rep, fds,
                        &nfds);
         if (r == DEVAL_ETIMEDOUT)
