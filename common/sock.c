@@ -45,6 +45,12 @@ ssize_t dv_send_msg(int sock, const void *buf, size_t len, const int *fds, int n
  * Return: bytes received (0 when the peer hung up), or -errno.
  */
 ssize_t dv_recv_msg(int sock, void *buf, size_t len, int *fds, int *nfds, int flags) {
+        int dropped;
+        return dv_recv_msg_counted(sock, buf, len, fds, nfds, flags, &dropped);
+}
+
+ssize_t dv_recv_msg_counted(int sock, void *buf, size_t len, int *fds, int *nfds, int flags,
+                            int *ret_dropped) {
         union {
                 char buf[CMSG_SPACE(sizeof(int) * DV_MAX_FDS)];
                 struct cmsghdr align;
@@ -55,6 +61,7 @@ ssize_t dv_recv_msg(int sock, void *buf, size_t len, int *fds, int *nfds, int fl
                             .msg_control = ctl.buf,
                             .msg_controllen = sizeof(ctl.buf)};
         int want = nfds ? *nfds : 0, got = 0;
+        *ret_dropped = 0;
 
         ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | flags);
         if (n < 0)
@@ -69,10 +76,12 @@ ssize_t dv_recv_msg(int sock, void *buf, size_t len, int *fds, int *nfds, int fl
                         k = DV_MAX_FDS;
                 memcpy(tmp, CMSG_DATA(c), sizeof(int) * k);
                 for (size_t i = 0; i < k; i++) {
-                        if (got < want)
+                        if (got < want) {
                                 fds[got++] = tmp[i];
-                        else
+                        } else {
                                 close(tmp[i]);
+                                (*ret_dropped)++;
+                        }
                 }
         }
         if (nfds)

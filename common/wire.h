@@ -110,7 +110,8 @@ typedef struct {
         char backend[16];
         uint64_t uptime_us;
         uint64_t max_group_bytes;
-        uint32_t ngroups; /* entries that follow */
+        uint64_t unexpected_fds; /* descriptors clients sent devald unasked (closed at once) */
+        uint32_t ngroups;        /* entries that follow */
         uint32_t total_groups;
         DvGroupInfo groups[];
 } DvStatusReply;

@@ -176,6 +176,7 @@ struct Daemon {
         int max_world;      /* ranks per group */
         int idle_timeout_s; /* a group without a collective this long fails; 0: never */
         Usage *usage;
+        uint64_t unexpected_fds; /* descriptors clients sent unasked, closed on arrival */
         int threads;         /* copy threads per group */
         int spin_us;         /* < 0: decide per group from the cores and the world size */
         const DvGpuApi *gpu; /* the cuda backend's GPUs; NULL: host backend only */

@@ -24,6 +24,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "daemon.h"
 #include "gpu_worker.h"
 #include "log.h"
@@ -158,6 +159,7 @@ static void handle_status(Daemon *d, Conn *c) {
         uint64_t now = dv_now_ns();
         r->uptime_us = (now - d->start_ns) / 1000;
         r->max_group_bytes = d->max_group_bytes;
+        r->unexpected_fds = d->unexpected_fds;
         r->total_groups = n;
         for (Group *g = d->groups; g && r->ngroups < shown; g = g->next) {
                 if (!visible_to(g, c))
@@ -314,7 +316,15 @@ static bool conn_handle(Daemon *d, Conn *c) {
         char msg[DV_MSG_MAX] = "";
         int nfds = 0;
 
-        ssize_t n = dv_recv_msg(c->fd, &m, sizeof(m), NULL, &nfds, MSG_DONTWAIT);
+        int dropped = 0;
+        ssize_t n = dv_recv_msg_counted(c->fd, &m, sizeof(m), NULL, &nfds, MSG_DONTWAIT, &dropped);
+        if (dropped) { /* no request carries descriptors: close them, count them, say so */
+                if (d->unexpected_fds == 0 || dropped > 1)
+                        log_warn("pid %d (uid %u) sent %d file descriptor%s devald did not ask "
+                                 "for; closed",
+                                 (int)c->pid, (unsigned)c->uid, dropped, dropped == 1 ? "" : "s");
+                d->unexpected_fds += (uint64_t)dropped;
+        }
         if (n == -EAGAIN || n == -EINTR)
                 return true;
         if (n <= 0)
@@ -325,10 +335,8 @@ static bool conn_handle(Daemon *d, Conn *c) {
                                 0, 0, 0);
                 return false;
         }
-        switch (m.hdr.type) {
+        switch (dv_msg_check(&m, (size_t)n)) {
         case DV_MSG_JOIN: {
-                if ((size_t)n != sizeof(DvJoinReq))
-                        break;
                 int r = group_join(d, c, &m.join, msg, sizeof(msg));
                 if (r < 0) {
                         log_info("join refused for pid %d: %s", (int)c->pid, msg);
@@ -337,8 +345,6 @@ static bool conn_handle(Daemon *d, Conn *c) {
                 return true;
         }
         case DV_MSG_GROW: {
-                if ((size_t)n != sizeof(DvGrowReq))
-                        break;
                 Group *g = c->group;
                 Arena a;
                 if (!g || g->state != DV_GROUP_ACTIVE) {
@@ -405,8 +411,9 @@ static bool conn_handle(Daemon *d, Conn *c) {
                         log_debug("group '%s': rank %d left", g->name, c->rank);
                         group_member_gone(g, c->rank, true);
                         c->group = NULL;
-                        conn_send_reply(c, 0, "", NULL, 0, NULL, 0, 0, 0);
+                        /* freed before the answer: what it held is back when leave returns */
                         group_maybe_free(g);
+                        conn_send_reply(c, 0, "", NULL, 0, NULL, 0, 0, 0);
                         return true;
                 }
                 conn_send_reply(c, 0, "", NULL, 0, NULL, 0, 0, 0);
@@ -427,8 +434,6 @@ static bool conn_handle(Daemon *d, Conn *c) {
         case DV_MSG_GROUP:
         case DV_MSG_ABORT:
         case DV_MSG_DUMP:
-                if ((size_t)n != sizeof(DvNameReq))
-                        break;
                 if (m.hdr.type == DV_MSG_GROUP)
                         handle_group(d, c, &m.name);
                 else if (m.hdr.type == DV_MSG_ABORT)

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "daemon.h"
 #include "gpu_worker.h"
 #include "log.h"
@@ -364,27 +365,14 @@ int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msgle
                          c->group->name, c->rank);
                 return DEVAL_EINVAL;
         }
-        if (req->group[0] == '\0' || memchr(req->group, 0, sizeof(req->group)) == NULL) {
-                snprintf(msg, msglen, "the group name must be 1 to %d bytes",
-                         DV_GROUP_NAME_MAX - 1);
-                return DEVAL_EINVAL;
-        }
-        if (req->world_size < 1 || req->world_size > DEVAL_MAX_WORLD) {
-                snprintf(msg, msglen, "world size %d is out of range 1..%d", req->world_size,
-                         DEVAL_MAX_WORLD);
-                return DEVAL_EINVAL;
-        }
+        if ((r = dv_join_check(req, msg, msglen)) < 0)
+                return r;
         if (req->world_size > d->max_world) {
                 snprintf(msg, msglen,
                          "world size %d is over devald's limit of %d ranks per group "
                          "(--max-world)",
                          req->world_size, d->max_world);
                 return DEVAL_ENOMEM;
-        }
-        if (req->rank < 0 || req->rank >= req->world_size) {
-                snprintf(msg, msglen, "rank %d is out of range for world size %d", req->rank,
-                         req->world_size);
-                return DEVAL_EINVAL;
         }
         g = group_lookup(d, req->group);
         /* root may watch and abort another uid's group (deval-ctl), never join it */

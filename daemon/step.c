@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "daemon.h"
 #include "dtype.h"
 #include "fault.h"
@@ -61,30 +62,27 @@ static int check_desc(Step *s, int k, int i, bool with_data) {
         const DvTensorDesc *t = &s->reqs[k].t[i];
         const Member *m = &s->g->members[k];
         uint64_t arena = s->dev ? m->din.size : m->in.size;
-        int64_t numel = 1, bytes;
 
-        if (!dv_dtype_valid(t->dtype) || t->ndim < 0 || t->ndim > DEVAL_MAX_DIMS)
+        switch (dv_desc_check(t, arena, with_data)) {
+        case DV_DESC_OK:
+                return 0;
+        case DV_DESC_BAD_TYPE:
                 return step_fail(s, DEVAL_EPROTO,
                                  "malformed request from rank %d (pid %d): tensor %d has dtype "
                                  "%d and ndim %d",
                                  k, (int)m->pid, i, t->dtype, t->ndim);
-        for (int d = 0; d < t->ndim; d++)
-                if (t->shape[d] < 0 || !dv_mul_ok(numel, t->shape[d], &numel))
-                        return step_fail(s, DEVAL_EPROTO,
-                                         "malformed request from rank %d (pid %d): tensor %d has "
-                                         "a negative or overflowing shape",
-                                         k, (int)m->pid, i);
-        if (!with_data)
-                return 0;
-        if (!dv_mul_ok(numel, (int64_t)dv_dtype_size(t->dtype), &bytes) ||
-            (uint64_t)bytes != t->nbytes || t->offset % 8 != 0 || t->offset > arena ||
-            t->nbytes > arena - t->offset)
+        case DV_DESC_BAD_SHAPE:
+                return step_fail(s, DEVAL_EPROTO,
+                                 "malformed request from rank %d (pid %d): tensor %d has "
+                                 "a negative or overflowing shape",
+                                 k, (int)m->pid, i);
+        default:
                 return step_fail(s, DEVAL_EPROTO,
                                  "malformed request from rank %d (pid %d): tensor %d's %llu bytes "
                                  "at offset %llu do not match its shape or its %llu-byte arena",
                                  k, (int)m->pid, i, (unsigned long long)t->nbytes,
                                  (unsigned long long)t->offset, (unsigned long long)arena);
-        return 0;
+        }
 }
 
 static int check_ntensors(Step *s, uint32_t lo, uint32_t hi) {

@@ -74,9 +74,9 @@ static void print_json(const DvStatusReply *r) {
         printf(",%s%s\"backend\":%s", nl, in1, sp);
         json_string(r->backend);
         printf(",%s%s\"uptime_us\":%s%" PRIu64 ",%s%s\"max_group_bytes\":%s%" PRIu64
-               ",%s%s\"total_groups\":%s%u,%s%s\"groups\":%s[",
+               ",%s%s\"unexpected_fds\":%s%" PRIu64 ",%s%s\"total_groups\":%s%u,%s%s\"groups\":%s[",
                nl, in1, sp, r->uptime_us, nl, in1, sp, r->max_group_bytes, nl, in1, sp,
-               r->total_groups, nl, in1, sp);
+               r->unexpected_fds, nl, in1, sp, r->total_groups, nl, in1, sp);
         for (uint32_t i = 0; i < r->ngroups; i++) {
                 const DvGroupInfo *g = &r->groups[i];
                 printf("%s%s%s{\"name\":%s", i ? "," : "", nl, in2, sp);
@@ -112,6 +112,9 @@ static void print_table(const DvStatusReply *r) {
         printf("devald pid %d, version %s, backend %s, up %.1f s, quota %s per group\n", r->pid,
                r->version, r->backend, (double)r->uptime_us / 1e6, quota);
         printf("%u group%s\n", r->total_groups, r->total_groups == 1 ? "" : "s");
+        if (r->unexpected_fds)
+                printf("%" PRIu64 " file descriptors sent by clients unasked were closed\n",
+                       r->unexpected_fds);
         if (!r->ngroups)
                 return;
         printf("%-24s %5s %6s %11s %11s %11s %-8s\n", "GROUP", "WORLD", "JOINED", "COLLECTIVES",

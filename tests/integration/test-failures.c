@@ -20,13 +20,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "client.h"
 #include "harness.h"
+#include "sock.h"
 #include "util.h"
+#include "wire.h"
 
 static Harness H;
 
@@ -554,6 +558,42 @@ static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
         return 0;
 }
 
+/*
+ * Descriptors sent to devald unasked (no request carries any) are closed at once and
+ * counted: devald's descriptor count does not grow, and deval-ctl status shows the count.
+ */
+static int count_fds_of(pid_t pid) {
+        char path[64];
+        int n = 0;
+        for (int fd = 0; fd < 4096; fd++) {
+                snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, fd);
+                n += access(path, F_OK) == 0;
+        }
+        return n;
+}
+
+static void test_unexpected_fds(void **state) {
+        (void)state;
+        int before = count_fds_of(H.daemon);
+        for (int i = 0; i < 50; i++) {
+                struct sockaddr_un sa = {.sun_family = AF_UNIX};
+                snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", H.socket);
+                int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+                assert_true(s >= 0 && connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+                int fds[3] = {0, 1, 2};
+                DvMsgHdr req = {DV_PROTO_VERSION, DV_MSG_STATUS};
+                assert_true(dv_send_msg(s, &req, sizeof(req), fds, 3, 0) == sizeof(req));
+                char buf[65536];
+                assert_true(recv(s, buf, sizeof(buf), 0) > 0); /* answered all the same */
+                close(s);
+        }
+        usleep(100000);
+        char out[4096];
+        assert_int_equal(harness_ctl(&H, "--json=short status", out, sizeof(out)), 0);
+        assert_non_null(strstr(out, "\"unexpected_fds\":150"));
+        assert_int_equal(count_fds_of(H.daemon), before);
+}
+
 static void test_hostile_client(void **state) {
         (void)state;
         assert_int_equal(harness_run(&H, 3, rank_hostile, NULL, 20), 0);
@@ -574,6 +614,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_daemon_survives, before, after),
                 cmocka_unit_test_setup_teardown(test_quota, before, after),
                 cmocka_unit_test_setup_teardown(test_hostile_client, before, after),
+                cmocka_unit_test_setup_teardown(test_unexpected_fds, before, after),
                 cmocka_unit_test_setup_teardown(test_forked_child, before, after),
         };
         return cmocka_run_group_tests(tests, setup, NULL);

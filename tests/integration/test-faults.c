@@ -445,6 +445,12 @@ enum {
         RESTARTS = 100,
         RESTART_RANKS = 3
 };
+/* the sanitizers keep freed memory in quarantine, so RSS drifts there (LSan checks leaks) */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define RSS_SLACK_KIB (64 * 1024)
+#else
+#define RSS_SLACK_KIB 1024
+#endif
 
 typedef struct {
         _Atomic int cycle; /* the devald now running (1-based); 0: none yet */
@@ -569,7 +575,7 @@ static void test_daemon_restarts(void **state) {
                        k, R->gathers[k], R->fds[k][0], R->rss[k][0], RESTARTS, R->fds[k][1],
                        R->rss[k][1]);
                 assert_int_equal(R->fds[k][0], R->fds[k][1]);
-                assert_true(R->rss[k][1] - R->rss[k][0] < 1024);
+                assert_true(R->rss[k][1] - R->rss[k][0] < RSS_SLACK_KIB);
         }
         printf("%d restarts in %.1f s: DEVAL_EDAEMON at most %.0f ms after the kill\n", RESTARTS,
                harness_now() - t0, worst * 1e3);

@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * check.h - the first look devald takes at what a client sent: a socket message's shape,
+ * a join request's fields, a tensor descriptor copied out of shared memory. Pure functions
+ * of their input, so the fuzz targets (tests/fuzz) drive exactly what devald runs.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+/* The type of a well-formed client request of n bytes (its size is its type's), or -1. */
+int dv_msg_check(const void *buf, size_t n);
+/* A join request's own fields: name, world size, rank. 0, or DEVAL_EINVAL with why. */
+int dv_join_check(const DvJoinReq *req, char *why, size_t len);
+
+enum {
+        DV_DESC_OK = 0,
+        DV_DESC_BAD_TYPE,  /* dtype or ndim */
+        DV_DESC_BAD_SHAPE, /* a negative dim, or the element count overflows */
+        DV_DESC_BAD_PLACE  /* nbytes does not match, or the bytes leave the arena */
+};
+/*
+ * A tensor descriptor against the arena it claims to lie in (arena bytes); with_data false
+ * checks the shape only. Every product and sum is checked for 64-bit overflow.
+ */
+int dv_desc_check(const DvTensorDesc *t, uint64_t arena, bool with_data);
