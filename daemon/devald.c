@@ -319,7 +319,8 @@ static bool conn_handle(Daemon *d, Conn *c) {
         int dropped = 0;
         ssize_t n = dv_recv_msg_counted(c->fd, &m, sizeof(m), NULL, &nfds, MSG_DONTWAIT, &dropped);
         if (dropped) { /* no request carries descriptors: close them, count them, say so */
-                if (d->unexpected_fds == 0 || dropped > 1)
+                static unsigned events; /* said the first times, then every 1000th */
+                if (events++ < 10 || events % 1000 == 0)
                         log_warn("pid %d (uid %u) sent %d file descriptor%s devald did not ask "
                                  "for; closed",
                                  (int)c->pid, (unsigned)c->uid, dropped, dropped == 1 ? "" : "s");

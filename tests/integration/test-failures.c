@@ -16,6 +16,7 @@
 #include <cmocka.h>
 /* clang-format on */
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -559,6 +560,112 @@ static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
 }
 
 /*
+ * A hostile rank at full speed: a thread rewrites its slot's request and its input arena
+ * with garbage without pause (random fields, lying sizes and offsets, now valid, now not)
+ * while its group gathers 300 times. Every step of that group ends in success, EPROTO or
+ * EMISMATCH, never a hang or a crash; a second group gathers 300 times meanwhile with
+ * exact results; devald answers at the end. The suite runs this under ASan and UBSan too.
+ */
+static _Atomic int hostile_stop;
+
+static void *scribble(void *arg) {
+        deval_group *g = arg;
+        DvSlot *s = &g->hdr->slots[g->rank];
+        uint64_t x = 88172645463325252ull;
+        while (!atomic_load(&hostile_stop)) {
+                x ^= x << 13; /* xorshift64 */
+                x ^= x >> 7;
+                x ^= x << 17;
+                DvRequest *q = &s->req;
+                switch (x % 8) {
+                case 0:
+                        q->op = (uint32_t)(x >> 8) % (DV_OP_MAX_ + 2);
+                        break;
+                case 1:
+                        q->ntensors = (uint32_t)(x >> 8) % (DEVAL_MAX_TENSORS + 3);
+                        break;
+                case 2:
+                        q->t[0].offset = (x >> 7) & 1 ? x >> 20 : (x >> 32) % 4096;
+                        break;
+                case 3:
+                        q->t[0].nbytes = (x >> 7) & 1 ? x : (x >> 40) % 100000;
+                        break;
+                case 4:
+                        q->t[0].shape[(x >> 8) % DEVAL_MAX_DIMS] = (int64_t)(x >> 3);
+                        break;
+                case 5:
+                        q->t[0].ndim = (int32_t)((x >> 8) % 12) - 2;
+                        q->t[0].dtype = (int32_t)((x >> 16) % 14) - 2;
+                        break;
+                case 6:
+                        q->valid_rows = (int64_t)(x >> 20) - (1 << 20);
+                        q->keep_rows = (int64_t)(x >> 30) % 7 - 1;
+                        q->order = (int32_t)(x % 3);
+                        break;
+                default:
+                        if (g->in_size)
+                                g->in[(x >> 16) % g->in_size] = (uint8_t)x;
+                }
+        }
+        return NULL;
+}
+
+static int rank_scribbled(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        (void)world;
+        deval_group *g;
+        int which = rank / 3, r3 = rank % 3;
+        float x[64];
+        for (int i = 0; i < 64; i++)
+                x[i] = (float)(r3 * 1000 + i);
+        deval_tensor t = {.data = x, .dtype = DEVAL_F32, .ndim = 2, .shape = {4, 16}, .device = -1},
+                     out;
+        if (which == 1) { /* the bystanders: two ranks of another group, exact throughout */
+                if (r3 == 2)
+                        return 0;
+                CHECK_OK(harness_join(h, "bystander", r3, 2, 10000, &g), NULL);
+                for (int i = 0; i < 300; i++) {
+                        CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g);
+                        const float *o = out.data;
+                        CHECK(out.shape[0] == 8 && o[0] == 0 && o[64] == 1000 && o[127] == 1063,
+                              "bystander result %d", i);
+                }
+                deval_leave(g);
+                return 0;
+        }
+        CHECK_OK(harness_join(h, "scribbled", r3, 3, 10000, &g), NULL);
+        pthread_t th;
+        if (r3 == 1)
+                pthread_create(&th, NULL, scribble, g);
+        int ok = 0, bad = 0;
+        for (int i = 0; i < 300; i++) {
+                int r = deval_gather(g, 1, &t, NULL, &out);
+                CHECK(r == 0 || r == DEVAL_EPROTO || r == DEVAL_EMISMATCH, "step %d: %s: %s", i,
+                      deval_strerror(r), deval_errmsg(g));
+                if (r == 0)
+                        ok++;
+                else
+                        bad++;
+        }
+        if (r3 == 1) {
+                atomic_store(&hostile_stop, 1);
+                pthread_join(th, NULL);
+        }
+        if (r3 == 0)
+                printf("scribbled group: %d steps succeeded, %d refused\n", ok, bad);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_hostile_full_speed(void **state) {
+        (void)state;
+        hostile_stop = 0;
+        assert_int_equal(harness_run(&H, 6, rank_scribbled, NULL, 120), 0);
+        char out[4096];
+        assert_int_equal(harness_ctl(&H, "status", out, sizeof(out)), 0);
+}
+
+/*
  * Descriptors sent to devald unasked (no request carries any) are closed at once and
  * counted: devald's descriptor count does not grow, and deval-ctl status shows the count.
  */
@@ -615,6 +722,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_quota, before, after),
                 cmocka_unit_test_setup_teardown(test_hostile_client, before, after),
                 cmocka_unit_test_setup_teardown(test_unexpected_fds, before, after),
+                cmocka_unit_test_setup_teardown(test_hostile_full_speed, before, after),
                 cmocka_unit_test_setup_teardown(test_forked_child, before, after),
         };
         return cmocka_run_group_tests(tests, setup, NULL);
