@@ -8,6 +8,7 @@
 #include "client.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -130,7 +132,19 @@ int dv_request(deval_group *g, const void *req, size_t len, DvReply *rep, int *f
         return 0;
 }
 
+/*
+ * Map a segment devald sent, after checking it is what devald makes: a memfd of exactly
+ * size bytes sealed against shrinking and growing, so that no one holding it can make
+ * this process fault on a page that went away (-EPROTO otherwise). The fd is closed.
+ */
 static int map_fd(int fd, uint64_t size, int prot, void **ret) {
+        struct stat st;
+        int seals = fcntl(fd, F_GET_SEALS);
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != size ||
+            seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+                close(fd);
+                return -EPROTO;
+        }
         void *p = mmap(NULL, size ? size : 1, prot, MAP_SHARED, fd, 0);
         close(fd);
         if (p == MAP_FAILED)
@@ -175,7 +189,8 @@ int dv_reserve_input(deval_group *g, uint64_t size) {
         if ((r = request_arena(g, &req, sizeof(req), size, &rep, &fd)) < 0)
                 return r;
         if ((r = map_fd(fd, rep.size[0], PROT_READ | PROT_WRITE, &p)) < 0)
-                return dv_set_err(g, DEVAL_ENOMEM, "cannot map %llu bytes of input: %s",
+                return dv_set_err(g, r == -EPROTO ? DEVAL_EPROTO : DEVAL_ENOMEM,
+                                  "cannot map %llu bytes of input: %s",
                                   (unsigned long long)rep.size[0], strerror(-r));
         /* what deval_input_buffer() handed out moves along with the arena */
         if (g->in_keep)
@@ -201,7 +216,8 @@ int dv_refresh_output(deval_group *g) {
         if ((r = request_arena(g, &req, sizeof(req), 0, &rep, &fd)) < 0)
                 return r;
         if ((r = map_fd(fd, rep.size[0], PROT_READ, &p)) < 0)
-                return dv_set_err(g, DEVAL_ENOMEM, "cannot map %llu bytes of output: %s",
+                return dv_set_err(g, r == -EPROTO ? DEVAL_EPROTO : DEVAL_ENOMEM,
+                                  "cannot map %llu bytes of output: %s",
                                   (unsigned long long)rep.size[0], strerror(-r));
         munmap((void *)g->out, g->out_size ? g->out_size : 1);
         g->out = p;
@@ -430,6 +446,9 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                 g->dout_size = rep.size[4];
                 g->dout_gen = rep.dev_gen;
         }
+        if (e1 == -EPROTO || e2 == -EPROTO || e3 == -EPROTO)
+                return join_err(DEVAL_EPROTO, "devald sent a segment that is not a sealed memfd "
+                                              "of the size it said");
         if (e1 < 0 || e2 < 0 || e3 < 0)
                 return join_err(DEVAL_ENOMEM, "cannot map the group's shared memory");
         if (g->hdr->magic != DV_CTL_MAGIC || g->hdr->version != DV_PROTO_VERSION ||
