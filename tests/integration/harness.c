@@ -14,6 +14,7 @@
 
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -41,7 +42,29 @@ static bool can_connect(const char *path) {
         return ok;
 }
 
+/*
+ * /dev/shm as the first devald found it: devald's segments are memfds, which never appear
+ * there, so every harness_stop() checks it is unchanged.
+ */
+static char shm_before[8192];
+
+static void shm_list(char *buf, size_t len) {
+        DIR *d = opendir("/dev/shm");
+        struct dirent *e;
+        size_t n = 0;
+        buf[0] = '\0';
+        while (d && (e = readdir(d)))
+                if (e->d_name[0] != '.' && n < len)
+                        n += (size_t)snprintf(buf + n, len - n, "%s\n", e->d_name);
+        if (d)
+                closedir(d);
+}
+
 void harness_start(Harness *h, const char *const *extra) {
+        if (!shm_before[0]) { /* "-" ends it, so that an empty /dev/shm is taken once */
+                shm_list(shm_before, sizeof(shm_before) - 1);
+                strcat(shm_before, "-");
+        }
         const char *devald = getenv("DEVALD");
         const char *argv[32];
         int n = 0;
@@ -97,6 +120,12 @@ void harness_stop(Harness *h) {
         assert_int_equal(WEXITSTATUS(st), 0);
         struct stat sb;
         assert_int_equal(stat(h->socket, &sb), -1); /* the socket was removed */
+        char shm_now[8192];
+        shm_list(shm_now, sizeof(shm_now) - 1);
+        strcat(shm_now, "-");
+        if (strcmp(shm_now, shm_before) != 0)
+                fail_msg("/dev/shm changed while devald ran:\nbefore:\n%s\nnow:\n%s", shm_before,
+                         shm_now);
         rmdir(h->dir);
 }
 
