@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#define DV_MAX_FDS 5
+#define DV_MAX_FDS 6
 
 ssize_t dv_send_msg(int sock, const void *buf, size_t len, const int *fds, int nfds, int flags);
 ssize_t dv_recv_msg(int sock, void *buf, size_t len, int *fds, int *nfds, int flags);

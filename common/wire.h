@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  1
+#define DV_PROTO_VERSION  2
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_MSG_MAX        512
 #define DV_CTL_MAGIC      0x4c564544u /* "DEVL" */
@@ -74,7 +74,7 @@ typedef struct {
         DvMsgHdr hdr;
         int32_t status;
         uint32_t nfds;
-        uint64_t size[5]; /* of the segments whose fds come with the reply, in order */
+        uint64_t size[6]; /* of the segments whose fds come with the reply, in order */
         uint64_t gen;     /* output arena generation, with DV_MSG_OUTPUT and DV_MSG_JOIN */
         uint64_t dev_gen; /* device output generation, with DV_MSG_DEV_OUTPUT and a join */
         uint32_t flags;   /* DV_REPLY_* */
@@ -236,9 +236,12 @@ typedef struct {
         alignas(64) _Atomic uint32_t arrived_seq;
         uint32_t reserved[15];
         DvRequest req;
-        DvResult res;
 } DvSlot;
 
+/*
+ * A group's control segment, what the ranks write: each its own slot (devald copies a
+ * request out once, then validates the copy) and the arrive word.
+ */
 typedef struct {
         uint32_t magic;
         uint32_t version;
@@ -246,9 +249,22 @@ typedef struct {
         uint32_t reserved0;
         /* Clients add 1 after arriving and FUTEX_WAKE it; the worker sleeps on it. */
         alignas(64) _Atomic uint32_t arrive;
+        alignas(64) DvSlot slots[];
+} DvCtlHeader;
+
+/*
+ * Its completion segment, what devald writes: sealed against writes before the ranks get
+ * it, so they can only map it read-only and no rank can forge a completion, a failure or
+ * another rank's result.
+ */
+typedef struct {
+        uint32_t magic;
+        uint32_t version;
+        int32_t world_size;
+        uint32_t reserved0;
         /* The worker adds 1 after publishing a step or a failure; clients sleep on it. */
         alignas(64) _Atomic uint32_t wake;
-        /* Last completed step; stored (release) after every slot's res and msg are written. */
+        /* Last completed step; stored (release) after every res and msg are written. */
         alignas(64) _Atomic uint32_t done_seq;
         /* Non-zero once the group failed for good; abort_msg is written before (release). */
         _Atomic int32_t abort_status;
@@ -257,17 +273,21 @@ typedef struct {
         uint64_t dev_out_gen; /* bumped when any device output arena of the group is replaced */
         char msg[DV_MSG_MAX]; /* why step done_seq failed, when it did */
         char abort_msg[DV_MSG_MAX];
-        alignas(64) DvSlot slots[];
-} DvCtlHeader;
+        alignas(64) DvResult res[]; /* [world_size]: each rank's result */
+} DvDoneHeader;
 
 static inline uint64_t dv_ctl_size(int world_size) {
         return sizeof(DvCtlHeader) + (uint64_t)world_size * sizeof(DvSlot);
 }
 
+static inline uint64_t dv_done_size(int world_size) {
+        return sizeof(DvDoneHeader) + (uint64_t)world_size * sizeof(DvResult);
+}
+
 _Static_assert(sizeof(DvMsgHdr) == 8, "wire layout");
 _Static_assert(sizeof(DvJoinReq) == 104, "wire layout");
 _Static_assert(sizeof(DvGrowReq) == 24, "wire layout");
-_Static_assert(sizeof(DvReply) == 592, "wire layout");
+_Static_assert(sizeof(DvReply) == 600, "wire layout");
 _Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
 _Static_assert(sizeof(DvGroupInfo) == 112, "wire layout");
 _Static_assert(sizeof(DvRankInfo) == 40, "wire layout");

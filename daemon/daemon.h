@@ -121,8 +121,10 @@ struct Group {
         uint64_t spin_ns;   /* the worker busy-waits this long for arrivals before sleeping */
         Member *members;
 
-        Arena ctl;
+        Arena ctl; /* the ranks write it: slots, the arrive word */
         DvCtlHeader *hdr;
+        Arena done; /* devald writes it; the ranks map it read-only */
+        DvDoneHeader *dhdr;
 
         pthread_t worker;
         bool worker_started;
@@ -177,9 +179,9 @@ struct Daemon {
         int idle_timeout_s; /* a group without a collective this long fails; 0: never */
         Usage *usage;
         uint64_t unexpected_fds; /* descriptors clients sent unasked, closed on arrival */
-        int threads;         /* copy threads per group */
-        int spin_us;         /* < 0: decide per group from the cores and the world size */
-        const DvGpuApi *gpu; /* the cuda backend's GPUs; NULL: host backend only */
+        int threads;             /* copy threads per group */
+        int spin_us;             /* < 0: decide per group from the cores and the world size */
+        const DvGpuApi *gpu;     /* the cuda backend's GPUs; NULL: host backend only */
         int ngpus;
         uint8_t gpu_uuid[DV_MAX_GPUS][16];
         uint64_t start_ns;

@@ -160,7 +160,7 @@ static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret)
         g->state = DV_GROUP_FORMING;
         g->listed = true;
         g->created_ns = dv_now_ns();
-        g->ctl = g->out = ARENA_NULL;
+        g->ctl = g->done = g->out = ARENA_NULL;
         pthread_mutex_init(&g->lock, NULL);
         g->next = d->groups;
         d->groups = g;
@@ -199,6 +199,7 @@ static void group_free(Group *g) {
         for (int k = 0; k < DV_MAX_GPUS; k++)
                 dev_arena_deinit(&g->dout[k]);
         arena_deinit(&g->ctl);
+        arena_deinit(&g->done);
         arena_deinit(&g->out);
         exec_pool_free(g->pool);
         free(g->pass.rows[0]);
@@ -228,7 +229,8 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
         char name[96];
         int r;
 
-        uint64_t total = dv_ctl_size(g->world) + ARENA_INITIAL * (uint64_t)(g->world + 1);
+        uint64_t total = dv_ctl_size(g->world) + dv_done_size(g->world) +
+                         ARENA_INITIAL * (uint64_t)(g->world + 1);
         if (g->device_group) { /* an input per rank, an output per GPU that receives */
                 total += ARENA_INITIAL * (uint64_t)g->world;
                 bool seen[DV_MAX_GPUS] = {false};
@@ -262,6 +264,14 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
         g->hdr->magic = DV_CTL_MAGIC;
         g->hdr->version = DV_PROTO_VERSION;
         g->hdr->world_size = g->world;
+        /* the ranks get this one sealed against writing: it is devald's word to them */
+        snprintf(name, sizeof(name), "deval-done-%s", g->name);
+        if ((r = arena_new(name, dv_done_size(g->world), ARENA_OUTPUT, &g->done)) < 0)
+                goto fail;
+        g->dhdr = (DvDoneHeader *)g->done.map;
+        g->dhdr->magic = DV_CTL_MAGIC;
+        g->dhdr->version = DV_PROTO_VERSION;
+        g->dhdr->world_size = g->world;
         for (int k = 0; k < g->world; k++) {
                 snprintf(name, sizeof(name), "deval-in-%s-%d", g->name, k);
                 if ((r = arena_new(name, ARENA_INITIAL, ARENA_INPUT, &g->members[k].in)) < 0)
@@ -271,8 +281,8 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
         if ((r = arena_new(name, ARENA_INITIAL, ARENA_OUTPUT, &g->out)) < 0)
                 goto fail;
         g->out_gen = 1;
-        g->hdr->out_gen = 1;
-        g->hdr->out_size = g->out.size;
+        g->dhdr->out_gen = 1;
+        g->dhdr->out_size = g->out.size;
         if (g->device_group) {
                 for (int k = 0; k < g->world; k++) {
                         int dev = g->members[k].device;
@@ -284,7 +294,7 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                                 goto fail_gpu;
                 }
                 g->dev_out_gen = 1;
-                g->hdr->dev_out_gen = 1;
+                g->dhdr->dev_out_gen = 1;
         }
 
         g->timeout_ns = -1;
@@ -332,15 +342,15 @@ static void group_reply_all(Group *g, int status, const char *msg) {
                         conn_send_reply(m->conn, status, msg, NULL, 0, NULL, 0, 0, 0);
                         continue;
                 }
-                int fds[5] = {g->ctl.fd, m->in.fd, g->out.fd};
-                uint64_t sizes[5] = {g->ctl.size, m->in.size, g->out.size};
-                int n = 3;
+                int fds[6] = {g->ctl.fd, g->done.fd, m->in.fd, g->out.fd};
+                uint64_t sizes[6] = {g->ctl.size, g->done.size, m->in.size, g->out.size};
+                int n = 4;
                 if (g->device_group) {
-                        fds[3] = m->din.fd;
-                        sizes[3] = m->din.size;
-                        fds[4] = g->dout[m->device].fd;
-                        sizes[4] = g->dout[m->device].size;
-                        n = 5;
+                        fds[4] = m->din.fd;
+                        sizes[4] = m->din.size;
+                        fds[5] = g->dout[m->device].fd;
+                        sizes[5] = g->dout[m->device].size;
+                        n = 6;
                 }
                 conn_send_reply(m->conn, 0, "", fds, n, sizes, g->out_gen, g->dev_out_gen,
                                 g->device_group ? DV_REPLY_DEVICE : 0);

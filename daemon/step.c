@@ -43,7 +43,7 @@ static int step_fail(Step *s, int status, const char *fmt, ...) {
 }
 
 static DvResult *res_of(Step *s, int k) {
-        return &s->h->slots[k].res;
+        return &s->g->dhdr->res[k];
 }
 
 #define SAME_ON_ALL(s, field, fmtspec, what)                                                       \
@@ -678,7 +678,7 @@ int step_run(Group *g, uint32_t seq) {
 
         for (int k = 0; k < g->world; k++) {
                 memcpy(&g->reqs[k], &g->hdr->slots[k].req, sizeof(DvRequest));
-                memset(&g->hdr->slots[k].res, 0, offsetof(DvResult, t));
+                memset(&g->dhdr->res[k], 0, offsetof(DvResult, t));
         }
         int r = step_dispatch(&s);
         if (r < 0) {
@@ -689,6 +689,6 @@ int step_run(Group *g, uint32_t seq) {
                 }
                 log_debug("group '%s': %s", g->name, s.msg);
         }
-        memcpy(g->hdr->msg, s.msg, sizeof(s.msg));
+        memcpy(g->dhdr->msg, s.msg, sizeof(s.msg));
         return r;
 }

@@ -18,7 +18,7 @@
 #define SLICE_NS (100 * 1000 * 1000)
 
 static void worker_publish_abort(Group *g) {
-        DvCtlHeader *h = g->hdr;
+        DvDoneHeader *h = g->dhdr;
 
         pthread_mutex_lock(&g->lock);
         memcpy(h->abort_msg, g->abort_msg, sizeof(h->abort_msg));
@@ -189,8 +189,8 @@ int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen) {
         g->bytes_mapped += want - current;
         pthread_mutex_unlock(&g->lock);
         arena_deinit(&old);
-        g->hdr->out_gen = g->out_gen;
-        g->hdr->out_size = g->out.size;
+        g->dhdr->out_gen = g->out_gen;
+        g->dhdr->out_size = g->out.size;
         return 0;
 }
 
@@ -225,14 +225,13 @@ int worker_ensure_dev_output(Group *g, uint64_t size, char *msg, size_t msglen) 
                 g->bytes_mapped += want - current;
                 pthread_mutex_unlock(&g->lock);
                 dev_arena_deinit(&old);
-                g->hdr->dev_out_gen = g->dev_out_gen;
+                g->dhdr->dev_out_gen = g->dev_out_gen;
         }
         return 0;
 }
 
 void *worker_main(void *arg) {
         Group *g = arg;
-        DvCtlHeader *h = g->hdr;
 
         for (uint32_t seq = 1;; seq++) {
                 pthread_mutex_lock(&g->lock);
@@ -254,7 +253,7 @@ void *worker_main(void *arg) {
                 uint64_t moved = atomic_load_explicit(&g->bytes_moved, memory_order_relaxed);
                 int r = step_run(g, seq);
                 char step_msg[DV_MSG_MAX];
-                snprintf(step_msg, sizeof(step_msg), "%.*s", DV_MSG_MAX - 1, g->hdr->msg);
+                snprintf(step_msg, sizeof(step_msg), "%.*s", DV_MSG_MAX - 1, g->dhdr->msg);
                 pthread_mutex_lock(&g->lock);
                 for (int k = 0; k < g->world; k++)
                         g->arrivals[k] = g->members[k].arrived_ns;
@@ -268,9 +267,9 @@ void *worker_main(void *arg) {
                 atomic_store_explicit(&g->done_ns, dv_now_ns(), memory_order_relaxed);
                 DV_FAULT("before_wake", seq);
                 /* release: every slot's res and msg are written before done_seq says so */
-                atomic_store_explicit(&h->done_seq, seq, memory_order_release);
-                atomic_fetch_add_explicit(&h->wake, 1, memory_order_release);
-                dv_futex_wake(&h->wake);
+                atomic_store_explicit(&g->dhdr->done_seq, seq, memory_order_release);
+                atomic_fetch_add_explicit(&g->dhdr->wake, 1, memory_order_release);
+                dv_futex_wake(&g->dhdr->wake);
                 uint64_t done_ns = dv_now_ns();
                 pthread_mutex_lock(&g->lock);
                 if (g->world > 1) {

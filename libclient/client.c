@@ -211,7 +211,7 @@ int dv_refresh_output(deval_group *g) {
         int fd, r;
         void *p = NULL;
 
-        if (g->hdr->out_gen == g->out_gen)
+        if (g->done->out_gen == g->out_gen)
                 return 0;
         if ((r = request_arena(g, &req, sizeof(req), 0, &rep, &fd)) < 0)
                 return r;
@@ -235,6 +235,8 @@ static void group_free(deval_group *g) {
                 dv_gpu()->unmap(g->device, g->dout, g->dout_size);
         if (g->hdr)
                 munmap(g->hdr, g->ctl_size);
+        if (g->done)
+                munmap((void *)g->done, g->done_size);
         if (g->in)
                 munmap(g->in, g->in_size ? g->in_size : 1);
         if (g->out)
@@ -281,7 +283,7 @@ int dv_refresh_dev_output(deval_group *g) {
         int fd, r;
         uint64_t p;
 
-        if (g->hdr->dev_out_gen == g->dout_gen)
+        if (g->done->dev_out_gen == g->dout_gen)
                 return 0;
         if ((r = request_arena(g, &req, sizeof(req), 0, &rep, &fd)) < 0 ||
             (r = import_dev(g, fd, rep.size[0], &p)) < 0)
@@ -416,45 +418,50 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                                 g->socket_path, group);
         if (rep.status < 0)
                 return join_err(rep.status, "%s", rep.msg);
-        int want = g->device >= 0 ? 5 : 3;
+        int want = g->device >= 0 ? 6 : 4;
         if (nfds != want || rep.size[0] < dv_ctl_size(world_size) ||
+            rep.size[1] < dv_done_size(world_size) ||
             (g->device >= 0) != ((rep.flags & DV_REPLY_DEVICE) != 0)) {
                 for (int i = 0; i < nfds; i++)
                         close(fds[i]);
                 return join_err(DEVAL_EPROTO, "devald sent malformed segments");
         }
-        void *ctl = NULL, *in = NULL, *outp = NULL;
+        void *ctl = NULL, *done = NULL, *in = NULL, *outp = NULL;
         int e1 = map_fd(fds[0], rep.size[0], PROT_READ | PROT_WRITE, &ctl);
-        int e2 = map_fd(fds[1], rep.size[1], PROT_READ | PROT_WRITE, &in);
-        int e3 = map_fd(fds[2], rep.size[2], PROT_READ, &outp);
+        int e0 = map_fd(fds[1], rep.size[1], PROT_READ, &done);
+        int e2 = map_fd(fds[2], rep.size[2], PROT_READ | PROT_WRITE, &in);
+        int e3 = map_fd(fds[3], rep.size[3], PROT_READ, &outp);
         g->hdr = ctl;
         g->ctl_size = rep.size[0];
+        g->done = done;
+        g->done_size = rep.size[1];
         g->in = in;
-        g->in_size = rep.size[1];
+        g->in_size = rep.size[2];
         g->out = outp;
-        g->out_size = rep.size[2];
+        g->out_size = rep.size[3];
         g->out_gen = rep.gen;
         if (g->device >= 0) {
-                int e4 = dv_gpu()->import_fd(g->device, fds[3], rep.size[3], &g->din);
-                int e5 = dv_gpu()->import_fd(g->device, fds[4], rep.size[4], &g->dout);
-                close(fds[3]);
+                int e4 = dv_gpu()->import_fd(g->device, fds[4], rep.size[4], &g->din);
+                int e5 = dv_gpu()->import_fd(g->device, fds[5], rep.size[5], &g->dout);
                 close(fds[4]);
+                close(fds[5]);
                 if (e4 < 0 || e5 < 0)
                         return join_err(DEVAL_ESYS, "cannot map the group's device memory: %s",
                                         dv_gpu_error());
-                g->din_size = rep.size[3];
-                g->dout_size = rep.size[4];
+                g->din_size = rep.size[4];
+                g->dout_size = rep.size[5];
                 g->dout_gen = rep.dev_gen;
         }
-        if (e1 == -EPROTO || e2 == -EPROTO || e3 == -EPROTO)
+        if (e0 == -EPROTO || e1 == -EPROTO || e2 == -EPROTO || e3 == -EPROTO)
                 return join_err(DEVAL_EPROTO, "devald sent a segment that is not a sealed memfd "
                                               "of the size it said");
-        if (e1 < 0 || e2 < 0 || e3 < 0)
+        if (e0 < 0 || e1 < 0 || e2 < 0 || e3 < 0)
                 return join_err(DEVAL_ENOMEM, "cannot map the group's shared memory");
         if (g->hdr->magic != DV_CTL_MAGIC || g->hdr->version != DV_PROTO_VERSION ||
-            g->hdr->world_size != world_size)
+            g->hdr->world_size != world_size || g->done->magic != DV_CTL_MAGIC ||
+            g->done->version != DV_PROTO_VERSION || g->done->world_size != world_size)
                 return join_err(DEVAL_EPROTO, "devald's control segment has another layout");
-        g->seq = atomic_load_explicit(&g->hdr->done_seq, memory_order_acquire);
+        g->seq = atomic_load_explicit(&g->done->done_seq, memory_order_acquire);
         *out = TAKE_PTR(g);
         return 0;
 }

@@ -18,8 +18,10 @@ struct deval_group {
         int timeout_ms; /* < 0: forever */
         char name[DV_GROUP_NAME_MAX];
         char socket_path[108];
-        DvCtlHeader *hdr;
+        DvCtlHeader *hdr; /* what this rank writes: its slot, the arrive word */
         uint64_t ctl_size;
+        const DvDoneHeader *done; /* what devald writes, mapped read-only */
+        uint64_t done_size;
         uint8_t *in;
         uint64_t in_size;
         uint64_t in_keep; /* bytes at the arena's start handed out by deval_input_buffer() */

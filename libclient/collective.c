@@ -39,9 +39,9 @@ static int coll_begin(deval_group *g) {
                                   (int)g->pid, g->rank);
         if (g->failed)
                 return g->failed;
-        int s = atomic_load_explicit(&g->hdr->abort_status, memory_order_acquire);
+        int s = atomic_load_explicit(&g->done->abort_status, memory_order_acquire);
         if (s)
-                return group_fail_local(g, s, g->hdr->abort_msg);
+                return group_fail_local(g, s, g->done->abort_msg);
         return 0;
 }
 
@@ -119,8 +119,10 @@ static bool daemon_alive(deval_group *g) {
  * Return: 0 with the rank's result ready; the step's status with its message; or the group's
  * failure (DEVAL_EPEER, DEVAL_EDAEMON, DEVAL_ETIMEDOUT, DEVAL_EABORTED), which sticks.
  */
-static int coll_run(deval_group *g, const char *fn, DvResult **ret) {
+static int coll_run(deval_group *g, const char *fn, const DvResult **ret) {
         DvCtlHeader *h = g->hdr;
+        /* devald's words, read-only here: the futex word is only waited on */
+        DvDoneHeader *d = (DvDoneHeader *)g->done;
         DvSlot *slot = &h->slots[g->rank];
         uint32_t seq = ++g->seq;
         g->in_keep = 0; /* the buffer served this collective */
@@ -135,14 +137,14 @@ static int coll_run(deval_group *g, const char *fn, DvResult **ret) {
         DV_FAULT("after_arrive", seq);
 
         for (;;) {
-                uint32_t w = atomic_load_explicit(&h->wake, memory_order_acquire);
+                uint32_t w = atomic_load_explicit(&d->wake, memory_order_acquire);
                 /* acquire pairs with the worker's release store after it wrote every result */
-                uint32_t done = atomic_load_explicit(&h->done_seq, memory_order_acquire);
+                uint32_t done = atomic_load_explicit(&d->done_seq, memory_order_acquire);
                 if ((int32_t)(done - seq) >= 0)
                         break;
-                int s = atomic_load_explicit(&h->abort_status, memory_order_acquire);
+                int s = atomic_load_explicit(&d->abort_status, memory_order_acquire);
                 if (s)
-                        return group_fail_local(g, s, h->abort_msg);
+                        return group_fail_local(g, s, d->abort_msg);
                 uint64_t now = dv_now_ns();
                 if (now - start < g->spin_ns) {
                         dv_cpu_relax();
@@ -155,24 +157,24 @@ static int coll_run(deval_group *g, const char *fn, DvResult **ret) {
                                  g->timeout_ms);
                         return group_fail_local(g, DEVAL_ETIMEDOUT, msg);
                 }
-                dv_futex_wait(&h->wake, w, SLICE_NS);
+                dv_futex_wait(&d->wake, w, SLICE_NS);
                 if (!daemon_alive(g)) {
                         /* devald publishes its shutdown before it hangs up: prefer its words */
-                        s = atomic_load_explicit(&h->abort_status, memory_order_acquire);
+                        s = atomic_load_explicit(&d->abort_status, memory_order_acquire);
                         if (s)
-                                return group_fail_local(g, s, h->abort_msg);
+                                return group_fail_local(g, s, d->abort_msg);
                         char msg[256];
                         snprintf(msg, sizeof(msg), "%s: devald at %s is gone (collective #%u)", fn,
                                  g->socket_path, seq);
                         return group_fail_local(g, DEVAL_EDAEMON, msg);
                 }
         }
-        DvResult *res = &slot->res;
+        const DvResult *res = &d->res[g->rank];
         if (res->status < 0) {
                 int status = res->status;
                 if (status < DEVAL_ESYS)
                         status = DEVAL_EPROTO;
-                return dv_set_err(g, status, "%s: %.*s", fn, DV_MSG_MAX, h->msg);
+                return dv_set_err(g, status, "%s: %.*s", fn, DV_MSG_MAX, d->msg);
         }
         if (res->ntensors > DEVAL_MAX_TENSORS)
                 return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
@@ -235,7 +237,7 @@ static void req_set_opts(DvRequest *q, const deval_gather_opts *o) {
  * failure and let the step fail everywhere. A dead devald needs no arrival.
  */
 static int stage_failed(deval_group *g, const char *fn, DvRequest *q, int status, uint64_t bytes) {
-        DvResult *res;
+        const DvResult *res;
         if (status != DEVAL_ENOMEM && status != DEVAL_ESYS)
                 return status;
         q->status = status;
@@ -367,7 +369,7 @@ static int view_of_dev(deval_group *g, const char *fn, const DvTensorDesc *d, de
 static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
                          const deval_tensor in[], const deval_gather_opts *opts,
                          deval_tensor out[]) {
-        DvResult *res;
+        const DvResult *res;
         int r;
 
         if (!g)
@@ -422,7 +424,7 @@ int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
 }
 
 static int simple_op(deval_group *g, uint32_t op, const char *fn, int64_t num_samples, int order) {
-        DvResult *res;
+        const DvResult *res;
         int r;
 
         if (!g)
@@ -470,7 +472,7 @@ int deval_barrier(deval_group *g) {
 int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, double pad_value,
                                bool pad_first, deval_tensor *out) {
         const char *fn = "deval_pad_across_processes";
-        DvResult *res;
+        const DvResult *res;
         int r;
 
         if (!g)
@@ -503,7 +505,7 @@ int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, 
 static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
                           const deval_bytes items[], const deval_gather_opts *opts, size_t *out_n,
                           const deval_bytes **out_items) {
-        DvResult *res;
+        const DvResult *res;
         int r;
 
         if (!g)
@@ -605,7 +607,7 @@ int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes
  */
 int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op) {
         const char *fn = "deval_reduce";
-        DvResult *res;
+        const DvResult *res;
         deval_tensor out;
         int r;
 
@@ -637,7 +639,7 @@ int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op) {
  */
 int deval_broadcast(deval_group *g, deval_tensor *inout, int root) {
         const char *fn = "deval_broadcast";
-        DvResult *res;
+        const DvResult *res;
         deval_tensor out;
         int r;
 
@@ -673,7 +675,7 @@ int deval_broadcast(deval_group *g, deval_tensor *inout, int root) {
 int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root,
                           deval_bytes *out) {
         const char *fn = "deval_broadcast_bytes";
-        DvResult *res;
+        const DvResult *res;
         deval_tensor view;
         int r;
 

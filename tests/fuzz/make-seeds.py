@@ -6,10 +6,12 @@ dtype, both orders, valid_rows, keep_rows and pads. Deterministic; run it again 
 change to the wire layout (common/wire.h) and commit what it writes."""
 
 import os
+import re
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VERSION = 1
+with open(os.path.join(HERE, "..", "..", "common", "wire.h")) as f:
+    VERSION = int(re.search(r"#define DV_PROTO_VERSION\s+(\d+)", f.read()).group(1))
 JOIN, GROW, OUTPUT, LEAVE, STATUS, GROUP, ABORT, DEV_OUTPUT, TOPO, DUMP = (
     1, 2, 3, 4, 5, 7, 8, 9, 10, 11)
 
