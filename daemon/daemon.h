@@ -170,6 +170,7 @@ struct Conn {
 struct Daemon {
         int epfd, listen_fd, signal_fd;
         char socket_path[108];
+        char config_path[256]; /* the configuration read, for SIGHUP; "" when none */
         uint64_t max_group_bytes;
         int max_groups;
         uint64_t max_user_bytes; /* every arena of one uid's groups */

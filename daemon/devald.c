@@ -604,6 +604,8 @@ static int listen_on(Daemon *d) {
         return 0;
 }
 
+#define DEFAULT_CONFIG "/etc/deval/devald.conf"
+
 static void help(void) {
         printf("Usage: devald [OPTIONS]\n\n"
                "The deval daemon: shared buffers and collectives for distributed evaluation.\n\n"
@@ -621,6 +623,17 @@ static void help(void) {
                "     --spin-us=N            busy-wait N us for arrivals before sleeping (default:\n"
                "                            20 when the cores outnumber a group's ranks + 1, else "
                "0)\n"
+               "     --max-user-bytes=N     shared memory all of one uid's groups may hold\n"
+               "                            (default: half of RAM)\n"
+               "     --max-user-groups=N    groups one uid may have (default 64)\n"
+               "     --max-user-conns=N     connections one uid may have (default 1024)\n"
+               "     --max-world=N          ranks per group (default 512)\n"
+               "     --idle-timeout=SECONDS fail groups with no collective this long (default\n"
+               "                            86400; 0: never)\n"
+               "     --config=PATH          options from PATH, one 'option = value' per line,\n"
+               "                            before the command line's (default:\n"
+               "                            " DEFAULT_CONFIG " if it exists; '' for none);\n"
+               "                            SIGHUP reads it again\n"
                "  -h --help                 show this help\n"
                "     --version              show the version\n");
 }
@@ -691,6 +704,86 @@ static int setup_backend(Daemon *d) {
         return 0;
 }
 
+/*
+ * The configuration file: "option = value" lines, one per line, for any long option but
+ * --config itself; blank lines and lines starting with '#' are skipped. Each line becomes
+ * the argument "--option=value" ahead of the command line's, so the command line wins.
+ * Return: 0 with *ret_args (malloc'd, each malloc'd) and *ret_n, or -1 after saying where
+ * the file is wrong. A missing file is no error unless required.
+ */
+static int config_read(const char *path, bool required, const struct option *opts, char ***ret_args,
+                       int *ret_n) {
+        *ret_args = NULL;
+        *ret_n = 0;
+        FILE *f = fopen(path, "re");
+        if (!f) {
+                if (!required && errno == ENOENT)
+                        return 0;
+                fprintf(stderr, "devald: cannot read %s: %s\n", path, strerror(errno));
+                return -1;
+        }
+        char line[1024];
+        int lineno = 0, r = 0;
+        while (r == 0 && fgets(line, sizeof(line), f)) {
+                lineno++;
+                char *p = line + strspn(line, " \t");
+                p[strcspn(p, "\r\n")] = '\0';
+                if (!*p || *p == '#')
+                        continue;
+                char *eq = strchr(p, '=');
+                size_t klen = eq ? strcspn(p, " \t=") : strlen(p);
+                const char *v = eq ? eq + 1 + strspn(eq + 1, " \t") : NULL;
+                bool known = false;
+                for (const struct option *o = opts; o->name && !known; o++)
+                        known = strlen(o->name) == klen && strncmp(o->name, p, klen) == 0 &&
+                                o->has_arg == required_argument && strcmp(o->name, "config");
+                if (!eq || !known || !*v) {
+                        fprintf(stderr, "devald: %s:%d: %s\n", path, lineno,
+                                !eq      ? "expected 'option = value'"
+                                : !known ? "unknown option"
+                                         : "the value is missing");
+                        r = -1;
+                        break;
+                }
+                size_t vlen = strlen(v);
+                while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
+                        vlen--;
+                char *arg = NULL;
+                char **grown = realloc(*ret_args, sizeof(char *) * (size_t)(*ret_n + 1));
+                if (!grown || asprintf(&arg, "--%.*s=%.*s", (int)klen, p, (int)vlen, v) < 0) {
+                        if (grown)
+                                *ret_args = grown;
+                        r = -1;
+                        break;
+                }
+                *ret_args = grown;
+                (*ret_args)[(*ret_n)++] = arg;
+        }
+        fclose(f);
+        if (r < 0) {
+                for (int i = 0; i < *ret_n; i++)
+                        free((*ret_args)[i]);
+                free(*ret_args);
+                *ret_args = NULL;
+                *ret_n = 0;
+        }
+        return r;
+}
+
+/* The configuration's arguments and the argument vector built around them. */
+typedef struct {
+        char **args;
+        int n;
+        char **all;
+} ArgVec;
+
+static void argvec_free(ArgVec *v) {
+        for (int i = 0; i < v->n; i++)
+                free(v->args[i]);
+        free(v->args);
+        free(v->all);
+}
+
 static int parse_args(Daemon *d, int argc, char **argv) {
         enum {
                 ARG_MAX_GROUP_BYTES = 0x100,
@@ -702,6 +795,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                 ARG_MAX_USER_CONNS,
                 ARG_MAX_WORLD,
                 ARG_IDLE_TIMEOUT,
+                ARG_CONFIG,
                 ARG_VERSION
         };
         static const struct option opts[] = {
@@ -717,11 +811,40 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                 {"max-user-conns", required_argument, NULL, ARG_MAX_USER_CONNS},
                 {"max-world", required_argument, NULL, ARG_MAX_WORLD},
                 {"idle-timeout", required_argument, NULL, ARG_IDLE_TIMEOUT},
+                {"config", required_argument, NULL, ARG_CONFIG},
                 {"help", no_argument, NULL, 'h'},
                 {"version", no_argument, NULL, ARG_VERSION},
                 {},
         };
         int c, level = LOG_LEVEL_INFO;
+
+        /* --config first: its lines go ahead of the command line's options */
+        const char *config = NULL;
+        for (int i = 1; i < argc; i++) {
+                if (strncmp(argv[i], "--config=", 9) == 0)
+                        config = argv[i] + 9;
+                else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+                        config = argv[++i];
+                else if (strcmp(argv[i], "--") == 0)
+                        break;
+        }
+        _cleanup_(argvec_free) ArgVec av = {0};
+        /* --config '' reads none; without --config the default is read if it exists */
+        if (!(config && !*config) && config_read(config ? config : DEFAULT_CONFIG, config != NULL,
+                                                 opts, &av.args, &av.n) < 0)
+                return 2;
+        snprintf(d->config_path, sizeof(d->config_path), "%s",
+                 config ? config
+                 : av.n ? DEFAULT_CONFIG
+                        : "");
+        if (!(av.all = calloc((size_t)(argc + av.n + 1), sizeof(char *))))
+                return 1;
+        av.all[0] = argv[0];
+        memcpy(av.all + 1, av.args, sizeof(char *) * (size_t)av.n);
+        memcpy(av.all + 1 + av.n, argv + 1, sizeof(char *) * (size_t)(argc - 1));
+        argc += av.n;
+        argv = av.all;
+        optind = 0; /* a fresh scan, also when SIGHUP parses again */
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 
@@ -818,6 +941,8 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                                 return 2;
                         }
                         break;
+                case ARG_CONFIG:
+                        break; /* read above */
                 case 'h':
                         help();
                         return 0;
@@ -840,6 +965,51 @@ static int parse_args(Daemon *d, int argc, char **argv) {
         return -1;
 }
 
+/*
+ * SIGHUP: read the configuration and the command line again and take what can change while
+ * running: log level, quotas, limits, copy threads and spinning (for groups that form from
+ * now on; running groups keep what they started with). The socket and the backend take a
+ * restart, and say so. A configuration with errors changes nothing.
+ */
+static void reload(Daemon *d, int argc, char **argv) {
+        Daemon fresh = {0};
+        char backend[sizeof(arg_backend)];
+        memcpy(backend, arg_backend, sizeof(backend));
+        notify("RELOADING=1");
+        int r = parse_args(&fresh, argc, argv);
+        if (r >= 0) {
+                log_err("SIGHUP: %s or the command line has errors (above); nothing changed",
+                        d->config_path[0] ? d->config_path : "the configuration");
+                memcpy(arg_backend, backend, sizeof(backend));
+                notify("READY=1");
+                return;
+        }
+        if (strcmp(fresh.socket_path, d->socket_path) != 0)
+                log_warn("SIGHUP: the socket is now %s, which takes a restart; still %s",
+                         fresh.socket_path, d->socket_path);
+        if (strcmp(arg_backend, backend) != 0)
+                log_warn("SIGHUP: the backend is now %s, which takes a restart; still %s",
+                         arg_backend, backend);
+        memcpy(arg_backend, backend, sizeof(backend));
+        d->max_group_bytes = fresh.max_group_bytes;
+        d->max_groups = fresh.max_groups;
+        d->max_user_bytes = fresh.max_user_bytes;
+        d->max_user_groups = fresh.max_user_groups;
+        d->max_user_conns = fresh.max_user_conns;
+        d->max_world = fresh.max_world;
+        d->idle_timeout_s = fresh.idle_timeout_s;
+        d->threads = fresh.threads;
+        d->spin_us = fresh.spin_us;
+        memcpy(d->config_path, fresh.config_path, sizeof(d->config_path));
+        log_info("SIGHUP: reloaded%s%s: quota %" PRIu64 " bytes per group, %" PRIu64
+                 " per user, %d groups, %d per user, %d connections per user, %d ranks per "
+                 "group, idle timeout %d s, %d copy threads",
+                 d->config_path[0] ? " " : "", d->config_path, d->max_group_bytes,
+                 d->max_user_bytes, d->max_groups, d->max_user_groups, d->max_user_conns,
+                 d->max_world, d->idle_timeout_s, d->threads);
+        notify("READY=1");
+}
+
 int main(int argc, char **argv) {
         Daemon d = {.epfd = -1, .listen_fd = -1, .signal_fd = -1};
         /* devald --gpu-worker N [--no-p2p]: one GPU's worker process (gpu_worker.h), on fd 3 */
@@ -856,6 +1026,7 @@ int main(int argc, char **argv) {
         sigemptyset(&mask);
         sigaddset(&mask, SIGTERM);
         sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGHUP);
         sigprocmask(SIG_BLOCK, &mask, NULL);
         signal(SIGPIPE, SIG_IGN);
         d.signal_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
@@ -918,10 +1089,14 @@ int main(int argc, char **argv) {
                                 accept_conns(&d);
                         } else if (p == &d.signal_fd) {
                                 struct signalfd_siginfo si;
-                                if (read(d.signal_fd, &si, sizeof(si)) == sizeof(si)) {
-                                        log_info("signal %u: stopping", si.ssi_signo);
-                                        d.stopping = true;
+                                if (read(d.signal_fd, &si, sizeof(si)) != sizeof(si))
+                                        continue;
+                                if (si.ssi_signo == SIGHUP) {
+                                        reload(&d, argc, argv);
+                                        continue;
                                 }
+                                log_info("signal %u: stopping", si.ssi_signo);
+                                d.stopping = true;
                         } else if (evs[i].data.u64 & 1) {
                                 Conn *c = (Conn *)(uintptr_t)(evs[i].data.u64 & ~(uint64_t)1);
                                 if (c->fd >= 0) {

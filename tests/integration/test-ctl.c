@@ -15,6 +15,7 @@
 /* clang-format on */
 
 #include <grp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,6 +229,54 @@ static void test_exit_statuses(void **state) {
         assert_int_equal(run("--version"), 0);
 }
 
+/*
+ * devald --config FILE: the file's options, the command line's winning; SIGHUP reads the
+ * file again and takes the new quota; a file with an error changes nothing.
+ */
+static uint64_t quota_now(void) {
+        char out[4096];
+        assert_int_equal(harness_ctl(&H, "--json=short status", out, sizeof(out)), 0);
+        const char *q = strstr(out, "\"max_group_bytes\":");
+        assert_non_null(q);
+        return strtoull(q + strlen("\"max_group_bytes\":"), NULL, 10);
+}
+
+static void write_config(const char *path, const char *text) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(text, f);
+        fclose(f);
+}
+
+static void test_config_and_reload(void **state) {
+        (void)state;
+        char path[] = "/tmp/deval-conf-XXXXXX";
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        close(fd);
+        write_config(path, "# quotas\nmax-group-bytes = 64M\n\nmax-world=8\nlog-level = warn\n");
+        harness_stop(&H);
+        const char *extra[] = {"--config", path, "--max-world", "4", NULL};
+        harness_start(&H, extra);
+        assert_int_equal(quota_now(), 64ull << 20);
+        /* the command line's --max-world 4 wins over the file's 8 */
+        deval_group *g;
+        assert_int_equal(harness_join(&H, "big", 0, 5, 1000, &g), DEVAL_ENOMEM);
+        assert_non_null(strstr(deval_errmsg(NULL), "limit of 4 ranks"));
+        write_config(path, "max-group-bytes = 128M\n");
+        kill(H.daemon, SIGHUP);
+        for (int i = 0; i < 100 && quota_now() != 128ull << 20; i++)
+                usleep(10000);
+        assert_int_equal(quota_now(), 128ull << 20);
+        write_config(path, "max-group-bytes = 256M\nno such option = 1\n");
+        kill(H.daemon, SIGHUP);
+        usleep(200000);
+        assert_int_equal(quota_now(), 128ull << 20);
+        harness_stop(&H);
+        unlink(path);
+        harness_start(&H, NULL);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_status_of_a_running_group),
@@ -235,6 +284,7 @@ int main(void) {
                 cmocka_unit_test(test_group_details_and_abort),
                 cmocka_unit_test(test_topology),
                 cmocka_unit_test(test_straggler_view),
+                cmocka_unit_test(test_config_and_reload),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
