@@ -2,21 +2,24 @@
 /*
  * deval-ctl - devald's status and administration tool.
  *
- *   deval-ctl [--socket PATH] [--json[=pretty|short]] status
+ *   deval-ctl [--socket PATH] [--json[=pretty|short]] COMMAND
  *
- * Exit status: 0 ok, 1 failure (devald unreachable included), 2 usage.
+ * COMMAND: status, groups, group NAME, watch [NAME], abort NAME, dump NAME, topo.
+ * Exit status: 0 done, 1 devald said no, 2 usage, 3 devald unreachable.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "deval.h"
@@ -33,6 +36,16 @@ enum {
 
 static const char *arg_socket;
 static int arg_json = JSON_OFF;
+/* Exit statuses: 0 done; 1 devald answered no (no such group, not permitted, failed);
+ * 2 a usage error; 3 devald could not be reached or did not answer. */
+enum {
+        EXIT_REFUSED = 1,
+        EXIT_USAGE = 2,
+        EXIT_UNREACHABLE = 3
+};
+static bool unreachable;          /* the last request never got an answer */
+static double arg_interval = 1.0; /* watch: seconds between refreshes */
+static long arg_count;            /* watch: refreshes; 0: until interrupted */
 
 static const char *state_name(uint32_t s) {
         switch (s) {
@@ -63,12 +76,16 @@ static void json_string(const char *s) {
         putchar('"');
 }
 
-static void print_json(const DvStatusReply *r) {
+static void print_json(const DvStatusReply *r, bool groups_only) {
         const char *nl = arg_json == JSON_PRETTY ? "\n" : "";
         const char *in1 = arg_json == JSON_PRETTY ? "  " : "";
         const char *in2 = arg_json == JSON_PRETTY ? "    " : "";
         const char *sp = arg_json == JSON_PRETTY ? " " : "";
 
+        if (groups_only) { /* the array alone */
+                in2 = in1;
+                goto groups;
+        }
         printf("{%s%s\"pid\":%s%d,%s%s\"version\":%s", nl, in1, sp, r->pid, nl, in1, sp);
         json_string(r->version);
         printf(",%s%s\"backend\":%s", nl, in1, sp);
@@ -77,6 +94,9 @@ static void print_json(const DvStatusReply *r) {
                ",%s%s\"unexpected_fds\":%s%" PRIu64 ",%s%s\"total_groups\":%s%u,%s%s\"groups\":%s[",
                nl, in1, sp, r->uptime_us, nl, in1, sp, r->max_group_bytes, nl, in1, sp,
                r->unexpected_fds, nl, in1, sp, r->total_groups, nl, in1, sp);
+groups:
+        if (groups_only)
+                printf("[");
         for (uint32_t i = 0; i < r->ngroups; i++) {
                 const DvGroupInfo *g = &r->groups[i];
                 printf("%s%s%s{\"name\":%s", i ? "," : "", nl, in2, sp);
@@ -89,7 +109,10 @@ static void print_json(const DvStatusReply *r) {
                        g->joined, sp, sp, g->collectives, sp, sp, g->bytes_moved, sp, sp,
                        g->bytes_mapped, sp, sp, g->age_us);
         }
-        printf("%s%s]%s}\n", r->ngroups ? nl : "", r->ngroups ? in1 : "", nl);
+        if (groups_only)
+                printf("%s]\n", r->ngroups ? nl : "");
+        else
+                printf("%s%s]%s}\n", r->ngroups ? nl : "", r->ngroups ? in1 : "", nl);
 }
 
 static void human_bytes(uint64_t b, char *buf, size_t len) {
@@ -106,17 +129,22 @@ static void human_bytes(uint64_t b, char *buf, size_t len) {
                 snprintf(buf, len, "%.1f %s", v, units[u]);
 }
 
-static void print_table(const DvStatusReply *r) {
+static void print_table(const DvStatusReply *r, bool groups_only) {
         char quota[32];
         human_bytes(r->max_group_bytes, quota, sizeof(quota));
-        printf("devald pid %d, version %s, backend %s, up %.1f s, quota %s per group\n", r->pid,
-               r->version, r->backend, (double)r->uptime_us / 1e6, quota);
-        printf("%u group%s\n", r->total_groups, r->total_groups == 1 ? "" : "s");
-        if (r->unexpected_fds)
-                printf("%" PRIu64 " file descriptors sent by clients unasked were closed\n",
-                       r->unexpected_fds);
-        if (!r->ngroups)
+        if (!groups_only) {
+                printf("devald pid %d, version %s, backend %s, up %.1f s, quota %s per group\n",
+                       r->pid, r->version, r->backend, (double)r->uptime_us / 1e6, quota);
+                printf("%u group%s\n", r->total_groups, r->total_groups == 1 ? "" : "s");
+                if (r->unexpected_fds)
+                        printf("%" PRIu64 " file descriptors sent by clients unasked were closed\n",
+                               r->unexpected_fds);
+        }
+        if (!r->ngroups) {
+                if (groups_only)
+                        printf("no groups\n");
                 return;
+        }
         printf("%-24s %5s %6s %11s %11s %11s %-8s\n", "GROUP", "WORLD", "JOINED", "COLLECTIVES",
                "MOVED", "MAPPED", "STATE");
         for (uint32_t i = 0; i < r->ngroups; i++) {
@@ -144,6 +172,7 @@ static int ctl_connect(char *path, size_t len) {
         snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
         int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                unreachable = true;
                 fprintf(stderr, "deval-ctl: cannot reach devald at %s: %s\n", path,
                         strerror(errno));
                 if (fd >= 0)
@@ -159,15 +188,18 @@ static int ctl_connect(char *path, size_t len) {
  */
 static ssize_t ctl_request_fd(const void *req, size_t len, void *buf, size_t cap, int *ret_fd) {
         char p[108];
+        unreachable = false;
         _cleanup_(closep) int fd = ctl_connect(p, sizeof(p));
         if (fd < 0)
                 return -1;
         if (dv_send_msg(fd, req, len, NULL, 0, 0) < 0) {
+                unreachable = true;
                 fprintf(stderr, "deval-ctl: devald at %s hung up\n", p);
                 return -1;
         }
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         if (poll(&pf, 1, 5000) <= 0) {
+                unreachable = true;
                 fprintf(stderr, "deval-ctl: devald at %s did not answer\n", p);
                 return -1;
         }
@@ -199,7 +231,8 @@ static int ctl_failed(const void *buf, ssize_t n) {
         return 1;
 }
 
-static int cmd_status(void) {
+/* status: devald and its groups; groups_only: just the groups (a table, or a JSON array). */
+static int cmd_status(bool groups_only) {
         DvMsgHdr req = {DV_PROTO_VERSION, DV_MSG_STATUS};
         size_t cap = sizeof(DvStatusReply) + DV_STATUS_MAX_GROUPS * sizeof(DvGroupInfo);
         _cleanup_(freep) DvStatusReply *r = calloc(1, cap);
@@ -218,9 +251,9 @@ static int cmd_status(void) {
         for (uint32_t i = 0; i < r->ngroups; i++)
                 r->groups[i].name[DV_GROUP_NAME_MAX - 1] = '\0';
         if (arg_json)
-                print_json(r);
+                print_json(r, groups_only);
         else
-                print_table(r);
+                print_table(r, groups_only);
         return 0;
 }
 
@@ -453,11 +486,65 @@ static int cmd_dump(const char *name) {
         return 0;
 }
 
+static int run_command(const char *cmd, int nargs, char **args);
+
+/*
+ * watch [NAME]: status, or one group's view, again every --interval seconds until ^C (or
+ * --count times): on a terminal the screen is redrawn; with --json, one object per line.
+ */
+static int cmd_watch(const char *name) {
+        bool tty = isatty(STDOUT_FILENO) && !arg_json;
+        int r = 0;
+        for (long i = 0; arg_count <= 0 || i < arg_count; i++) {
+                if (i)
+                        usleep((useconds_t)(arg_interval * 1e6));
+                if (tty)
+                        printf("\033[H\033[2J");
+                if (!arg_json) {
+                        time_t t = time(NULL);
+                        char when[64];
+                        strftime(when, sizeof(when), "%H:%M:%S", localtime(&t));
+                        printf("deval-ctl watch%s%s, every %.1f s, %s\n\n", name ? " " : "",
+                               name ? name : "", arg_interval, when);
+                }
+                char *one[1] = {(char *)name};
+                r = run_command(name ? "group" : "status", name ? 1 : 0, one);
+                fflush(stdout);
+        }
+        return r;
+}
+
+static int run_command(const char *cmd, int nargs, char **args) {
+        if (strcmp(cmd, "status") == 0 && nargs == 0)
+                return cmd_status(false);
+        if (strcmp(cmd, "groups") == 0 && nargs == 0)
+                return cmd_status(true);
+        if (strcmp(cmd, "topo") == 0 && nargs == 0)
+                return cmd_topo();
+        if (strcmp(cmd, "watch") == 0 && nargs <= 1)
+                return cmd_watch(nargs ? args[0] : NULL);
+        if ((strcmp(cmd, "group") == 0 || strcmp(cmd, "abort") == 0 || strcmp(cmd, "dump") == 0) &&
+            nargs != 1) {
+                fprintf(stderr, "deval-ctl: %s takes one group name\n", cmd);
+                return EXIT_USAGE;
+        }
+        if (strcmp(cmd, "group") == 0)
+                return cmd_group(args[0]);
+        if (strcmp(cmd, "abort") == 0)
+                return cmd_abort(args[0]);
+        if (strcmp(cmd, "dump") == 0)
+                return cmd_dump(args[0]);
+        fprintf(stderr, "deval-ctl: unknown command '%s', or wrong arguments for it\n", cmd);
+        return EXIT_USAGE;
+}
+
 static void help(void) {
         printf("Usage: deval-ctl [OPTIONS] COMMAND\n\n"
                "Query and administer devald.\n\n"
                "Commands:\n"
                "  status                  daemon pid, version, backend, uptime and its groups\n"
+               "  groups                  the groups alone (a table, or a JSON array)\n"
+               "  watch [NAME]            status, or one group, redrawn every --interval\n"
                "  group NAME              one group's ranks: pid, state, arrived or not, input\n"
                "  topo                    cores, NUMA nodes, and the GPUs with the cores near "
                "them\n"
@@ -465,10 +552,14 @@ static void help(void) {
                "                          (the group's owner or root)\n"
                "  dump NAME               the group's flight recorder (JSON): its last\n"
                "                          collectives, each rank's call and arrival\n\n"
+               "Exit status: 0 done, 1 devald said no (no such group, not permitted),\n"
+               "2 usage error, 3 devald could not be reached.\n\n"
                "Options:\n"
                "  -s --socket=PATH        devald's socket (default: $DEVAL_SOCKET, else the\n"
                "                          per-user or system default)\n"
                "     --json[=pretty|short] JSON on stdout (bare: pretty on a terminal)\n"
+               "     --interval=SECONDS    watch: time between refreshes (default 1)\n"
+               "     --count=N             watch: stop after N refreshes\n"
                "  -h --help               show this help\n"
                "     --version            show the version\n");
 }
@@ -476,11 +567,15 @@ static void help(void) {
 int main(int argc, char **argv) {
         enum {
                 ARG_JSON = 0x100,
+                ARG_INTERVAL,
+                ARG_COUNT,
                 ARG_VERSION
         };
         static const struct option opts[] = {
                 {"socket", required_argument, NULL, 's'},
                 {"json", optional_argument, NULL, ARG_JSON},
+                {"interval", required_argument, NULL, ARG_INTERVAL},
+                {"count", required_argument, NULL, ARG_COUNT},
                 {"help", no_argument, NULL, 'h'},
                 {"version", no_argument, NULL, ARG_VERSION},
                 {},
@@ -507,6 +602,26 @@ int main(int argc, char **argv) {
                                 return 2;
                         }
                         break;
+                case ARG_INTERVAL: {
+                        char *end;
+                        arg_interval = strtod(optarg, &end);
+                        if (*end || end == optarg ||
+                            !(arg_interval >= 0.05 && arg_interval <= 3600)) {
+                                fprintf(stderr, "deval-ctl: --interval wants seconds, 0.05 to "
+                                                "3600\n");
+                                return EXIT_USAGE;
+                        }
+                        break;
+                }
+                case ARG_COUNT: {
+                        char *end;
+                        arg_count = strtol(optarg, &end, 10);
+                        if (*end || end == optarg || arg_count < 1) {
+                                fprintf(stderr, "deval-ctl: --count wants a positive number\n");
+                                return EXIT_USAGE;
+                        }
+                        break;
+                }
                 case 'h':
                         help();
                         return 0;
@@ -523,21 +638,6 @@ int main(int argc, char **argv) {
         }
         const char *cmd = argv[optind];
         int nargs = argc - optind - 1;
-        if (strcmp(cmd, "status") == 0 && nargs == 0)
-                return cmd_status();
-        if (strcmp(cmd, "topo") == 0 && nargs == 0)
-                return cmd_topo();
-        if ((strcmp(cmd, "group") == 0 || strcmp(cmd, "abort") == 0 || strcmp(cmd, "dump") == 0) &&
-            nargs != 1) {
-                fprintf(stderr, "deval-ctl: %s takes one group name\n", cmd);
-                return 2;
-        }
-        if (strcmp(cmd, "group") == 0)
-                return cmd_group(argv[optind + 1]);
-        if (strcmp(cmd, "abort") == 0)
-                return cmd_abort(argv[optind + 1]);
-        if (strcmp(cmd, "dump") == 0)
-                return cmd_dump(argv[optind + 1]);
-        fprintf(stderr, "deval-ctl: unknown command '%s'\n", argv[optind]);
-        return 2;
+        int r = run_command(cmd, nargs, argv + optind + 1);
+        return r == EXIT_REFUSED && unreachable ? EXIT_UNREACHABLE : r;
 }

@@ -219,7 +219,16 @@ static int run(const char *cmd) {
 
 static void test_exit_statuses(void **state) {
         (void)state;
-        assert_int_equal(run("--socket /nonexistent/devald.sock status"), 1);
+        assert_int_equal(run("--socket /nonexistent/devald.sock status"), 3);
+        char cmd[256];
+        snprintf(cmd, sizeof(cmd), "--socket %s group no-such-group", H.socket);
+        assert_int_equal(run(cmd), 1);
+        snprintf(cmd, sizeof(cmd), "--socket %s groups", H.socket);
+        assert_int_equal(run(cmd), 0);
+        snprintf(cmd, sizeof(cmd), "--socket %s --count 2 --interval 0.05 watch", H.socket);
+        assert_int_equal(run(cmd), 0);
+        assert_int_equal(run("--count 0 watch"), 2);
+        assert_int_equal(run("watch a b"), 2);
         assert_int_equal(run("status --json=fancy"), 2);
         assert_int_equal(run("frobnicate"), 2);
         assert_int_equal(run("group"), 2);
