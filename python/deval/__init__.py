@@ -134,6 +134,12 @@ def _candidates():
     yield os.path.join(here, "libdeval.so.0")                        # installed beside us
     for build in ("build", "build-release", "build-asan"):           # a source tree's build
         yield os.path.join(here, "..", "..", build, "libdeval.so.0")
+    try:                                                             # meson install's libdir
+        from . import _config
+        yield os.path.join(_config.LIBDIR, "libdeval.so.0")
+    except ImportError:
+        pass
+    yield "libdeval.so.0"                             # the loader's own search, LD_LIBRARY_PATH
     found = ctypes.util.find_library("deval")
     if found:
         yield found
