@@ -132,6 +132,8 @@ typedef struct {
         uint64_t input_bytes; /* its input arena */
         uint64_t times_last;  /* collectives it arrived at last */
         uint64_t late_us;     /* when last, how long after the first arrival, on average */
+        int32_t numa;         /* the NUMA node its input arena prefers; -1: none */
+        uint32_t reserved;
 } DvRankInfo;
 
 typedef struct {
@@ -143,7 +145,10 @@ typedef struct {
         uint32_t p50_us;      /* collectives' time from first arrival to completion, */
         uint32_t p99_us;      /* over the last latency_n of them */
         uint32_t latency_n;
-        uint32_t waiting_ms; /* since the first rank arrived at waiting_seq; 0: none yet */
+        uint32_t waiting_ms;  /* since the first rank arrived at waiting_seq; 0: none yet */
+        int32_t worker_tid;   /* devald's thread running the group's collectives */
+        int32_t numa;         /* the NUMA node of the worker and the output; -1: none */
+        char worker_cpus[64]; /* the cores the worker is bound to; "" when not bound */
         DvGroupInfo info;
         char abort_msg[DV_MSG_MAX];
         DvRankInfo ranks[];
@@ -290,7 +295,7 @@ _Static_assert(sizeof(DvGrowReq) == 24, "wire layout");
 _Static_assert(sizeof(DvReply) == 600, "wire layout");
 _Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
 _Static_assert(sizeof(DvGroupInfo) == 112, "wire layout");
-_Static_assert(sizeof(DvRankInfo) == 40, "wire layout");
+_Static_assert(sizeof(DvRankInfo) == 48, "wire layout");
 _Static_assert(sizeof(DvSlot) % 64 == 0, "slots on their own cache lines");
 _Static_assert(sizeof(DvCtlHeader) % 64 == 0, "slots on their own cache lines");
 

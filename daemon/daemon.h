@@ -91,6 +91,7 @@ typedef struct {
         Arena in;                  /* worker's */
         Arena in_pending;          /* under lock: grown, the worker swaps it in before a step */
         int device;                /* devald's ordinal of the rank's GPU; -1: a host rank */
+        int numa;                  /* the NUMA node it ran on when the group formed; -1 */
         DevArena din;              /* device groups: the rank's device input, worker's */
         DevArena din_pending;      /* under lock, like in_pending */
         uint64_t arrived_ns;       /* worker's: when it arrived at the current step */
@@ -141,7 +142,10 @@ struct Group {
         uint32_t waiting_seq;      /* the step the worker waits for */
         uint64_t waiting_since_ns; /* under lock: its first arrival; 0: none yet */
         Flight flight;             /* the last collectives, for deval-ctl dump and post-mortems */
-        uint32_t lat_us[256];      /* ring of step latencies (first arrival to completion) */
+        int numa;                  /* where its worker runs and its output lives; -1: anywhere */
+        char worker_cpus[64];      /* the cores its worker is bound to; "" when not bound */
+        _Atomic int worker_tid;
+        uint32_t lat_us[256]; /* ring of step latencies (first arrival to completion) */
         uint32_t lat_n;
 
         /* worker's */
@@ -241,6 +245,14 @@ void exec_pool_free(void *pool);
 /* topo.c */
 void topo_setup(void);
 void topo_describe(Daemon *d, DvTopoReply *r);
+/* The NUMA node process pid runs on (its affinity, else the CPU it last ran on); -1. */
+int topo_node_of_pid(pid_t pid);
+/* The NUMA node nearest GPU gpu (devald's ordinal); -1 when unknown. */
+int topo_node_of_gpu(Daemon *d, int gpu);
+/* Bind thread t to node's cores; 0 with their list in cpus, or -1. */
+int topo_bind_thread(pthread_t t, int node, char *cpus, size_t len);
+/* Prefer node for the pages of [addr, addr + len) (a shared mapping: for every user). */
+int topo_prefer_memory(void *addr, size_t len, int node);
 
 /* devald.c */
 void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int nfds,

@@ -221,6 +221,9 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
         group_info(g, dv_now_ns(), &r->info);
         pthread_mutex_lock(&g->lock);
         r->waiting_seq = g->waiting_seq;
+        r->worker_tid = atomic_load(&g->worker_tid);
+        r->numa = g->numa;
+        snprintf(r->worker_cpus, sizeof(r->worker_cpus), "%s", g->worker_cpus);
         uint64_t now = dv_now_ns();
         if (g->waiting_since_ns && now > g->waiting_since_ns)
                 r->waiting_ms = (uint32_t)DV_MIN((now - g->waiting_since_ns) / 1000000, UINT32_MAX);
@@ -235,6 +238,7 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
                 ri->rank = k;
                 ri->pid = (int32_t)m->pid;
                 ri->state = (uint32_t)m->state;
+                ri->numa = m->numa;
                 char how[96];
                 if (m->state == MEMBER_JOINED) {
                         proc_state(m->pid, how, sizeof(how));

@@ -147,10 +147,12 @@ static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret)
                 g->members[r].in = g->members[r].in_pending = ARENA_NULL;
                 g->members[r].din = g->members[r].din_pending = DEV_ARENA_NULL;
                 g->members[r].device = -1;
+                g->members[r].numa = -1;
         }
         for (int k = 0; k < DV_MAX_GPUS; k++)
                 g->dout[k] = DEV_ARENA_NULL;
         g->device_group = req->has_device != 0;
+        g->numa = -1;
         g->d = d;
         memcpy(g->name, req->group, sizeof(g->name));
         g->uid = usage->uid;
@@ -257,6 +259,27 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                 return DEVAL_ENOMEM;
         }
         g->bytes_mapped = total; /* reserved: group_free() gives it back */
+        /*
+         * Placement: each rank's input on the NUMA node it runs on (it writes it); the worker
+         * and the output where most ranks are, or, for a device group, near the first GPU
+         * that receives (the worker there mostly drives that GPU).
+         */
+        int votes[64] = {0};
+        g->numa = -1;
+        for (int k = 0; k < g->world; k++) {
+                Member *m = &g->members[k];
+                m->numa = topo_node_of_pid(m->pid);
+                if (m->numa >= 0 && m->numa < 64 &&
+                    ++votes[m->numa] > (g->numa >= 0 ? votes[g->numa] : 0))
+                        g->numa = m->numa;
+        }
+        for (int k = 0; g->device_group && k < g->world; k++) {
+                int n = topo_node_of_gpu(d, g->members[k].device);
+                if (n >= 0) {
+                        g->numa = n;
+                        break;
+                }
+        }
         snprintf(name, sizeof(name), "deval-ctl-%s", g->name);
         if ((r = arena_new(name, dv_ctl_size(g->world), ARENA_SHARED, &g->ctl)) < 0)
                 goto fail;
@@ -276,10 +299,12 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                 snprintf(name, sizeof(name), "deval-in-%s-%d", g->name, k);
                 if ((r = arena_new(name, ARENA_INITIAL, ARENA_INPUT, &g->members[k].in)) < 0)
                         goto fail;
+                topo_prefer_memory(g->members[k].in.map, ARENA_INITIAL, g->members[k].numa);
         }
         snprintf(name, sizeof(name), "deval-out-%s", g->name);
         if ((r = arena_new(name, ARENA_INITIAL, ARENA_OUTPUT, &g->out)) < 0)
                 goto fail;
+        topo_prefer_memory(g->out.map, ARENA_INITIAL, g->numa);
         g->out_gen = 1;
         g->dhdr->out_gen = 1;
         g->dhdr->out_size = g->out.size;
@@ -322,6 +347,9 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                 goto fail;
         }
         g->worker_started = true;
+        if (topo_bind_thread(g->worker, g->numa, g->worker_cpus, sizeof(g->worker_cpus)) == 0)
+                log_debug("group '%s': worker on NUMA node %d (cpus %s)", g->name, g->numa,
+                          g->worker_cpus);
         g->state = DV_GROUP_ACTIVE;
         return 0;
 fail:
@@ -785,7 +813,9 @@ int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, s
                 return DEVAL_ENOMEM;
         }
         snprintf(name, sizeof(name), "deval-in-%s-%d", g->name, rank);
-        if ((r = arena_new(name, want, ARENA_INPUT, &a)) < 0) {
+        if ((r = arena_new(name, want, ARENA_INPUT, &a)) == 0)
+                topo_prefer_memory(a.map, want, m->numa);
+        if (r < 0) {
                 group_quota_undo(g, want - current);
                 snprintf(msg, msglen, "devald could not allocate %llu bytes: %s",
                          (unsigned long long)want, deval_strerror(r));

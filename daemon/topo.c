@@ -5,8 +5,11 @@
  * bus id). Built without hwloc, it reports the CPU count alone.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "daemon.h"
@@ -86,8 +89,95 @@ void topo_describe(Daemon *d, DvTopoReply *r) {
                 g->numa = numa ? (int32_t)numa->os_index : -1;
         }
 }
+/* The NUMA node whose cpuset holds cpu, or -1. */
+static int node_of_cpu(unsigned cpu) {
+        hwloc_obj_t pu = topology ? hwloc_get_pu_obj_by_os_index(topology, cpu) : NULL;
+        for (hwloc_obj_t o = pu; o; o = o->parent)
+                if (o->memory_arity > 0 && o->memory_first_child)
+                        return (int)o->memory_first_child->os_index;
+        return -1;
+}
+
+/**
+ * topo_node_of_pid() - where process pid's memory should live: the one NUMA node its CPU
+ * affinity allows, or, when it may run anywhere, the node of the CPU it last ran on
+ * (/proc/PID/stat, field 39).
+ */
+int topo_node_of_pid(pid_t pid) {
+        if (!topology)
+                return -1;
+        hwloc_bitmap_t set = hwloc_bitmap_alloc();
+        int node = -1;
+        if (set && hwloc_get_proc_cpubind(topology, pid, set, HWLOC_CPUBIND_PROCESS) == 0) {
+                hwloc_bitmap_t nodes = hwloc_bitmap_alloc();
+                if (nodes) {
+                        hwloc_cpuset_to_nodeset(topology, set, nodes);
+                        if (hwloc_bitmap_weight(nodes) == 1)
+                                node = hwloc_bitmap_first(nodes);
+                        hwloc_bitmap_free(nodes);
+                }
+        }
+        hwloc_bitmap_free(set);
+        if (node >= 0)
+                return node;
+        char path[64], stat[1024];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "re");
+        size_t n = f ? fread(stat, 1, sizeof(stat) - 1, f) : 0;
+        if (f)
+                fclose(f);
+        stat[n] = '\0';
+        char *p = strrchr(stat, ')');
+        for (int i = 0; p && i < 37; i++) { /* from field 2's end to field 39 */
+                p = strchr(p + 1, ' ');
+        }
+        return p ? node_of_cpu((unsigned)atoi(p + 1)) : -1;
+}
+
+int topo_node_of_gpu(Daemon *d, int gpu) {
+        char busid[32];
+        if (!topology || !d->gpu || gpu < 0 || gpu >= d->ngpus ||
+            d->gpu->device_busid(gpu, busid, sizeof(busid)) < 0)
+                return -1;
+        hwloc_obj_t pci = hwloc_get_pcidev_by_busidstring(topology, busid);
+        hwloc_obj_t near = pci ? hwloc_get_non_io_ancestor_obj(topology, pci) : NULL;
+        for (hwloc_obj_t o = near; o; o = o->parent)
+                if (o->memory_arity > 0 && o->memory_first_child)
+                        return (int)o->memory_first_child->os_index;
+        return -1;
+}
+
+int topo_bind_thread(pthread_t t, int node, char *cpus, size_t len) {
+        hwloc_obj_t n = topology && node >= 0
+                                ? hwloc_get_numanode_obj_by_os_index(topology, (unsigned)node)
+                                : NULL;
+        if (!n || !n->cpuset || hwloc_set_thread_cpubind(topology, t, n->cpuset, 0) < 0)
+                return -1;
+        cpulist(n->cpuset, cpus, len);
+        return 0;
+}
+
 #else
 void topo_setup(void) {
+}
+
+int topo_node_of_pid(pid_t pid) {
+        (void)pid;
+        return -1;
+}
+
+int topo_node_of_gpu(Daemon *d, int gpu) {
+        (void)d;
+        (void)gpu;
+        return -1;
+}
+
+int topo_bind_thread(pthread_t t, int node, char *cpus, size_t len) {
+        (void)t;
+        (void)node;
+        (void)cpus;
+        (void)len;
+        return -1;
 }
 
 void topo_describe(Daemon *d, DvTopoReply *r) {
@@ -101,3 +191,16 @@ void topo_describe(Daemon *d, DvTopoReply *r) {
         }
 }
 #endif
+
+/**
+ * topo_prefer_memory() - MPOL_PREFERRED for node on a mapping of a shared segment: the
+ * policy is the segment's own, so the pages go to node whoever touches them first (a rank
+ * writing its input), and elsewhere rather than fail when node is full.
+ */
+int topo_prefer_memory(void *addr, size_t len, int node) {
+        if (node < 0 || node >= 63 || !addr || !len)
+                return -1;
+        unsigned long mask = 1ul << node;
+        /* 1: MPOL_PREFERRED */
+        return (int)syscall(SYS_mbind, addr, len, 1, &mask, 64ul, 0u);
+}

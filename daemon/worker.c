@@ -9,6 +9,8 @@
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "daemon.h"
 #include "fault.h"
@@ -176,7 +178,9 @@ int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen) {
                 return DEVAL_ENOMEM;
         }
         snprintf(name, sizeof(name), "deval-out-%s", g->name);
-        if ((r = arena_new(name, want, ARENA_OUTPUT, &a)) < 0) {
+        if ((r = arena_new(name, want, ARENA_OUTPUT, &a)) == 0)
+                topo_prefer_memory(a.map, want, g->numa);
+        if (r < 0) {
                 group_quota_undo(g, want - current);
                 snprintf(msg, msglen, "devald could not allocate %llu bytes for the result",
                          (unsigned long long)want);
@@ -232,6 +236,7 @@ int worker_ensure_dev_output(Group *g, uint64_t size, char *msg, size_t msglen) 
 
 void *worker_main(void *arg) {
         Group *g = arg;
+        atomic_store(&g->worker_tid, (int)syscall(SYS_gettid));
 
         for (uint32_t seq = 1;; seq++) {
                 pthread_mutex_lock(&g->lock);

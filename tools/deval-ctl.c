@@ -289,6 +289,7 @@ static int cmd_group(const char *name) {
         }
         r->info.name[DV_GROUP_NAME_MAX - 1] = '\0';
         r->abort_msg[DV_MSG_MAX - 1] = '\0';
+        r->worker_cpus[sizeof(r->worker_cpus) - 1] = '\0';
         const DvGroupInfo *g = &r->info;
         if (arg_json) {
                 const char *sp = arg_json == JSON_PRETTY ? " " : "";
@@ -306,18 +307,22 @@ static int cmd_group(const char *name) {
                        r->timeout_ms, sp, sp, r->p50_us, sp, sp, r->p99_us, sp, sp, r->latency_n,
                        sp, sp);
                 json_string(r->abort_msg);
+                printf(",%s\"worker_tid\":%s%d,%s\"numa\":%s%d,%s\"worker_cpus\":%s", sp, sp,
+                       r->worker_tid, sp, sp, r->numa, sp, sp);
+                json_string(r->worker_cpus);
                 printf(",%s\"ranks\":%s[", sp, sp);
                 for (uint32_t k = 0; k < r->nranks; k++) {
                         const DvRankInfo *ri = &r->ranks[k];
                         printf("%s{\"rank\":%s%d,%s\"pid\":%s%d,%s\"state\":%s\"%s\",%s\"arrived\":"
                                "%s%s,"
                                "%s\"last_arrived_at\":%s%u,%s\"input_bytes\":%s%" PRIu64
-                               ",%s\"times_last\":%s%" PRIu64 ",%s\"late_us\":%s%" PRIu64 "}",
+                               ",%s\"times_last\":%s%" PRIu64 ",%s\"late_us\":%s%" PRIu64
+                               ",%s\"numa\":%s%d}",
                                k ? "," : "", sp, ri->rank, sp, sp, ri->pid, sp, sp,
                                rank_state(ri->state), sp, sp,
                                ri->arrived_seq == r->waiting_seq ? "true" : "false", sp, sp,
                                ri->arrived_seq, sp, sp, ri->input_bytes, sp, sp, ri->times_last, sp,
-                               sp, ri->late_us);
+                               sp, ri->late_us, sp, sp, ri->numa);
                 }
                 printf("]}\n");
                 return 0;
@@ -341,8 +346,11 @@ static int cmd_group(const char *name) {
                 printf("collective latency, first arrival to done: p50 %u us, p99 %u us (last "
                        "%u)\n",
                        r->p50_us, r->p99_us, r->latency_n);
-        printf("%5s %8s %-7s %-20s %11s %9s %10s\n", "RANK", "PID", "STATE", "ARRIVED", "INPUT",
-               "LAST", "LATE(avg)");
+        if (r->worker_cpus[0])
+                printf("worker: thread %d on NUMA node %d, cpus %s; the output prefers node %d\n",
+                       r->worker_tid, r->numa, r->worker_cpus, r->numa);
+        printf("%5s %8s %-7s %-20s %11s %4s %9s %10s\n", "RANK", "PID", "STATE", "ARRIVED", "INPUT",
+               "NODE", "LAST", "LATE(avg)");
         for (uint32_t k = 0; k < r->nranks; k++) {
                 const DvRankInfo *ri = &r->ranks[k];
                 char in[32], arrived[32];
@@ -356,8 +364,11 @@ static int cmd_group(const char *name) {
                 char late[32] = "-";
                 if (ri->times_last)
                         snprintf(late, sizeof(late), "%.1f ms", (double)ri->late_us / 1000);
-                printf("%5d %8d %-7s %-20s %11s %9" PRIu64 " %10s\n", ri->rank, ri->pid,
-                       rank_state(ri->state), arrived, in, ri->times_last, late);
+                char node[16] = "-";
+                if (ri->numa >= 0)
+                        snprintf(node, sizeof(node), "%d", ri->numa);
+                printf("%5d %8d %-7s %-20s %11s %4s %9" PRIu64 " %10s\n", ri->rank, ri->pid,
+                       rank_state(ri->state), arrived, in, node, ri->times_last, late);
         }
         return 0;
 }

@@ -286,6 +286,69 @@ static void test_config_and_reload(void **state) {
         harness_start(&H, NULL);
 }
 
+/*
+ * Placement: the group's worker thread is bound to the cores of the NUMA node its ranks run
+ * on, and each rank's input arena prefers the rank's node, as deval-ctl group says and as
+ * /proc shows for devald's own thread and mappings.
+ */
+static int rank_placed(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "placed", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == 0) {
+                char args[128], out[8192], name[64];
+                snprintf(name, sizeof(name), "placed-%d", (int)getppid());
+                snprintf(args, sizeof(args), "--json=short group %s", name);
+                CHECK(harness_ctl(h, args, out, sizeof(out)) == 0, "%s", out);
+                const char *t = strstr(out, "\"worker_tid\":"), *n = strstr(out, "\"numa\":");
+                const char *c = strstr(out, "\"worker_cpus\":\"");
+                CHECK(t && n && c, "no placement in %s", out);
+                int tid = atoi(t + strlen("\"worker_tid\":")), node = atoi(n + strlen("\"numa\":"));
+                char cpus[64] = "";
+                sscanf(c + strlen("\"worker_cpus\":\""), "%63[^\"]", cpus);
+                CHECK(tid > 0 && node >= 0 && cpus[0], "placement: tid %d node %d cpus '%s'", tid,
+                      node, cpus);
+                /* devald's worker thread runs where it says */
+                char path[128], line[512], allowed[128] = "";
+                snprintf(path, sizeof(path), "/proc/%d/task/%d/status", (int)h->daemon, tid);
+                FILE *f = fopen(path, "r");
+                CHECK(f, "%s", path);
+                while (fgets(line, sizeof(line), f))
+                        if (sscanf(line, "Cpus_allowed_list: %127s", allowed) == 1)
+                                break;
+                fclose(f);
+                CHECK(strcmp(allowed, cpus) == 0, "worker allowed on %s, said %s", allowed, cpus);
+                /* and every rank's input arena prefers its node */
+                snprintf(path, sizeof(path), "/proc/%d/numa_maps", (int)h->daemon);
+                f = fopen(path, "r");
+                CHECK(f, "%s", path);
+                char want[32], arena[96];
+                snprintf(want, sizeof(want), "prefer:%d", node);
+                snprintf(arena, sizeof(arena), "deval-in-%s-", name);
+                int inputs = 0, preferred = 0;
+                while (fgets(line, sizeof(line), f))
+                        if (strstr(line, arena)) {
+                                inputs++;
+                                preferred += strstr(line, want) != NULL;
+                        }
+                fclose(f);
+                CHECK(inputs == world && preferred == world, "%d inputs, %d prefer node %d", inputs,
+                      preferred, node);
+        }
+        CHECK_OK(deval_barrier(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_placement(void **state) {
+        (void)state;
+#ifndef DEVAL_HAVE_HWLOC
+        skip(); /* built without hwloc: nothing is placed */
+#endif
+        assert_int_equal(harness_run(&H, 3, rank_placed, NULL, 30), 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_status_of_a_running_group),
@@ -294,6 +357,7 @@ int main(void) {
                 cmocka_unit_test(test_topology),
                 cmocka_unit_test(test_straggler_view),
                 cmocka_unit_test(test_config_and_reload),
+                cmocka_unit_test(test_placement),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
