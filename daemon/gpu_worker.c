@@ -163,6 +163,22 @@ static int recv_all(int sock, void *buf, size_t len, int *ret_fd, int timeout_ms
         return 0;
 }
 
+/*
+ * Make room for one more element in *arr (n used of *cap, elem bytes each), doubling from
+ * first. Return: 0, or DEVAL_ENOMEM with the array untouched.
+ */
+static int grow(void *arr, size_t n, size_t *cap, size_t elem, size_t first) {
+        if (n < *cap)
+                return 0;
+        size_t want = *cap ? *cap * 2 : first;
+        void *p = realloc(*(void **)arr, want * elem);
+        if (!p)
+                return dv_gpu_fail(DEVAL_ENOMEM, "devald is out of memory");
+        *(void **)arr = p;
+        *cap = want;
+        return 0;
+}
+
 /* ---- devald's side ----------------------------------------------------------------------- */
 
 typedef struct {
@@ -458,18 +474,13 @@ static int worker_import(Worker *w, const DevArena *a) {
                                    a->device, (unsigned long long)a->id);
         if (imported_has(w, a->id, NULL))
                 return 0;
-        if (w->nimported == w->cap) {
-                size_t cap = w->cap ? w->cap * 2 : 16;
-                uint64_t *p = realloc(w->imported, cap * sizeof(*p));
-                if (!p)
-                        return dv_gpu_fail(DEVAL_ENOMEM, "devald is out of memory");
-                w->imported = p;
-                w->cap = cap;
-        }
+        int r = grow(&w->imported, w->nimported, &w->cap, sizeof(*w->imported), 16);
+        if (r < 0)
+                return r;
         GwReq req = {.op = GW_IMPORT, .device = a->device, .id = a->id, .size = a->size};
         struct iovec iov = {.iov_base = &req, .iov_len = sizeof(req)};
         GwRep rep;
-        int r = worker_call(w, &iov, 1, a->fd, &rep, NULL);
+        r = worker_call(w, &iov, 1, a->fd, &rep, NULL);
         if (r == 0)
                 w->imported[w->nimported++] = a->id;
         return r;
@@ -561,14 +572,9 @@ static Mapping *gw_find(Gw *gw, uint64_t id) {
 }
 
 static int gw_add(Gw *gw, Mapping m) {
-        if (gw->nmaps == gw->cap) {
-                size_t cap = gw->cap ? gw->cap * 2 : 64;
-                Mapping *p = realloc(gw->maps, cap * sizeof(*p));
-                if (!p)
-                        return dv_gpu_fail(DEVAL_ENOMEM, "GPU worker: out of memory");
-                gw->maps = p;
-                gw->cap = cap;
-        }
+        int r = grow(&gw->maps, gw->nmaps, &gw->cap, sizeof(*gw->maps), 64);
+        if (r < 0)
+                return r;
         gw->maps[gw->nmaps++] = m;
         return 0;
 }
