@@ -35,6 +35,7 @@ typedef struct Usage {
         uid_t uid;
         int conns;
         int groups;
+        int fds; /* descriptors devald holds for it: 2 a connection, a group's segments */
         _Atomic uint64_t bytes;
 } Usage;
 
@@ -139,6 +140,7 @@ struct Group {
         int abort_status;
         char abort_msg[DV_MSG_MAX];
         uint64_t bytes_mapped;
+        int fds_charged;           /* descriptors counted against its uid (main thread's) */
         uint32_t waiting_seq;      /* the step the worker waits for */
         uint64_t waiting_since_ns; /* under lock: its first arrival; 0: none yet */
         Flight flight;             /* the last collectives, for deval-ctl dump and post-mortems */
@@ -180,6 +182,7 @@ struct Daemon {
         uint64_t max_user_bytes; /* every arena of one uid's groups */
         int max_user_groups;
         int max_user_conns;
+        int max_user_fds;
         int max_world;      /* ranks per group */
         int idle_timeout_s; /* a group without a collective this long fails; 0: never */
         Usage *usage;

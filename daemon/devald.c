@@ -115,6 +115,7 @@ static void conn_close(Daemon *d, Conn *c) {
         d->closed = c;
         nconns--;
         c->usage->conns--;
+        c->usage->fds -= 2;
         usage_put(d, c->usage);
         c->usage = NULL;
 }
@@ -478,13 +479,20 @@ static void accept_conns(Daemon *d) {
                         close(fd);
                         continue;
                 }
-                if (u->conns >= d->max_user_conns) {
+                if (u->conns >= d->max_user_conns || u->fds + 2 > d->max_user_fds) {
                         /* refused cleanly: the client reads this as the answer to its
                          * first request, then the hang-up */
                         char msg[160];
-                        snprintf(msg, sizeof(msg),
-                                 "uid %u already has %d connections to devald (--max-user-conns)",
-                                 (unsigned)cred.uid, u->conns);
+                        if (u->conns >= d->max_user_conns)
+                                snprintf(msg, sizeof(msg),
+                                         "uid %u already has %d connections to devald "
+                                         "(--max-user-conns)",
+                                         (unsigned)cred.uid, u->conns);
+                        else
+                                snprintf(msg, sizeof(msg),
+                                         "uid %u already has devald hold %d descriptors "
+                                         "(--max-user-fds)",
+                                         (unsigned)cred.uid, u->fds);
                         c->fd = fd;
                         c->pid = cred.pid;
                         conn_send_reply(c, DEVAL_ENOMEM, msg, NULL, 0, NULL, 0, 0, 0);
@@ -525,6 +533,7 @@ static void accept_conns(Daemon *d) {
                 }
                 d->conns = c;
                 u->conns++;
+                u->fds += 2; /* the socket and the pidfd */
                 nconns++;
         }
 }
@@ -631,6 +640,8 @@ static void help(void) {
                "                            (default: half of RAM)\n"
                "     --max-user-groups=N    groups one uid may have (default 64)\n"
                "     --max-user-conns=N     connections one uid may have (default 1024)\n"
+               "     --max-user-fds=N       descriptors devald may hold for one uid (default\n"
+               "                            4096)\n"
                "     --max-world=N          ranks per group (default 512)\n"
                "     --idle-timeout=SECONDS fail groups with no collective this long (default\n"
                "                            86400; 0: never)\n"
@@ -797,6 +808,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                 ARG_MAX_USER_BYTES,
                 ARG_MAX_USER_GROUPS,
                 ARG_MAX_USER_CONNS,
+                ARG_MAX_USER_FDS,
                 ARG_MAX_WORLD,
                 ARG_IDLE_TIMEOUT,
                 ARG_CONFIG,
@@ -813,6 +825,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                 {"max-user-bytes", required_argument, NULL, ARG_MAX_USER_BYTES},
                 {"max-user-groups", required_argument, NULL, ARG_MAX_USER_GROUPS},
                 {"max-user-conns", required_argument, NULL, ARG_MAX_USER_CONNS},
+                {"max-user-fds", required_argument, NULL, ARG_MAX_USER_FDS},
                 {"max-world", required_argument, NULL, ARG_MAX_WORLD},
                 {"idle-timeout", required_argument, NULL, ARG_IDLE_TIMEOUT},
                 {"config", required_argument, NULL, ARG_CONFIG},
@@ -859,6 +872,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                 pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 2ull << 30;
         d->max_user_groups = 64;
         d->max_user_conns = 1024;
+        d->max_user_fds = 4096;
         d->max_world = DEVAL_MAX_WORLD;
         d->idle_timeout_s = 24 * 3600;
         d->spin_us = -1;
@@ -910,6 +924,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                         break;
                 case ARG_MAX_USER_GROUPS:
                 case ARG_MAX_USER_CONNS:
+                case ARG_MAX_USER_FDS:
                 case ARG_MAX_WORLD:
                 case ARG_IDLE_TIMEOUT: {
                         char *end;
@@ -920,6 +935,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                                 fprintf(stderr, "devald: bad --%s '%s' (%d..%ld)\n",
                                         c == ARG_MAX_USER_GROUPS  ? "max-user-groups"
                                         : c == ARG_MAX_USER_CONNS ? "max-user-conns"
+                                        : c == ARG_MAX_USER_FDS   ? "max-user-fds"
                                         : c == ARG_MAX_WORLD      ? "max-world"
                                                                   : "idle-timeout",
                                         optarg, lo, hi);
@@ -927,6 +943,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                         }
                         *(c == ARG_MAX_USER_GROUPS  ? &d->max_user_groups
                           : c == ARG_MAX_USER_CONNS ? &d->max_user_conns
+                          : c == ARG_MAX_USER_FDS   ? &d->max_user_fds
                           : c == ARG_MAX_WORLD      ? &d->max_world
                                                     : &d->idle_timeout_s) = (int)v;
                         break;
@@ -1000,6 +1017,7 @@ static void reload(Daemon *d, int argc, char **argv) {
         d->max_user_bytes = fresh.max_user_bytes;
         d->max_user_groups = fresh.max_user_groups;
         d->max_user_conns = fresh.max_user_conns;
+        d->max_user_fds = fresh.max_user_fds;
         d->max_world = fresh.max_world;
         d->idle_timeout_s = fresh.idle_timeout_s;
         d->threads = fresh.threads;

@@ -105,7 +105,7 @@ Usage *usage_get(Daemon *d, uid_t uid) {
  * usage_put() - forget u once its uid holds nothing in devald. Accepts NULL.
  */
 void usage_put(Daemon *d, Usage *u) {
-        if (!u || u->conns || u->groups || atomic_load(&u->bytes))
+        if (!u || u->conns || u->groups || u->fds || atomic_load(&u->bytes))
                 return;
         for (Usage **p = &d->usage; *p; p = &(*p)->next)
                 if (*p == u) {
@@ -213,6 +213,7 @@ static void group_free(Group *g) {
         pthread_mutex_destroy(&g->lock);
         log_info("group '%s' freed", g->name);
         atomic_fetch_sub(&g->usage->bytes, g->bytes_mapped);
+        g->usage->fds -= g->fds_charged;
         g->usage->groups--;
         usage_put(d, g->usage);
         free(g);
@@ -250,6 +251,25 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                          (unsigned long long)d->max_group_bytes);
                 return DEVAL_ENOMEM;
         }
+        /* the descriptors devald keeps: control, completion and output segments, and for a
+         * device group each rank's input and each receiving GPU's output */
+        int fds = 3;
+        if (g->device_group) {
+                bool seen[DV_MAX_GPUS] = {false};
+                fds += g->world;
+                for (int k = 0; k < g->world; k++)
+                        if (!seen[g->members[k].device]) {
+                                seen[g->members[k].device] = true;
+                                fds++;
+                        }
+        }
+        if (g->usage->fds + fds > d->max_user_fds) {
+                snprintf(msg, msglen,
+                         "group '%s' needs devald to hold %d more descriptors, which would take "
+                         "uid %u past its %d (--max-user-fds)",
+                         g->name, fds, (unsigned)g->uid, d->max_user_fds);
+                return DEVAL_ENOMEM;
+        }
         if (!usage_reserve(g->usage, d->max_user_bytes, total)) {
                 snprintf(msg, msglen,
                          "group '%s' needs %llu bytes to start, which would take uid %u past "
@@ -259,6 +279,8 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                 return DEVAL_ENOMEM;
         }
         g->bytes_mapped = total; /* reserved: group_free() gives it back */
+        g->fds_charged = fds;
+        g->usage->fds += fds;
         /*
          * Placement: each rank's input on the NUMA node it runs on (it writes it); the worker
          * and the output where most ranks are, or, for a device group, near the first GPU

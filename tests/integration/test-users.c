@@ -270,6 +270,59 @@ static void test_connection_flood(void **state) {
         assert_int_equal(harness_run(&H, 2, rank_flood, name, 60), 0);
 }
 
+/*
+ * Descriptors devald holds for a uid: 2 a connection, 3 a host group (control, completion,
+ * output). With --max-user-fds 20, ten connections are all a uid gets, and a group needs
+ * room for its three.
+ */
+static int setup(void **state);
+static int teardown(void **state);
+
+static int rank_fds(const Harness *h, int rank, int world, void *arg) {
+        (void)rank;
+        (void)world;
+        const char *name = arg;
+        CHECK(become(ALICE) == 0, "setresuid");
+        int fds[10];
+        for (int i = 0; i < 10; i++)
+                CHECK((fds[i] = raw_connect(h->socket)) >= 0, "connect %d", i);
+        usleep(200000);
+        int extra = raw_connect(h->socket);
+        CHECK(extra >= 0, "connect");
+        DvReply rep;
+        struct pollfd p = {.fd = extra, .events = POLLIN};
+        CHECK(poll(&p, 1, 2000) == 1 && recv(extra, &rep, sizeof(rep), 0) == sizeof(rep) &&
+                      rep.status == DEVAL_ENOMEM && strstr(rep.msg, "--max-user-fds"),
+              "the 11th connection was not refused for its descriptors");
+        close(extra);
+        close(fds[9]);
+        usleep(200000); /* 18 held: a join's connection fits, its group's 3 do not */
+        deval_group *g;
+        int r = join(h, name, 0, 1, &g);
+        CHECK(r == DEVAL_ENOMEM && strstr(deval_errmsg(NULL), "--max-user-fds"), "got %s: %s",
+              deval_strerror(r), deval_errmsg(NULL));
+        for (int i = 0; i < 9; i++)
+                close(fds[i]);
+        usleep(200000);
+        CHECK_OK(join(h, name, 0, 1, &g), NULL);
+        CHECK_OK(gather_bytes(g, 100), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_fd_quota(void **state) {
+        char name[64];
+        snprintf(name, sizeof(name), "fds-%d", (int)getpid());
+        harness_stop(&H);
+        const char *extra[] = {"--max-user-fds", "20", NULL};
+        harness_start(&H, extra);
+        chmod(H.dir, 0755);
+        int failed = harness_run(&H, 1, rank_fds, name, 30);
+        teardown(state);
+        setup(state);
+        assert_int_equal(failed, 0);
+}
+
 /* A group left idle expires; so does one that never forms. */
 static int rank_idle(const Harness *h, int rank, int world, void *arg) {
         const char *base = arg;
@@ -348,6 +401,7 @@ int main(void) {
                 cmocka_unit_test(test_groups_belong_to_their_uid),
                 cmocka_unit_test(test_user_quotas),
                 cmocka_unit_test(test_connection_flood),
+                cmocka_unit_test(test_fd_quota),
                 cmocka_unit_test(test_idle_groups_expire),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
