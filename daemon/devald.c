@@ -857,7 +857,8 @@ static int parse_args(Daemon *d, int argc, char **argv) {
         if (!(av.all = calloc((size_t)(argc + av.n + 1), sizeof(char *))))
                 return 1;
         av.all[0] = argv[0];
-        memcpy(av.all + 1, av.args, sizeof(char *) * (size_t)av.n);
+        if (av.n) /* memcpy() from NULL is undefined even for no bytes */
+                memcpy(av.all + 1, av.args, sizeof(char *) * (size_t)av.n);
         memcpy(av.all + 1 + av.n, argv + 1, sizeof(char *) * (size_t)(argc - 1));
         argc += av.n;
         argv = av.all;
