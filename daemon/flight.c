@@ -35,7 +35,8 @@ static uint32_t fnv(uint32_t h, const void *p, size_t n) {
 
 /**
  * flight_fingerprint() - FNV-1a over what must agree across ranks: the operation, the
- * options, and each tensor's dtype, rank and trailing dims (dim 0 may differ).
+ * options, and each tensor's dtype and number of dims. Not the dims themselves: ranks may
+ * differ in any of them (dim 0 is concatenated, the others padded).
  */
 uint32_t flight_fingerprint(const DvRequest *q) {
         uint32_t h = 2166136261u;
@@ -50,11 +51,8 @@ uint32_t flight_fingerprint(const DvRequest *q) {
         h = fnv(h, &q->dim, sizeof(q->dim));
         for (uint32_t i = 0; i < n; i++) {
                 const DvTensorDesc *t = &q->t[i];
-                int nd = t->ndim < 0 ? 0 : DV_MIN(t->ndim, DEVAL_MAX_DIMS);
                 h = fnv(h, &t->dtype, sizeof(t->dtype));
                 h = fnv(h, &t->ndim, sizeof(t->ndim));
-                if (nd > 1)
-                        h = fnv(h, &t->shape[1], sizeof(t->shape[0]) * (size_t)(nd - 1));
         }
         return h;
 }

@@ -39,7 +39,7 @@ typedef struct {
 
 int flight_init(Flight *f, int world);
 void flight_deinit(Flight *f);
-/* What a request asks for, without where its data is: equal on ranks that agree. */
+/* What a request asks for, without its data or dims: equal on ranks whose calls agree. */
 uint32_t flight_fingerprint(const DvRequest *q);
 /*
  * Record step seq: reqs[k] (NULL where rank k did not arrive) and when each arrived
