@@ -25,6 +25,8 @@
 
 #include "deval.h"
 
+#include "spawn-devald.h"
+
 #define MAX_ITERS 4000
 
 static const char *arg_socket;
@@ -182,29 +184,6 @@ static void human(double bytes, char *buf, size_t len) {
                 snprintf(buf, len, "%.0f B", bytes);
 }
 
-static pid_t spawn_devald(char *sock, size_t len) {
-        char dir[] = "/tmp/deval-bench-XXXXXX";
-        if (!mkdtemp(dir))
-                return -1;
-        snprintf(sock, len, "%s/devald.sock", dir);
-        pid_t p = fork();
-        if (p == 0) {
-                execl(arg_devald, arg_devald, "--socket", sock, "--log-level", "warn", NULL);
-                _exit(127);
-        }
-        for (int i = 0; i < 500; i++) {
-                struct sockaddr_un sa = {.sun_family = AF_UNIX};
-                snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
-                int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-                int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-                close(fd);
-                if (ok)
-                        return p;
-                usleep(10000);
-        }
-        return -1;
-}
-
 int main(int argc, char **argv) {
         static const struct option opts[] = {
                 {"socket", required_argument, NULL, 's'},
@@ -253,7 +232,7 @@ int main(int argc, char **argv) {
                 }
         }
         if (arg_devald) {
-                daemon = spawn_devald(sock, sizeof(sock));
+                daemon = spawn_devald(arg_devald, sock, sizeof(sock));
                 if (daemon < 0) {
                         fprintf(stderr, "deval-bench: could not start %s\n", arg_devald);
                         return 1;
@@ -322,12 +301,7 @@ int main(int argc, char **argv) {
                 printf("%-14s %5d %11.1f %11.1f\n", names[kind - 1], 2,
                        quantile(lat, iters, 0.5) * 1e6, quantile(lat, iters, 0.99) * 1e6);
         }
-        if (daemon > 0) {
-                kill(daemon, SIGTERM);
-                waitpid(daemon, NULL, 0);
-                char *slash = strrchr(sock, '/');
-                *slash = '\0';
-                rmdir(sock);
-        }
+        if (daemon > 0)
+                stop_devald(daemon, sock);
         return rc;
 }

@@ -28,6 +28,8 @@
 
 #include "deval.h"
 
+#include "spawn-devald.h"
+
 typedef struct {
         _Atomic uint64_t done;
         uint64_t slow;   /* collectives over SLOW_NS: a lost wake-up costs a 20 ms slice */
@@ -174,24 +176,11 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "usage: deval-soak --devald PATH [--ops N>=3] [--ranks 2..64]\n");
                 return 2;
         }
-        char dir[] = "/tmp/deval-soak-XXXXXX", sock[108];
-        if (!mkdtemp(dir))
+        char sock[108];
+        pid_t d = spawn_devald(arg_devald, sock, sizeof(sock));
+        if (d < 0) {
+                fprintf(stderr, "deval-soak: could not start %s\n", arg_devald);
                 return 1;
-        snprintf(sock, sizeof(sock), "%s/devald.sock", dir);
-        pid_t d = fork();
-        if (d == 0) {
-                execl(arg_devald, arg_devald, "--socket", sock, "--log-level", "warn", NULL);
-                _exit(127);
-        }
-        for (int i = 0; i < 500; i++) {
-                struct sockaddr_un sa = {.sun_family = AF_UNIX};
-                snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
-                int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-                int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-                close(fd);
-                if (ok)
-                        break;
-                usleep(10000);
         }
         usleep(50000); /* the last probe's connection is gone */
         long rss0 = rss_kib(d);
@@ -232,9 +221,7 @@ int main(int argc, char **argv) {
                arg_ops, arg_ranks, secs, secs * 1e6 / (double)arg_ops,
                bad ? "FAILED" : "all correct", slow, (double)max_ns / 1e6, deadlines);
         printf("devald pid %d at the end:   RSS %ld KiB, %d descriptors\n", (int)d, rss1, fds1);
-        kill(d, SIGTERM);
-        waitpid(d, NULL, 0);
-        rmdir(dir);
+        stop_devald(d, sock);
         if (fds1 != fds0) {
                 fprintf(stderr, "devald holds %d descriptors, %d at the start\n", fds1, fds0);
                 bad = 1;
