@@ -206,14 +206,20 @@ struct Daemon {
 /* group.c */
 int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msglen);
 void group_member_gone(Group *g, int rank, bool left);
-void proc_state(pid_t pid, char *buf, size_t len);
+enum {
+        PROC_RUNNING, /* or gone without a trace */
+        PROC_STOPPED,
+        PROC_ENDED /* a zombie: buf says how it ended */
+};
+int proc_state(pid_t pid, char *buf, size_t len);
+long long proc_stat_field(pid_t pid, int n);
 void group_fail(Group *g, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns);
 void group_maybe_free(Group *g);
 int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, size_t msglen);
 int group_output_fd(Group *g, uint64_t *size, uint64_t *gen);
-int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, uint64_t *ret_others,
-                char *why, size_t whylen);
+int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, char *why,
+                size_t whylen);
 void group_quota_undo(Group *g, uint64_t reserved);
 void group_expire_idle(Daemon *d, uint64_t now, int64_t *next_ns);
 char *group_flight_json(Group *g, size_t *ret_len);

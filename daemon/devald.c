@@ -242,8 +242,7 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
                 ri->numa = m->numa;
                 char how[96];
                 if (m->state == MEMBER_JOINED) {
-                        proc_state(m->pid, how, sizeof(how));
-                        if (strcmp(how, " is stopped") == 0)
+                        if (proc_state(m->pid, how, sizeof(how)) == PROC_STOPPED)
                                 ri->state = DV_RANK_STOPPED;
                 }
                 ri->input_bytes = m->in_pending.map ? m->in_pending.size : m->in.size;

@@ -569,47 +569,71 @@ static void group_where(Group *g, char *buf, size_t len) {
                 snprintf(buf, len, "before its first collective");
 }
 
-/**
- * proc_state() - how process pid is, as far as /proc tells: " was killed by signal 9
- * (Killed)" or " exited with status 3" while it is a zombie nobody reaped yet, " is stopped"
- * (SIGSTOP, or a debugger), else "" (running, or gone without a trace).
+/*
+ * /proc/PID/stat into buf, and where its field 3 (the state) starts: past the command's
+ * name, which may hold anything but not a ')' after the last one. NULL when unreadable.
  */
-void proc_state(pid_t pid, char *buf, size_t len) {
-        char path[32], stat[1024];
-        buf[0] = '\0';
+static const char *proc_stat_read(pid_t pid, char *buf, size_t len) {
+        char path[32];
         snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
-                return;
-        ssize_t n = read(fd, stat, sizeof(stat) - 1);
+                return NULL;
+        ssize_t n = read(fd, buf, len - 1);
         close(fd);
         if (n <= 0)
-                return;
-        stat[n] = '\0';
-        char *p = strrchr(stat, ')'); /* the command name may hold anything but not after this */
-        if (!p || p[1] != ' ')
-                return;
-        char state = p[2];
-        if (state == 'T' || state == 't') {
+                return NULL;
+        buf[n] = '\0';
+        char *p = strrchr(buf, ')');
+        return p && p[1] == ' ' ? p + 2 : NULL;
+}
+
+/* Field n (numbered as in proc(5), n >= 3) of a stat line whose field 3 starts at f3. */
+static const char *stat_field(const char *f3, int n) {
+        for (int i = 3; f3 && i < n; i++) {
+                f3 = strchr(f3, ' ');
+                f3 = f3 ? f3 + 1 : NULL;
+        }
+        return f3;
+}
+
+/**
+ * proc_stat_field() - field n (n >= 4, numbered as in proc(5)) of /proc/PID/stat as a
+ * number, or -1 when there is none.
+ */
+long long proc_stat_field(pid_t pid, int n) {
+        char stat[1024];
+        const char *f = stat_field(proc_stat_read(pid, stat, sizeof(stat)), n);
+        return f ? atoll(f) : -1;
+}
+
+/**
+ * proc_state() - how process pid is, as far as /proc tells, in buf: " was killed by signal
+ * 9 (Killed)" or " exited with status 3" while it is a zombie nobody reaped yet, " is
+ * stopped" (SIGSTOP, or a debugger), else "" (running, or gone without a trace).
+ * Return: PROC_ENDED, PROC_STOPPED or PROC_RUNNING accordingly.
+ */
+int proc_state(pid_t pid, char *buf, size_t len) {
+        char stat[1024];
+        buf[0] = '\0';
+        const char *f3 = proc_stat_read(pid, stat, sizeof(stat));
+        if (!f3)
+                return PROC_RUNNING;
+        if (*f3 == 'T' || *f3 == 't') {
                 snprintf(buf, len, " is stopped");
-                return;
+                return PROC_STOPPED;
         }
-        if (state != 'Z')
-                return;
-        /* field 52, exit_code (Linux 3.5): the wait status; 49 fields after the state */
-        char *f = p + 2;
-        for (int i = 0; i < 49 && f; i++) {
-                f = strchr(f, ' ');
-                f = f ? f + 1 : NULL;
-        }
-        if (!f)
-                return;
-        int status = atoi(f);
+        /* field 52, exit_code (Linux 3.5): a zombie's wait status */
+        const char *f52 = *f3 == 'Z' ? stat_field(f3, 52) : NULL;
+        if (!f52)
+                return PROC_RUNNING;
+        int status = atoi(f52);
         if (WIFSIGNALED(status))
                 snprintf(buf, len, " was killed by signal %d (%s)", WTERMSIG(status),
                          strsignal(WTERMSIG(status)));
         else if (WIFEXITED(status))
                 snprintf(buf, len, " exited with status %d", WEXITSTATUS(status));
+        return PROC_ENDED;
 }
 
 /**
@@ -685,11 +709,11 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns) {
  * group_quota() - size a replacement for an arena of current bytes that must hold size.
  * Growth is by half again at least (a few regrowths for a growing workload), but never past
  * the group's quota, which counts every arena of the group (bytes_mapped).
- * @ret_want: the size to allocate; @ret_others: what the group holds besides that arena.
+ * @ret_want: the size to allocate; the caller adds want - current to bytes_mapped.
  * Return: 0, or DEVAL_ENOMEM when even size does not fit.
  */
-int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, uint64_t *ret_others,
-                char *why, size_t whylen) {
+int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, char *why,
+                size_t whylen) {
         uint64_t max = g->d->max_group_bytes, user_max = g->d->max_user_bytes;
         pthread_mutex_lock(&g->lock);
         uint64_t others = g->bytes_mapped - current;
@@ -714,7 +738,6 @@ int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, u
                 }
         }
         *ret_want = want;
-        *ret_others = others;
         return 0;
 }
 
@@ -823,13 +846,13 @@ int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, s
         char name[96];
         int r;
 
-        uint64_t want, others;
+        uint64_t want;
         /* bytes_mapped counts the arena the rank will use next: the pending one, if any */
         pthread_mutex_lock(&g->lock);
         uint64_t current = m->in_pending.map ? m->in_pending.size : m->in.size;
         pthread_mutex_unlock(&g->lock);
         char why[160];
-        if (group_quota(g, current, size, &want, &others, why, sizeof(why)) < 0) {
+        if (group_quota(g, current, size, &want, why, sizeof(why)) < 0) {
                 snprintf(msg, msglen, "rank %d needs %llu bytes of input, which would take %s",
                          rank, (unsigned long long)size, why);
                 return DEVAL_ENOMEM;
@@ -861,12 +884,12 @@ int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char 
         DevArena a;
         int r;
 
-        uint64_t want, others;
+        uint64_t want;
         pthread_mutex_lock(&g->lock);
         uint64_t current = m->din_pending.ptr ? m->din_pending.size : m->din.size;
         pthread_mutex_unlock(&g->lock);
         char why[160];
-        if (group_quota(g, current, size, &want, &others, why, sizeof(why)) < 0) {
+        if (group_quota(g, current, size, &want, why, sizeof(why)) < 0) {
                 snprintf(msg, msglen,
                          "rank %d needs %llu bytes of device input, which would take %s", rank,
                          (unsigned long long)size, why);

@@ -120,18 +120,8 @@ int topo_node_of_pid(pid_t pid) {
         hwloc_bitmap_free(set);
         if (node >= 0)
                 return node;
-        char path[64], stat[1024];
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-        FILE *f = fopen(path, "re");
-        size_t n = f ? fread(stat, 1, sizeof(stat) - 1, f) : 0;
-        if (f)
-                fclose(f);
-        stat[n] = '\0';
-        char *p = strrchr(stat, ')');
-        for (int i = 0; p && i < 37; i++) { /* from field 2's end to field 39 */
-                p = strchr(p + 1, ' ');
-        }
-        return p ? node_of_cpu((unsigned)atoi(p + 1)) : -1;
+        long long cpu = proc_stat_field(pid, 39); /* the CPU it last ran on */
+        return cpu >= 0 ? node_of_cpu((unsigned)cpu) : -1;
 }
 
 int topo_node_of_gpu(Daemon *d, int gpu) {

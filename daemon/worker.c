@@ -170,9 +170,9 @@ int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen) {
 
         if (size <= g->out.size)
                 return 0;
-        uint64_t want, others, current = g->out.size;
+        uint64_t want, current = g->out.size;
         char why[160];
-        if (group_quota(g, current, size, &want, &others, why, sizeof(why)) < 0) {
+        if (group_quota(g, current, size, &want, why, sizeof(why)) < 0) {
                 snprintf(msg, msglen, "the result needs %llu bytes, which would take %s",
                          (unsigned long long)size, why);
                 return DEVAL_ENOMEM;
@@ -207,9 +207,9 @@ int worker_ensure_dev_output(Group *g, uint64_t size, char *msg, size_t msglen) 
                 DevArena *cur = &g->dout[dev], a;
                 if (cur->device < 0 || size <= cur->size)
                         continue;
-                uint64_t want, others, current = cur->size;
+                uint64_t want, current = cur->size;
                 char why[160];
-                if (group_quota(g, current, size, &want, &others, why, sizeof(why)) < 0) {
+                if (group_quota(g, current, size, &want, why, sizeof(why)) < 0) {
                         snprintf(msg, msglen,
                                  "the result needs %llu bytes on GPU %d, which would take %s",
                                  (unsigned long long)size, dev, why);
@@ -257,12 +257,13 @@ void *worker_main(void *arg) {
                 }
                 uint64_t moved = atomic_load_explicit(&g->bytes_moved, memory_order_relaxed);
                 int r = step_run(g, seq);
-                char step_msg[DV_MSG_MAX];
-                snprintf(step_msg, sizeof(step_msg), "%.*s", DV_MSG_MAX - 1, g->dhdr->msg);
+                char step_msg[DV_MSG_MAX] = ""; /* a failed step's words, for the recorder */
+                if (r < 0)
+                        snprintf(step_msg, sizeof(step_msg), "%.*s", DV_MSG_MAX - 1, g->dhdr->msg);
                 pthread_mutex_lock(&g->lock);
                 for (int k = 0; k < g->world; k++)
                         g->arrivals[k] = g->members[k].arrived_ns;
-                flight_record(&g->flight, seq, g->reqs, g->arrivals, r, r < 0 ? step_msg : "",
+                flight_record(&g->flight, seq, g->reqs, g->arrivals, r, step_msg,
                               atomic_load_explicit(&g->bytes_moved, memory_order_relaxed) - moved);
                 pthread_mutex_unlock(&g->lock);
                 log_debug("group '%s': collective #%u (%s) took %llu us: %s", g->name, seq,
