@@ -625,6 +625,11 @@ out:
         return proven;
 }
 
+/* Whether this GPU's kernel reads m directly: its own memory, or a peer's proven by P2P. */
+static bool gw_reads(const Gw *gw, const Mapping *m) {
+        return m->device == gw->device || (gw->p2p >> m->device & 1);
+}
+
 static int gw_run(Gw *gw, const GwReq *req, const DvKernelSeg *segs, const uint64_t *starts,
                   const GwSrc *srcs) {
         const DvGpuApi *api = gw->api;
@@ -635,15 +640,16 @@ static int gw_run(Gw *gw, const GwReq *req, const DvKernelSeg *segs, const uint6
                 return dv_gpu_fail(DEVAL_ESYS, "GPU %d: the plan writes past the output",
                                    gw->device);
         _cleanup_(freep) DvDevPtr *ptrs = calloc(req->nsrcs ? req->nsrcs : 1, sizeof(*ptrs));
-        if (!ptrs)
+        _cleanup_(freep) Mapping **ms = calloc(req->nsrcs ? req->nsrcs : 1, sizeof(*ms));
+        if (!ptrs || !ms)
                 return dv_gpu_fail(DEVAL_ENOMEM, "GPU worker: out of memory");
         size_t staged = 0;
         for (uint32_t i = 0; i < req->nsrcs; i++) {
-                Mapping *m = gw_find(gw, srcs[i].id);
+                Mapping *m = ms[i] = gw_find(gw, srcs[i].id);
                 if (!m || srcs[i].off > m->size || srcs[i].bytes > m->size - srcs[i].off)
                         return dv_gpu_fail(DEVAL_ESYS, "GPU %d: source %u is not mapped here",
                                            gw->device, i);
-                if (m->device != gw->device && !(gw->p2p >> m->device & 1))
+                if (!gw_reads(gw, m))
                         staged += DV_ALIGN(srcs[i].bytes, 64);
         }
         if (staged > gw->stage_size) {
@@ -657,9 +663,9 @@ static int gw_run(Gw *gw, const GwReq *req, const DvKernelSeg *segs, const uint6
         }
         size_t at = 0;
         for (uint32_t i = 0; i < req->nsrcs; i++) {
-                Mapping *m = gw_find(gw, srcs[i].id);
+                Mapping *m = ms[i];
                 ptrs[i] = m->ptr + srcs[i].off;
-                if (m->device == gw->device || gw->p2p >> m->device & 1)
+                if (gw_reads(gw, m))
                         continue;
                 /* no P2P from m's GPU: its bytes come through pinned host memory */
                 int r = api->copy_to_host(m->device, (uint8_t *)gw->stage + at, ptrs[i],

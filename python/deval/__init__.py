@@ -387,9 +387,7 @@ class _Leaf:
         torch.cuda.current_stream(out.device).synchronize()
         if self.torch_dtype == torch.bfloat16:
             out = out.view(torch.bfloat16)
-        if self.kind == "torch-cuda":
-            return out.to(self.device)
-        if self.kind == "torch":
+        if self.kind in ("torch-cuda", "torch"):
             return out.to(self.device)
         a = out.cpu().numpy()
         if self.dtype == 8 and _BF16 is not None:
