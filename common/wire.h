@@ -15,12 +15,12 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  2
+#define DV_PROTO_VERSION  3
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_MSG_MAX        512
 #define DV_CTL_MAGIC      0x4c564544u /* "DEVL" */
 #define DV_ARENA_ALIGN    64
-#define DV_VERSION_STRING "0.1.0"
+#define DV_VERSION_STRING "0.2.0"
 
 /* ---- control plane: SOCK_SEQPACKET messages ---------------------------------------------- */
 
@@ -223,16 +223,34 @@ typedef struct {
         int32_t dim;
         int64_t num_samples;
         int32_t status; /* < 0: this rank could not stage its input; the step fails */
-        uint32_t reserved;
+        uint32_t site;  /* *_METRICS in an eval pass: which call of the batch (< DV_PASS_SITES) */
+        uint32_t flags; /* DV_OP_EVAL_END: DV_END_* */
+        uint32_t batch; /* deval_eval_batch() calls since the pass began */
         uint64_t staged_bytes; /* with status: how much it tried to stage */
         char why[128];         /* with status: the rank's own words (untrusted text) */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
 } DvRequest;
 
+/*
+ * An eval pass counts the samples of each call site of a batch apart: the first
+ * gather_for_metrics after deval_eval_batch() is site 0, the second site 1, and so on; objects
+ * count in sites of their own. Without deval_eval_batch() every call is site 0.
+ */
+#define DV_PASS_SITES 16
+
+/* DV_OP_EVAL_END: the rank's loader ran out (deval_eval_complete()), so the pass may check
+ * that every site gathered all num_samples samples. */
+#define DV_END_EXHAUSTED 1u
+
 /* What a rank gets back: written by the daemon before it publishes done_seq. */
 typedef struct {
         int32_t status;
         uint32_t ntensors;
+        /* the collective this answers: for a rank parked in eval_end, the others' call */
+        uint32_t op;
+        uint32_t site;
+        uint32_t batch;
+        uint32_t reserved;
         DvTensorDesc t[DEVAL_MAX_TENSORS];
 } DvResult;
 
@@ -271,6 +289,13 @@ typedef struct {
         alignas(64) _Atomic uint32_t wake;
         /* Last completed step; stored (release) after every res and msg are written. */
         alignas(64) _Atomic uint32_t done_seq;
+        /*
+         * The last step at which ranks waiting in DV_OP_EVAL_END were released: the close of
+         * an eval pass (or a refused eval_end). Ranks that finished their pass early wait on
+         * it while devald answers the others' collectives for them. Stored (release) after
+         * every res is written, before done_seq.
+         */
+        _Atomic uint32_t pass_end_seq;
         /* Non-zero once the group failed for good; abort_msg is written before (release). */
         _Atomic int32_t abort_status;
         uint64_t out_gen; /* generation of the output arena the results refer to */

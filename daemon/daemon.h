@@ -100,12 +100,26 @@ typedef struct {
         uint64_t late_ns;          /* under lock: summed lateness behind the first arrival */
 } Member;
 
+/*
+ * An eval pass, the worker's. Samples are counted per stream: a call site of the batch
+ * (wire.h's DV_PASS_SITES) for tensors, the same for objects. A rank that ends its pass
+ * while others still gather is parked: it keeps arriving with eval_end, devald answers every
+ * collective of the others for it with an empty contribution (the rank keeps what they got,
+ * to replay), and releases it when the last rank ends the pass.
+ */
+#define PASS_STREAMS (2 * DV_PASS_SITES)
 typedef struct {
         int active;
         int order;
         int64_t num_samples;
-        int64_t total[2]; /* [stream] samples gathered so far, rank order */
-        int64_t *rows[2]; /* [stream][world] samples each rank gave so far */
+        uint32_t used;               /* bit per stream that gathered in this pass */
+        int64_t total[PASS_STREAMS]; /* samples gathered so far, rank order */
+        int64_t *rows;               /* [stream * world + rank] samples each rank gave so far */
+        bool *parked;                /* [world] ended its pass while others had not */
+        int nparked;
+        bool released; /* the last step answered ranks waiting in eval_end (pass_end_seq) */
+        int status;    /* the first failure of a step that answered for parked ranks */
+        char msg[DV_MSG_MAX];
 } EvalPass;
 
 struct Group {

@@ -204,8 +204,8 @@ static void group_free(Group *g) {
         arena_deinit(&g->done);
         arena_deinit(&g->out);
         exec_pool_free(g->pool);
-        free(g->pass.rows[0]);
-        free(g->pass.rows[1]);
+        free(g->pass.rows);
+        free(g->pass.parked);
         free(g->reqs);
         free(g->arrivals);
         free(g->members);
@@ -358,9 +358,9 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                 g->spin_ns = ncpu >= g->world + 2 ? 20000 : 0;
         g->reqs = calloc((size_t)g->world, sizeof(*g->reqs));
         g->arrivals = calloc((size_t)g->world, sizeof(*g->arrivals));
-        g->pass.rows[0] = calloc((size_t)g->world, sizeof(int64_t));
-        g->pass.rows[1] = calloc((size_t)g->world, sizeof(int64_t));
-        if (!g->reqs || !g->arrivals || !g->pass.rows[0] || !g->pass.rows[1]) {
+        g->pass.rows = calloc((size_t)PASS_STREAMS * (size_t)g->world, sizeof(int64_t));
+        g->pass.parked = calloc((size_t)g->world, sizeof(bool));
+        if (!g->reqs || !g->arrivals || !g->pass.rows || !g->pass.parked) {
                 r = DEVAL_ENOMEM;
                 goto fail;
         }

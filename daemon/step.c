@@ -161,14 +161,14 @@ static int plan_status(Step *s, int r, const DvPlan *p) {
                          p->err);
 }
 
-/* Which eval-pass stream an op counts in: 0 tensors, 1 objects, -1 none. */
-static int pass_stream(const Group *g, uint32_t op) {
-        if (!g->pass.active)
+/* Which eval-pass stream a request counts in (a call site, tensors or objects); -1: none. */
+static int pass_stream(const Group *g, const DvRequest *q) {
+        if (!g->pass.active || q->site >= DV_PASS_SITES)
                 return -1;
-        if (op == DV_OP_GATHER_METRICS)
-                return 0;
-        if (op == DV_OP_OBJECTS_METRICS)
-                return 1;
+        if (q->op == DV_OP_GATHER_METRICS)
+                return (int)q->site;
+        if (q->op == DV_OP_OBJECTS_METRICS)
+                return DV_PASS_SITES + (int)q->site;
         return -1;
 }
 
@@ -176,7 +176,7 @@ static void plan_input(Step *s, int n, const DvShape *shapes, const int64_t *val
                        DvPlanInput *in) {
         Group *g = s->g;
         const DvRequest *q = &s->reqs[0];
-        int stream = pass_stream(g, q->op);
+        int stream = pass_stream(g, q);
 
         *in = (DvPlanInput){.world = g->world,
                             .ntensors = n,
@@ -192,18 +192,127 @@ static void plan_input(Step *s, int n, const DvShape *shapes, const int64_t *val
                 in->order = g->pass.order;
                 in->num_samples = g->pass.num_samples;
                 in->pass_total = g->pass.total[stream];
-                in->pass_rows = g->pass.rows[stream];
+                in->pass_rows = &g->pass.rows[stream * g->world];
         }
 }
 
-static void pass_advance(Group *g, uint32_t op, const DvPlan *p) {
-        int stream = pass_stream(g, op);
+static void pass_advance(Group *g, const DvRequest *q, const DvPlan *p) {
+        int stream = pass_stream(g, q);
         if (stream < 0)
                 return;
+        g->pass.used |= 1u << stream;
         for (int k = 0; k < g->world; k++) {
-                g->pass.rows[stream][k] += p->contributed[k];
+                g->pass.rows[stream * g->world + k] += p->contributed[k];
                 g->pass.total[stream] += p->contributed[k];
         }
+}
+
+/* Samples of stream whose dataset position is inside the pass: what the pass returned. */
+static int64_t pass_kept(const EvalPass *ps, int stream, int world) {
+        int64_t n = ps->num_samples;
+        if (ps->order == DEVAL_ORDER_RANK)
+                return DV_MIN(ps->total[stream], n);
+        int64_t kept = 0;
+        for (int k = 0; k < world && k < n; k++) /* rank k's j-th sample sits at j * world + k */
+                kept += DV_MIN(ps->rows[stream * world + k], (n - k + world - 1) / world);
+        return kept;
+}
+
+static void pass_reset(EvalPass *ps, int world) {
+        ps->active = 0;
+        ps->used = 0;
+        memset(ps->total, 0, sizeof(ps->total));
+        memset(ps->rows, 0, (size_t)PASS_STREAMS * (size_t)world * sizeof(int64_t));
+        memset(ps->parked, 0, (size_t)world * sizeof(bool));
+        ps->nparked = 0;
+        ps->status = 0;
+        ps->msg[0] = '\0';
+}
+
+/* A parked rank's request: tmpl's collective with no rows (ntensors and ndim in range); it
+ * replaces the eval_end the rank sent again for this step. */
+static void pass_empty(DvRequest *q, const DvRequest *tmpl, uint32_t seq) {
+        memset(q, 0, sizeof(*q));
+        q->seq = seq;
+        q->op = tmpl->op;
+        q->ntensors = DV_MIN(tmpl->ntensors, (uint32_t)DEVAL_MAX_TENSORS);
+        q->pad_first = tmpl->pad_first;
+        q->pad_value = tmpl->pad_value;
+        q->valid_rows = -1;
+        q->keep_rows = tmpl->keep_rows;
+        q->order = tmpl->order;
+        q->root = tmpl->root;
+        q->dim = tmpl->dim;
+        q->site = tmpl->site;
+        q->batch = tmpl->batch;
+        bool gather = tmpl->op != DV_OP_PAD;
+        for (uint32_t i = 0; i < q->ntensors; i++) {
+                const DvTensorDesc *t = &tmpl->t[i];
+                DvTensorDesc *d = &q->t[i];
+                d->dtype = t->dtype;
+                d->ndim = t->ndim;
+                if (d->ndim == 0 && gather) /* a 0-d tensor gathers as one row */
+                        d->ndim = 1;
+                for (int k = 1; k < DV_MIN(t->ndim, DEVAL_MAX_DIMS); k++)
+                        d->shape[k] = t->shape[k];
+        }
+}
+
+/*
+ * In an eval pass, a rank that calls eval_end while others still gather is parked: its
+ * loader ran out first. From now until the pass closes, devald answers every collective of
+ * the others for it with an empty contribution shaped like theirs, so uneven loaders need no
+ * dummy calls. Only collectives that an empty contribution answers can go on that way.
+ * Return: 0, or the step's failure when the others called something else.
+ */
+static int pass_park(Step *s) {
+        Group *g = s->g;
+        EvalPass *ps = &g->pass;
+        int tmpl = -1, first = -1;
+
+        /* device results live on GPUs: a parked rank could not keep them to replay */
+        if (!ps->active || g->device_group)
+                return 0;
+        for (int k = 0; k < g->world && tmpl < 0; k++)
+                if (!ps->parked[k] && g->reqs[k].op != DV_OP_EVAL_END)
+                        tmpl = k;
+        if (tmpl < 0)
+                return 0; /* every rank has ended the pass: this step closes it */
+        for (int k = 0; k < g->world; k++) {
+                if (ps->parked[k] || g->reqs[k].op != DV_OP_EVAL_END)
+                        continue;
+                ps->parked[k] = true;
+                ps->nparked++;
+                log_debug("group '%s': rank %d ended its eval pass at collective #%u; devald "
+                          "answers for it until the others end theirs",
+                          g->name, k, s->seq);
+        }
+        if (!ps->nparked)
+                return 0;
+        for (int k = 0; k < g->world && first < 0; k++)
+                if (ps->parked[k])
+                        first = k;
+        const DvRequest *t = &g->reqs[tmpl];
+        switch (t->op) {
+        case DV_OP_GATHER:
+        case DV_OP_GATHER_METRICS:
+        case DV_OP_OBJECTS:
+        case DV_OP_OBJECTS_METRICS:
+        case DV_OP_PAD:
+        case DV_OP_BARRIER:
+                break;
+        default:
+                return step_fail(s, DEVAL_EMISMATCH,
+                                 "collective #%u: rank %d called %s, but rank %d (pid %d) has "
+                                 "already ended its eval pass (its loader ran out); devald can "
+                                 "answer only gathers, pad_across_processes and barriers for it",
+                                 s->seq, tmpl, dv_op_name(t->op), first,
+                                 (int)g->members[first].pid);
+        }
+        for (int k = 0; k < g->world; k++)
+                if (ps->parked[k])
+                        pass_empty(&g->reqs[k], t, s->seq);
+        return 0;
 }
 
 static int check_gather_opts(Step *s) {
@@ -211,13 +320,29 @@ static int check_gather_opts(Step *s) {
         SAME_ON_ALL(s, pad_first, "%u", "pad_first");
         SAME_ON_ALL(s, keep_rows, "%" PRId64, "keep_rows");
         SAME_ON_ALL(s, root, "%d", "root");
-        if (pass_stream(s->g, s->reqs[0].op) < 0)
+        bool metrics =
+                s->reqs[0].op == DV_OP_GATHER_METRICS || s->reqs[0].op == DV_OP_OBJECTS_METRICS;
+        for (int k = 0; metrics && s->g->pass.active && k < s->g->world; k++) {
+                if (s->reqs[k].site >= DV_PASS_SITES)
+                        return step_fail(s, DEVAL_EPROTO,
+                                         "malformed request from rank %d (pid %d): call site %u", k,
+                                         (int)s->g->members[k].pid, s->reqs[k].site);
+                if (s->reqs[k].site != s->reqs[0].site)
+                        return step_fail(s, DEVAL_EMISMATCH,
+                                         "collective #%u (%s): ranks are at different calls of "
+                                         "their batch: rank 0 makes call %u, rank %d call %u; "
+                                         "every rank must make the same gather_for_metrics calls "
+                                         "in each batch",
+                                         s->seq, dv_op_name(s->reqs[0].op), s->reqs[0].site + 1, k,
+                                         s->reqs[k].site + 1);
+        }
+        if (pass_stream(s->g, &s->reqs[0]) < 0)
                 SAME_ON_ALL(s, order, "%d", "order");
         if ((r = pad_value_same(s)) < 0)
                 return r;
         if (s->reqs[0].root < -1 || s->reqs[0].root >= s->g->world)
                 return step_fail(s, DEVAL_EPROTO, "root %d is out of range", s->reqs[0].root);
-        if (pass_stream(s->g, s->reqs[0].op) < 0 && s->reqs[0].order != DEVAL_ORDER_RANK &&
+        if (pass_stream(s->g, &s->reqs[0]) < 0 && s->reqs[0].order != DEVAL_ORDER_RANK &&
             s->reqs[0].order != DEVAL_ORDER_STRIDED)
                 return step_fail(s, DEVAL_EPROTO, "order %d is unknown", s->reqs[0].order);
         return 0;
@@ -310,7 +435,7 @@ static int step_gather(Step *s) {
                 ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->out.map};
                 exec_host(g, &job);
         }
-        pass_advance(g, s->reqs[0].op, &p);
+        pass_advance(g, &s->reqs[0], &p);
         atomic_fetch_add_explicit(&g->bytes_moved, p.out_end, memory_order_relaxed);
         for (int k = 0; k < W; k++) {
                 DvResult *res = res_of(s, k);
@@ -417,7 +542,7 @@ static int step_objects(Step *s) {
                        b);
                 bo += b;
         }
-        pass_advance(g, s->reqs[0].op, &p);
+        pass_advance(g, &s->reqs[0], &p);
         atomic_fetch_add_explicit(&g->bytes_moved, blob_off + blob_bytes, memory_order_relaxed);
         for (int k = 0; k < W; k++) {
                 DvResult *res = res_of(s, k);
@@ -571,33 +696,59 @@ static int step_broadcast(Step *s, bool bytes) {
         return 0;
 }
 
+/* Every stream the pass gathered in must have returned all num_samples samples. */
+static int pass_check_complete(Step *s) {
+        const EvalPass *ps = &s->g->pass;
+        for (int st = 0; st < PASS_STREAMS; st++) {
+                if (!(ps->used & (1u << st)))
+                        continue;
+                int64_t kept = pass_kept(ps, st, s->g->world);
+                if (kept < ps->num_samples)
+                        return step_fail(s, DEVAL_EMISMATCH,
+                                         "the eval pass returned %" PRId64 " of its %" PRId64
+                                         " samples from call %d of each batch (%s), though every "
+                                         "rank's loader ran out: num_samples is larger than what "
+                                         "the loaders hold (a sampler that drops the last "
+                                         "batch?), or some batches skipped that call",
+                                         kept, ps->num_samples, st % DV_PASS_SITES + 1,
+                                         st < DV_PASS_SITES ? "tensors" : "objects");
+        }
+        return 0;
+}
+
 static int step_eval(Step *s, bool begin) {
         Group *g = s->g;
+        EvalPass *ps = &g->pass;
 
         if (!begin) {
-                if (!g->pass.active)
+                if (!ps->active)
                         return step_fail(s, DEVAL_EINVAL, "no eval pass is open on group '%s'",
                                          g->name);
-                g->pass.active = 0;
-                return 0;
+                bool exhausted = true; /* parked ranks, too, arrive with their eval_end */
+                for (int k = 0; k < g->world; k++)
+                        exhausted &= (s->reqs[k].flags & DV_END_EXHAUSTED) != 0;
+                int r = 0;
+                if (ps->status)
+                        r = step_fail(s, ps->status, "%s", ps->msg);
+                else if (exhausted)
+                        r = pass_check_complete(s);
+                pass_reset(ps, g->world);
+                return r;
         }
         SAME_ON_ALL(s, num_samples, "%" PRId64, "num_samples");
         SAME_ON_ALL(s, order, "%d", "order");
         if (s->reqs[0].num_samples < 0 ||
             (s->reqs[0].order != DEVAL_ORDER_RANK && s->reqs[0].order != DEVAL_ORDER_STRIDED))
                 return step_fail(s, DEVAL_EPROTO, "malformed eval_begin request");
-        if (g->pass.active)
+        if (ps->active)
                 return step_fail(s, DEVAL_EINVAL,
                                  "an eval pass is already open on group '%s'; end it with "
                                  "deval_eval_end first",
                                  g->name);
-        g->pass.active = 1;
-        g->pass.order = s->reqs[0].order;
-        g->pass.num_samples = s->reqs[0].num_samples;
-        for (int st = 0; st < 2; st++) {
-                g->pass.total[st] = 0;
-                memset(g->pass.rows[st], 0, (size_t)g->world * sizeof(int64_t));
-        }
+        pass_reset(ps, g->world);
+        ps->active = 1;
+        ps->order = s->reqs[0].order;
+        ps->num_samples = s->reqs[0].num_samples;
         return 0;
 }
 
@@ -615,6 +766,9 @@ static int step_dispatch(Step *s) {
                                          "malformed request from rank %d (pid %d): unknown op %u",
                                          k, (int)s->g->members[k].pid, q[k].op);
         }
+        int r = pass_park(s);
+        if (r < 0)
+                return r;
         for (int k = 0; k < s->g->world; k++) {
                 if (q[k].status == 0)
                         continue;
@@ -675,12 +829,31 @@ static int step_dispatch(Step *s) {
  */
 int step_run(Group *g, uint32_t seq) {
         Step s = {.g = g, .seq = seq, .reqs = g->reqs, .h = g->hdr};
+        EvalPass *ps = &g->pass;
 
         for (int k = 0; k < g->world; k++) {
                 memcpy(&g->reqs[k], &g->hdr->slots[k].req, sizeof(DvRequest));
                 memset(&g->dhdr->res[k], 0, offsetof(DvResult, t));
         }
         int r = step_dispatch(&s);
+        for (int k = 0; k < g->world; k++) { /* what a parked rank needs to replay it */
+                DvResult *res = res_of(&s, k);
+                res->op = g->reqs[k].op;
+                res->site = g->reqs[k].site;
+                res->batch = g->reqs[k].batch;
+        }
+        /* a failure while devald answers for parked ranks is theirs too, when the pass closes */
+        if (r < 0 && ps->active && ps->nparked && !ps->status) {
+                ps->status = r;
+                snprintf(ps->msg, sizeof(ps->msg),
+                         "collective #%u (%s) failed after this rank "
+                         "ended the pass: %.*s",
+                         seq, dv_op_name(g->reqs[0].op), DV_MSG_MAX - 96, s.msg);
+        }
+        /* ranks that called eval_end and were not parked have their answer with this step */
+        ps->released = false;
+        for (int k = 0; k < g->world; k++)
+                ps->released |= g->reqs[k].op == DV_OP_EVAL_END && !ps->parked[k];
         if (r < 0) {
                 for (int k = 0; k < g->world; k++) {
                         DvResult *res = res_of(&s, k);

@@ -272,6 +272,9 @@ void *worker_main(void *arg) {
                 atomic_fetch_add_explicit(&g->collectives, 1, memory_order_relaxed);
                 atomic_store_explicit(&g->done_ns, dv_now_ns(), memory_order_relaxed);
                 DV_FAULT("before_wake", seq);
+                /* release: res and msg are written before a rank parked in eval_end sees it */
+                if (g->pass.released)
+                        atomic_store_explicit(&g->dhdr->pass_end_seq, seq, memory_order_release);
                 /* release: every slot's res and msg are written before done_seq says so */
                 atomic_store_explicit(&g->dhdr->done_seq, seq, memory_order_release);
                 atomic_fetch_add_explicit(&g->dhdr->wake, 1, memory_order_release);

@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 #define DEVAL_VERSION_MAJOR 0
-#define DEVAL_VERSION_MINOR 1
+#define DEVAL_VERSION_MINOR 2
 
 /* Status codes. The same numbers travel on the wire. */
 #define DEVAL_OK        0
@@ -125,6 +125,15 @@ int deval_eval_begin(deval_group *g, int64_t num_samples, deval_order order);
 int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
                              const deval_gather_opts *opts, deval_tensor out[]);
 int deval_eval_end(deval_group *g);
+/* A new batch of the pass: each gather_for_metrics call of a batch counts its samples apart. */
+int deval_eval_batch(deval_group *g);
+/* deval_eval_end() for a rank whose loader ran out: checks every call returned num_samples. */
+int deval_eval_complete(deval_group *g);
+/* After a pass: the other ranks' batches that ran after this rank's loader ran out. Run the
+ * loop body that often more on empty inputs, each after deval_eval_batch(): its calls return
+ * what the others got, with no collective; then deval_eval_replay_done(). */
+int64_t deval_eval_missed(const deval_group *g);
+int deval_eval_replay_done(deval_group *g);
 int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, double pad_value,
                                bool pad_first, deval_tensor *out);
 int deval_gather_objects(deval_group *g, size_t n, const deval_bytes items[],

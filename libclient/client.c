@@ -243,6 +243,7 @@ static void group_free(deval_group *g) {
                 munmap((void *)g->out, g->out_size ? g->out_size : 1);
         if (g->sock >= 0)
                 close(g->sock);
+        dv_replay_clear(g);
         free(g->items);
         free(g);
 }

@@ -4,6 +4,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -35,7 +36,16 @@ struct deval_group {
         uint64_t dout_size;
         uint64_t dout_gen;
         uint32_t seq;
-        int failed; /* sticky status once the group is unusable */
+        bool batch;          /* deval_eval_batch() was called in this pass: calls count per site */
+        uint32_t site[2];    /* the next gather_for_metrics call of the batch: tensors, objects */
+        uint32_t batch_no;   /* deval_eval_batch() calls since the pass began */
+        const uint8_t *view; /* where the last result's descriptors point: out, or a kept copy */
+        uint64_t view_size;
+        struct DvKept *kept; /* results devald answered for this rank while parked (replay.c) */
+        size_t kept_n, kept_cap, kept_next;
+        bool replaying;   /* deval_eval_batch() started replaying them */
+        size_t replay_at; /* where the batch being replayed starts in kept */
+        int failed;       /* sticky status once the group is unusable */
         bool debug;
         uint64_t spin_ns; /* busy-wait this long before sleeping on the futex */
         deval_bytes *items;
@@ -50,3 +60,9 @@ int dv_reserve_input(deval_group *g, uint64_t size);
 int dv_refresh_output(deval_group *g);
 int dv_reserve_dev_input(deval_group *g, uint64_t size);
 int dv_refresh_dev_output(deval_group *g);
+
+void dv_replay_clear(deval_group *g);
+int dv_replay_keep(deval_group *g, const char *fn, const DvResult *res);
+bool dv_replay_pending(const deval_group *g);
+int dv_replay_take(deval_group *g, const char *fn, const DvRequest *q, const DvResult **ret);
+int dv_replay_batch(deval_group *g);

@@ -37,6 +37,8 @@ static int coll_begin(deval_group *g) {
                                   "this group handle belongs to pid %d, which joined as rank %d; "
                                   "a forked process must join a group of its own",
                                   (int)g->pid, g->rank);
+        if (g->replaying && dv_replay_pending(g))
+                return 0; /* answered from what was kept, whatever the group did since */
         if (g->failed)
                 return g->failed;
         int s = atomic_load_explicit(&g->done->abort_status, memory_order_acquire);
@@ -92,10 +94,27 @@ static DvRequest *req_start(deval_group *g, uint32_t op) {
         memset(q, 0, offsetof(DvRequest, t));
         q->seq = g->seq + 1;
         q->op = op;
+        q->batch = g->batch_no;
         q->valid_rows = -1;
         q->keep_rows = -1;
         q->root = -1;
         return q;
+}
+
+/* Which call of the batch a *_METRICS request is (deval_eval_batch()); 0 without batches. */
+static int req_site(deval_group *g, const char *fn, DvRequest *q) {
+        int kind = q->op == DV_OP_OBJECTS_METRICS;
+        if (q->op != DV_OP_GATHER_METRICS && !kind)
+                return 0;
+        if (!g->batch)
+                return 0;
+        if (g->site[kind] >= DV_PASS_SITES)
+                return dv_set_err(g, DEVAL_EINVAL,
+                                  "%s: more than %d calls in one batch of the eval pass; gather "
+                                  "the tensors of a batch in fewer calls",
+                                  fn, DV_PASS_SITES);
+        q->site = g->site[kind]++;
+        return 0;
 }
 
 static void desc_set(DvTensorDesc *d, const deval_tensor *t, uint64_t offset, uint64_t bytes) {
@@ -114,18 +133,16 @@ static bool daemon_alive(deval_group *g) {
         return poll(&p, 1, 0) == 0;
 }
 
-/**
- * coll_run() - arrive at the step filled in this rank's slot and wait for it.
- * Return: 0 with the rank's result ready; the step's status with its message; or the group's
- * failure (DEVAL_EPEER, DEVAL_EDAEMON, DEVAL_ETIMEDOUT, DEVAL_EABORTED), which sticks.
+/*
+ * coll_arrive() - arrive at the step filled in this rank's slot (for g->seq + 1) and wait
+ * until devald completed it. Return: 0, or the group's failure, which sticks.
  */
-static int coll_run(deval_group *g, const char *fn, const DvResult **ret) {
+static int coll_arrive(deval_group *g, const char *fn) {
         DvCtlHeader *h = g->hdr;
         /* devald's words, read-only here: the futex word is only waited on */
         DvDoneHeader *d = (DvDoneHeader *)g->done;
         DvSlot *slot = &h->slots[g->rank];
         uint32_t seq = ++g->seq;
-        g->in_keep = 0; /* the buffer served this collective */
         uint64_t start = dv_now_ns();
         int64_t limit = g->timeout_ms < 0 ? -1 : (int64_t)g->timeout_ms * 1000000 + WAIT_GRACE_NS;
 
@@ -141,7 +158,7 @@ static int coll_run(deval_group *g, const char *fn, const DvResult **ret) {
                 /* acquire pairs with the worker's release store after it wrote every result */
                 uint32_t done = atomic_load_explicit(&d->done_seq, memory_order_acquire);
                 if ((int32_t)(done - seq) >= 0)
-                        break;
+                        return 0;
                 int s = atomic_load_explicit(&d->abort_status, memory_order_acquire);
                 if (s)
                         return group_fail_local(g, s, d->abort_msg);
@@ -169,7 +186,42 @@ static int coll_run(deval_group *g, const char *fn, const DvResult **ret) {
                         return group_fail_local(g, DEVAL_EDAEMON, msg);
                 }
         }
+}
+
+/**
+ * coll_wait() - run the collective filled in this rank's slot and take its result.
+ * @pass_end: the request is an eval_end. devald may park this rank (its loader ran out
+ *            before the others'): then every step it completes answers the others' collective
+ *            for this rank, whose result is kept to replay (replay.c) before the rank arrives
+ *            again with its eval_end, until the step that closes the pass releases it.
+ * Return: 0 with the rank's result in *ret; the step's status with its message; or the
+ * group's failure (DEVAL_EPEER, DEVAL_EDAEMON, DEVAL_ETIMEDOUT, DEVAL_EABORTED), which sticks.
+ */
+static int coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResult **ret) {
+        const DvDoneHeader *d = g->done;
         const DvResult *res = &d->res[g->rank];
+        int r;
+
+        g->in_keep = 0; /* the buffer served this collective */
+        for (;;) {
+                if ((r = coll_arrive(g, fn)) < 0)
+                        return r;
+                if (!pass_end)
+                        break;
+                /* acquire pairs with the worker's release store of pass_end_seq */
+                uint32_t end = atomic_load_explicit(&((DvDoneHeader *)d)->pass_end_seq,
+                                                    memory_order_acquire);
+                if ((int32_t)(end - g->seq) >= 0)
+                        break;
+                if (res->status == 0) {
+                        if (res->ntensors > DEVAL_MAX_TENSORS)
+                                return dv_set_err(g, DEVAL_EPROTO,
+                                                  "%s: devald sent a malformed result", fn);
+                        if ((r = dv_refresh_output(g)) < 0 || (r = dv_replay_keep(g, fn, res)) < 0)
+                                return group_fail_local(g, r, g->errmsg);
+                }
+                g->hdr->slots[g->rank].req.seq = g->seq + 1;
+        }
         if (res->status < 0) {
                 int status = res->status;
                 if (status < DEVAL_ESYS)
@@ -178,11 +230,22 @@ static int coll_run(deval_group *g, const char *fn, const DvResult **ret) {
         }
         if (res->ntensors > DEVAL_MAX_TENSORS)
                 return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
-        int r = dv_refresh_output(g);
-        if (r < 0)
+        if ((r = dv_refresh_output(g)) < 0)
                 return r;
+        g->view = g->out;
+        g->view_size = g->out_size;
         *ret = res;
         return 0;
+}
+
+/*
+ * coll_run() - coll_wait() for any collective but eval_end. While this rank replays what
+ * devald answered for it in its last pass, the next kept result answers instead.
+ */
+static int coll_run(deval_group *g, const char *fn, const DvResult **ret) {
+        if (g->replaying && dv_replay_pending(g))
+                return dv_replay_take(g, fn, &g->hdr->slots[g->rank].req, ret);
+        return coll_wait(g, fn, /* pass_end= */ false, ret);
 }
 
 /* A result descriptor as a view into the arena at base (size bytes), after checking it fits. */
@@ -209,7 +272,7 @@ static int view_in(deval_group *g, const char *fn, const DvTensorDesc *d, const 
 }
 
 static int view_of(deval_group *g, const char *fn, const DvTensorDesc *d, deval_tensor *out) {
-        return view_in(g, fn, d, g->out, g->out_size, out);
+        return view_in(g, fn, d, g->view, g->view_size, out);
 }
 
 static const deval_gather_opts default_opts = DEVAL_GATHER_OPTS_INIT;
@@ -385,6 +448,8 @@ static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
                 return r;
         DvRequest *q = req_start(g, op);
         req_set_opts(q, opts);
+        if ((r = req_site(g, fn, q)) < 0)
+                return r;
         bool dev = g->device >= 0;
         if ((r = put_tensors_to(g, fn, n, in, NULL, q, dev)) < 0)
                 return r;
@@ -423,6 +488,29 @@ int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
         return gather_common(g, DV_OP_GATHER_METRICS, "deval_gather_for_metrics", n, in, opts, out);
 }
 
+/**
+ * deval_eval_batch() - a new batch of the eval pass starts on this rank. From here on, the
+ * first deval_gather_for_metrics() of the batch, the second, ... each count their samples
+ * apart (and the object calls theirs), so a loop that gathers predictions and labels in two
+ * calls per batch gets every sample once from each. Without it every call of a pass counts
+ * in one sequence: one call per batch. Local: nothing is sent.
+ * Return: 0; DEVAL_EINVAL when g is NULL.
+ */
+int deval_eval_batch(deval_group *g) {
+        if (!g)
+                return DEVAL_EINVAL;
+        if (dv_replay_pending(g)) {
+                int r = dv_replay_batch(g);
+                if (r < 0)
+                        return r;
+        } else {
+                g->batch_no++;
+        }
+        g->batch = true;
+        g->site[0] = g->site[1] = 0;
+        return 0;
+}
+
 static int simple_op(deval_group *g, uint32_t op, const char *fn, int64_t num_samples, int order) {
         const DvResult *res;
         int r;
@@ -435,6 +523,22 @@ static int simple_op(deval_group *g, uint32_t op, const char *fn, int64_t num_sa
         q->num_samples = num_samples;
         q->order = order;
         return coll_run(g, fn, &res);
+}
+
+static int eval_end(deval_group *g, const char *fn, uint32_t flags) {
+        const DvResult *res;
+        int r;
+
+        if (!g)
+                return DEVAL_EINVAL;
+        g->batch = false;
+        g->site[0] = g->site[1] = 0;
+        if ((r = coll_begin(g)) < 0)
+                return r;
+        dv_replay_clear(g);
+        DvRequest *q = req_start(g, DV_OP_EVAL_END);
+        q->flags = flags;
+        return coll_wait(g, fn, /* pass_end= */ true, &res);
 }
 
 /**
@@ -450,12 +554,36 @@ int deval_eval_begin(deval_group *g, int64_t num_samples, deval_order order) {
                                   num_samples);
         if (order != DEVAL_ORDER_RANK && order != DEVAL_ORDER_STRIDED)
                 return dv_set_err(g, DEVAL_EINVAL, "deval_eval_begin: unknown order %d", order);
+        g->batch = false;
+        g->site[0] = g->site[1] = 0;
+        g->batch_no = 0;
+        dv_replay_clear(g); /* a replay not finished is over */
         return simple_op(g, DV_OP_EVAL_BEGIN, "deval_eval_begin", num_samples, order);
 }
 
-/** deval_eval_end() - close the eval pass. Return: 0, DEVAL_EINVAL if none is open. */
+/**
+ * deval_eval_end() - this rank is done with the eval pass. Ranks may end it at different
+ * collectives: a rank whose loader ran out first waits here while devald answers the other
+ * ranks' gathers, gather_for_metrics, pad_across_processes and barriers for it with empty
+ * contributions; the pass closes, and every rank returns, when the last rank ends it.
+ * Return: 0; DEVAL_EINVAL if no pass is open; DEVAL_EMISMATCH when another rank called
+ * something devald cannot answer for a finished rank (reduce, broadcast), or the status of any
+ * collective that failed after this rank ended the pass; the group's failures.
+ */
 int deval_eval_end(deval_group *g) {
-        return simple_op(g, DV_OP_EVAL_END, "deval_eval_end", 0, 0);
+        return eval_end(g, "deval_eval_end", 0);
+}
+
+/**
+ * deval_eval_complete() - deval_eval_end() for a rank whose loader ran out: when every rank
+ * ends the pass this way, the pass also checks that each gather_for_metrics call of the batch
+ * (and each object call) returned all num_samples samples. Use deval_eval_end() for a pass
+ * stopped early on purpose.
+ * Return: as deval_eval_end(), and DEVAL_EMISMATCH naming the call and the count when a call
+ * returned fewer samples than num_samples.
+ */
+int deval_eval_complete(deval_group *g) {
+        return eval_end(g, "deval_eval_complete", DV_END_EXHAUSTED);
 }
 
 /** deval_barrier() - return once every rank has called it. */
@@ -531,6 +659,8 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
         uint64_t blob_off = DV_ALIGN(n * 8, DV_ARENA_ALIGN);
         DvRequest *q = req_start(g, op);
         req_set_opts(q, opts);
+        if ((r = req_site(g, fn, q)) < 0)
+                return r;
         if ((r = dv_reserve_input(g, blob_off + total)) < 0)
                 return stage_failed(g, fn, q, r, blob_off + total);
         uint64_t pos = 0;

@@ -205,6 +205,10 @@ static int64_t expected_count(int sampler, int64_t N, int W) {
 typedef struct {
         int sampler;
         int64_t N;
+        /* the loop people write: each rank only its own batches (no dummy calls), a
+         * deval_eval_batch() per batch, predictions and tokens in two calls, and
+         * deval_eval_complete() when the loader runs out */
+        bool loop;
 } PassArgs;
 
 #define PAD (-100)
@@ -222,13 +226,31 @@ static int rank_pass(const Harness *h, int rank, int world, void *arg) {
                 steps = mine->nb > steps ? mine->nb : steps;
         }
         make_batches(a->sampler, a->N, world, rank, mine);
+        if (a->loop)
+                steps = mine->nb;
+        /* the loop mode's num_samples is what the loaders hold, as eval_loop derives it */
+        int64_t num_samples = a->loop ? expected_count(a->sampler, a->N, world) : a->N;
 
         int64_t *got_pred = malloc(sizeof(int64_t) * 2048);
         int32_t *got_tok = malloc(sizeof(int32_t) * 2048 * 4);
         char(*got_name)[16] = malloc(16 * 2048);
         int64_t ngot = 0, nnames = 0;
-        CHECK_OK(deval_eval_begin(g, a->N, strided ? DEVAL_ORDER_STRIDED : DEVAL_ORDER_RANK), g);
-        for (int s = 0; s < steps; s++) {
+        CHECK_OK(deval_eval_begin(g, num_samples, strided ? DEVAL_ORDER_STRIDED : DEVAL_ORDER_RANK),
+                 g);
+        int total = steps;
+        for (int s = 0;; s++) {
+                if (a->loop && s == steps) {
+                        /* the loader ran out: end the pass, then replay on empty batches what
+                         * the others gathered after that */
+                        CHECK_OK(deval_eval_complete(g), g);
+                        int64_t missed = deval_eval_missed(g);
+                        CHECK(missed >= 0 && missed <= MAXB, "missed %lld", (long long)missed);
+                        total = steps + (int)missed;
+                }
+                if (s >= total)
+                        break;
+                if (a->loop)
+                        CHECK_OK(deval_eval_batch(g), g);
                 int n = s < mine->nb ? mine->len[s] : 0;
                 int64_t pred[BS];
                 int32_t tok[BS * 4];
@@ -258,8 +280,17 @@ static int rank_pass(const Harness *h, int rank, int world, void *arg) {
                 deval_tensor out[2];
                 deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
                 o.pad_value = PAD;
-                CHECK_OK(deval_gather_for_metrics(g, 2, in, &o, out), g);
-                CHECK(out[0].shape[0] == out[1].shape[0], "rows differ");
+                if (a->loop) {
+                        CHECK_OK(deval_gather_for_metrics(g, 1, &in[0], &o, &out[0]), g);
+                        int64_t *keep = malloc(sizeof(int64_t) * (size_t)(out[0].shape[0] + 1));
+                        memcpy(keep, out[0].data, sizeof(int64_t) * (size_t)out[0].shape[0]);
+                        CHECK_OK(deval_gather_for_metrics(g, 1, &in[1], &o, &out[1]), g);
+                        out[0].data = keep; /* the first result's view ended with this call */
+                } else {
+                        CHECK_OK(deval_gather_for_metrics(g, 2, in, &o, out), g);
+                }
+                CHECK(out[0].shape[0] == out[1].shape[0], "rows differ: %lld and %lld",
+                      (long long)out[0].shape[0], (long long)out[1].shape[0]);
                 CHECK(ngot + out[0].shape[0] <= 2048, "too many rows");
                 for (int64_t k = 0; k < out[0].shape[0]; k++) {
                         got_pred[ngot + k] = ((int64_t *)out[0].data)[k];
@@ -270,6 +301,8 @@ static int rank_pass(const Harness *h, int rank, int world, void *arg) {
                                                 : PAD;
                 }
                 ngot += out[0].shape[0];
+                if (a->loop)
+                        free(out[0].data);
                 size_t on;
                 const deval_bytes *oi;
                 CHECK_OK(deval_gather_objects_for_metrics(g, (size_t)n, items, &o, &on, &oi), g);
@@ -277,7 +310,7 @@ static int rank_pass(const Harness *h, int rank, int world, void *arg) {
                         snprintf(got_name[nnames], 16, "%.*s", (int)oi[k].len,
                                  (const char *)oi[k].data);
         }
-        CHECK_OK(deval_eval_end(g), g);
+        CHECK_OK(a->loop ? deval_eval_replay_done(g) : deval_eval_end(g), g);
 
         int64_t want = expected_count(a->sampler, a->N, world);
         CHECK(ngot == want, "%s, N=%lld, %d ranks: %lld rows, want %lld", sampler_names[a->sampler],
@@ -303,11 +336,114 @@ static int rank_pass(const Harness *h, int rank, int world, void *arg) {
 
 static void run_passes(int sampler) {
         static const int64_t lengths[] = {82, 99, 512};
-        for (size_t l = 0; l < 3; l++)
-                for (int world = 2; world <= 4; world++) {
-                        PassArgs a = {.sampler = sampler, .N = lengths[l]};
-                        assert_int_equal(harness_run(&H, world, rank_pass, &a, 60), 0);
+        for (int loop = 0; loop < 2; loop++)
+                for (size_t l = 0; l < 3; l++)
+                        for (int world = 2; world <= 4; world++) {
+                                PassArgs a = {.sampler = sampler, .N = lengths[l], .loop = loop};
+                                assert_int_equal(harness_run(&H, world, rank_pass, &a, 60), 0);
+                        }
+}
+
+/*
+ * Rank 0 has one batch, rank 1 three: rank 0 ends the pass first and devald answers rank 1's
+ * pad, tensor and object gathers for it; rank 0 then replays those two batches on empty
+ * inputs and has seen all 8 samples too. Then: a pass that returns fewer samples than
+ * num_samples fails deval_eval_complete() on every rank, and a reduce that devald cannot
+ * answer for a finished rank fails rank 1's call and, at the close, rank 0's eval_end too.
+ */
+typedef enum {
+        UNEVEN_OK,
+        UNEVEN_SHORT,
+        UNEVEN_REDUCE
+} UnevenCase;
+
+/* One batch of the loop body: pad, gather_for_metrics, objects; n rows from sample first. */
+static int uneven_body(deval_group *g, int b, int n, int first, int64_t *seen) {
+        float x[2][3];
+        for (int k = 0; k < n; k++)
+                for (int t = 0; t < 3; t++)
+                        x[k][t] = (float)(first + k) + 0.25f * (float)t;
+        deval_tensor in = {.data = x, .dtype = DEVAL_F32, .ndim = 2, .shape = {n, 3}, .device = -1};
+        deval_tensor out, padded;
+        if (b > 0) { /* pad_across_processes is answered for the finished rank too */
+                CHECK_OK(deval_pad_across_processes(g, &in, 1, -1.0, false, &padded), g);
+                CHECK(padded.shape[0] == n && padded.shape[1] == 3, "padded to %lldx%lld",
+                      (long long)padded.shape[0], (long long)padded.shape[1]);
+        }
+        CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+        int64_t expect_rows = b > 0 ? 2 : 4;
+        CHECK(out.shape[0] == expect_rows, "batch %d: %lld rows, want %lld", b,
+              (long long)out.shape[0], (long long)expect_rows);
+        for (int64_t k = 0; k < out.shape[0]; k++, (*seen)++)
+                CHECK(((float *)out.data)[k * 3] == (float)*seen, "row %lld is %g",
+                      (long long)*seen, (double)((float *)out.data)[k * 3]);
+        char name[2][24];
+        deval_bytes item[2];
+        for (int k = 0; k < n; k++) {
+                snprintf(name[k], sizeof(name[k]), "n%d", first + k);
+                item[k] = (deval_bytes){name[k], strlen(name[k])};
+        }
+        size_t on;
+        const deval_bytes *oi;
+        CHECK_OK(deval_gather_objects_for_metrics(g, (size_t)n, item, NULL, &on, &oi), g);
+        CHECK(on == (size_t)expect_rows, "%zu objects", on);
+        char want[24];
+        snprintf(want, sizeof(want), "n%lld", (long long)(*seen - (int64_t)on));
+        CHECK(oi[0].len == strlen(want) && memcmp(oi[0].data, want, oi[0].len) == 0,
+              "first object of batch %d", b);
+        return 0;
+}
+
+static int rank_uneven(const Harness *h, int rank, int world, void *arg) {
+        UnevenCase c = *(const UnevenCase *)arg;
+        deval_group *g;
+        (void)world;
+        CHECK_OK(harness_join(h, "uneven", rank, 2, 10000, &g), NULL);
+        /* rank order: rank 0 holds samples 0-1, rank 1 samples 2-7, two per batch */
+        int nb = rank == 0 ? 1 : 3, first = rank == 0 ? 0 : 2;
+        int64_t num = c == UNEVEN_SHORT ? 9 : 8, seen = 0;
+        CHECK_OK(deval_eval_begin(g, num, DEVAL_ORDER_RANK), g);
+        for (int b = 0; b < nb; b++) {
+                CHECK_OK(deval_eval_batch(g), g);
+                if (uneven_body(g, b, 2, first + 2 * b, &seen))
+                        return 1;
+        }
+        if (c == UNEVEN_REDUCE && rank == 1) {
+                double v = 1.0;
+                deval_tensor t = {.data = &v, .dtype = DEVAL_F64, .ndim = 0, .device = -1};
+                int r = deval_reduce(g, &t, DEVAL_SUM);
+                CHECK(r == DEVAL_EMISMATCH, "reduce -> %s", deval_strerror(r));
+                CHECK(strstr(deval_errmsg(g), "ended its eval pass"), "%s", deval_errmsg(g));
+        }
+        int r = deval_eval_complete(g);
+        if (c == UNEVEN_OK) {
+                CHECK(r == 0, "eval_complete -> %s: %s", deval_strerror(r), deval_errmsg(g));
+                int64_t missed = deval_eval_missed(g);
+                CHECK(missed == (rank == 0 ? 2 : 0), "rank %d missed %lld batches", rank,
+                      (long long)missed);
+                for (int b = nb; b < nb + missed; b++) {
+                        CHECK_OK(deval_eval_batch(g), g);
+                        if (uneven_body(g, b, 0, 0, &seen))
+                                return 1;
                 }
+                CHECK_OK(deval_eval_replay_done(g), g);
+                CHECK(seen == 8, "rank %d saw %lld samples", rank, (long long)seen);
+        } else {
+                CHECK(r == DEVAL_EMISMATCH, "eval_complete -> %s", deval_strerror(r));
+                const char *want = c == UNEVEN_SHORT ? "returned 8 of its 9 samples"
+                                                     : "failed after this rank ended the pass";
+                CHECK(strstr(deval_errmsg(g), want), "%s", deval_errmsg(g));
+        }
+        /* the group goes on: a collective after the pass, on both ranks alike */
+        CHECK_OK(deval_barrier(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_metrics_uneven_loaders(void **state) {
+        (void)state;
+        for (UnevenCase c = UNEVEN_OK; c <= UNEVEN_REDUCE; c++)
+                assert_int_equal(harness_run(&H, 2, rank_uneven, &c, 30), 0);
 }
 
 static void test_metrics_even_batches(void **state) {
@@ -406,6 +542,7 @@ int main(void) {
                 cmocka_unit_test(test_metrics_drop_last),
                 cmocka_unit_test(test_metrics_iterable),
                 cmocka_unit_test(test_metrics_distributed_sampler),
+                cmocka_unit_test(test_metrics_uneven_loaders),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
