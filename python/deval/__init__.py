@@ -30,6 +30,8 @@ import pickle
 
 import numpy as np
 
+from . import _loop
+
 __all__ = [
     "join", "Group", "Error", "InvalidArgument", "Mismatch", "PeerLost", "DaemonLost",
     "Timeout", "OutOfMemory", "PermissionDenied", "ProtocolError", "Aborted", "NotSupported",
@@ -173,6 +175,10 @@ def _load():
                                      ctypes.c_int),
         "deval_eval_begin": ([G, ctypes.c_int64, ctypes.c_int], ctypes.c_int),
         "deval_eval_end": ([G], ctypes.c_int),
+        "deval_eval_batch": ([G], ctypes.c_int),
+        "deval_eval_complete": ([G], ctypes.c_int),
+        "deval_eval_missed": ([G], ctypes.c_int64),
+        "deval_eval_replay_done": ([G], ctypes.c_int),
         "deval_pad_across_processes": ([G, T, ctypes.c_int, ctypes.c_double, ctypes.c_bool, T],
                                        ctypes.c_int),
         "deval_gather_objects": ([G, ctypes.c_size_t, ctypes.POINTER(_Bytes),
@@ -455,6 +461,43 @@ def _flatten(x, leaves, on_device=False):
     return (None, len(leaves) - 1)
 
 
+def _paths(template, prefix=""):
+    """Where each leaf of template sits in the caller's structure: "['loss']", "[1]", ..."""
+    kind, body = template
+    if kind is None:
+        return [(body, prefix or "the input")]
+    if kind is dict:
+        return [p for k, v in body for p in _paths(v, "%s[%r]" % (prefix, k))]
+    return [p for i, v in enumerate(body) for p in _paths(v, "%s[%d]" % (prefix, i))]
+
+
+def _check_samples(leaves, template):
+    """In an eval pass every tensor of a gather_for_metrics call is per sample: at least one
+    dim, and the same rows as the others, so that dropping a duplicate sample drops its row
+    from every tensor."""
+    rows = [None if leaf.ndim == 0 else (leaf.array.shape[0] if leaf.array is not None
+                                         else leaf.shape[0]) for leaf in leaves]
+    if all(r is not None for r in rows) and len(set(rows)) <= 1:
+        return
+    where = dict(_paths(template))
+    for i, r in enumerate(rows):
+        if r is None:
+            raise InvalidArgument(
+                "deval.gather_for_metrics: %s is a 0-d tensor, which has no samples to drop "
+                "duplicates from; gather it with gather() or reduce(), or give it one row per "
+                "sample (loss.repeat(batch_size))" % where[i], -1)
+    first = rows[0]
+    for i, r in enumerate(rows):
+        if r != first:
+            raise InvalidArgument(
+                "deval.gather_for_metrics: %s has %d rows but %s has %d; every tensor of one "
+                "call needs one row per sample (reshape [batch*k, ...] to [batch, k, ...], or "
+                "gather it in a call of its own)" % (where[i], r, where[0], first), -1)
+
+
+_END = object()
+
+
 def _rebuild(template, results):
     kind, body = template
     if kind is None:
@@ -561,6 +604,7 @@ class Group:
         self.world_size = world_size
         self.num_processes = world_size  # Accelerate's name
         self.process_index = rank
+        self._in_pass = False
 
     # -- plumbing
 
@@ -595,13 +639,15 @@ class Group:
 
     # -- gathers
 
-    def _gather(self, fn, x, copy, opts):
+    def _gather(self, fn, x, copy, opts, per_sample=False):
         h = self._handle()
         leaves = []
         template = _flatten(x, leaves, self.device is not None)
         n = len(leaves)
         if n == 0:
             raise InvalidArgument("deval: nothing to gather", -1)
+        if per_sample:
+            _check_samples(leaves, template)
         if n > MAX_TENSORS:
             raise InvalidArgument("deval: %d tensors in one call, at most %d"
                                   % (n, MAX_TENSORS), -1)
@@ -641,33 +687,131 @@ class Group:
                            pad_first=False):
         """Gather x and, inside an eval pass, drop the samples past the dataset's end.
 
-        Lists of non-tensors (decoded text, say) go through gather_object's path, as in
-        Accelerate; ``use_gather_object=True`` forces it.
+        Inside a pass, every tensor of one call is per sample: dim 0 is the sample dim and
+        all tensors of the call have the same rows; a 0-d tensor, or rows that differ, raise
+        InvalidArgument naming the tensor (nothing is sent). Lists of non-tensors (decoded
+        text, say) go through gather_object's path, as in Accelerate;
+        ``use_gather_object=True`` forces it.
         """
         # a list holding no tensor (an empty one included: a rank with no batch left) is a
         # list of objects, so that every rank makes the same call
         if use_gather_object or (isinstance(x, list) and not any(
                 isinstance(v, np.ndarray) or _is_torch(v) for v in x)):
-            return self._objects(_lib.deval_gather_objects_for_metrics, list(x))
+            return self._objects(_lib.deval_gather_objects_for_metrics,
+                                 list(x) if isinstance(x, (list, tuple)) else [x])
         return self._gather(_lib.deval_gather_for_metrics, x, copy,
-                            self._opts(pad_index, pad_first))
+                            self._opts(pad_index, pad_first), per_sample=self._in_pass)
+
+    @staticmethod
+    def _pass_args(num_samples, order):
+        if order not in _ORDERS:
+            raise InvalidArgument("deval: order must be 'rank' or 'strided', not %r" % (order,), -1)
+        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) \
+                or num_samples < 0:
+            raise InvalidArgument("deval: num_samples must be an int >= 0, not %r"
+                                  % (num_samples,), -1)
+        return int(num_samples), _ORDERS[order]
 
     @contextlib.contextmanager
     def eval_pass(self, num_samples, order="rank"):
-        """Inside it, gather_for_metrics returns each of num_samples samples exactly once."""
+        """Inside it, gather_for_metrics returns each of num_samples samples exactly once.
+
+        ONE gather_for_metrics call per batch (a tuple or dict of tensors is one call): every
+        call's rows count as the next samples of the dataset. For several calls per batch use
+        eval_loop(loader), which knows where batches begin. A rank whose loader runs out
+        first may leave the block early (devald answers the others' gathers for it), but its
+        results then lack their last batches, so it raises Mismatch: use eval_loop to have
+        them replayed. (eval_loop also checks that the pass returned all num_samples
+        samples; here a sampler with drop_last may legitimately return fewer.)
+        """
         h = self._handle()
-        if order not in _ORDERS:
-            raise InvalidArgument("deval: order must be 'rank' or 'strided', not %r" % (order,), -1)
-        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)):
-            raise InvalidArgument("deval: num_samples must be an int", -1)
-        self._check(_lib.deval_eval_begin(h, int(num_samples), _ORDERS[order]))
+        n, o = self._pass_args(num_samples, order)
+        self._check(_lib.deval_eval_begin(h, n, o))
+        self._in_pass = True
         try:
             yield self
         except BaseException:
+            self._in_pass = False
             with contextlib.suppress(Error):  # the group may be what failed
                 self._check(_lib.deval_eval_end(self._handle()))
             raise
+        self._in_pass = False
         self._check(_lib.deval_eval_end(self._handle()))
+        missed = _lib.deval_eval_missed(self._h)
+        if missed > 0:
+            _lib.deval_eval_replay_done(self._h)
+            raise Mismatch("deval.eval_pass: this rank left the pass %d batches before the "
+                           "others, so its results lack theirs; use eval_loop(loader), which "
+                           "replays them, or run as many batches on every rank" % missed, -2)
+
+    def eval_loop(self, loader, num_samples=None, order=None):
+        """Iterate over loader inside an eval pass: ``for batch in g.eval_loop(loader):``.
+
+        The pass opens at the first batch and closes after the last. Any number of
+        gather_for_metrics calls per batch are exact: each call of a batch (the first, the
+        second, ...) counts its own samples, objects too. num_samples defaults to what the
+        loader's shards hold together and order to its sampler's: torch's DistributedSampler
+        is "strided" (drop_last honoured), Accelerate's prepared loaders are "rank"; for any
+        other loader pass both.
+
+        A rank whose loader runs out first waits at the end of its loop while devald answers
+        the others' gathers for it; then the loop body runs again on empty batches (every
+        tensor cut to 0 rows), once per batch it missed, and each gather in them returns what
+        the others got there without a collective. So every rank ends with every sample. The
+        body must make the same deval calls on every rank and accept an empty batch.
+        """
+        self._handle()
+        if num_samples is None or order is None:
+            try:
+                n, o = _loop.pass_params(loader, self.world_size)
+            except ValueError as e:
+                raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
+            num_samples = n if num_samples is None else num_samples
+            order = o if order is None else order
+        n, o = self._pass_args(num_samples, order)
+        return self._run_loop(lambda: iter(loader), n, o)
+
+    def _run_loop(self, make_iter, num_samples, order):
+        """The generator behind eval_loop (and deval.accelerate's prepared loaders)."""
+        h = self._handle()
+        it = make_iter()
+        batch = next(it, _END)
+        self._check(_lib.deval_eval_begin(h, num_samples, order))
+        self._in_pass = True
+        last, done = None, False
+        try:
+            while batch is not _END:
+                self._check(_lib.deval_eval_batch(h))
+                last = batch
+                yield batch
+                batch = next(it, _END)
+            done = True
+        finally:
+            self._in_pass = False
+            if not done:  # a break, or the loader raised: end the pass, keep the reason
+                with contextlib.suppress(Error):
+                    self._check(_lib.deval_eval_end(self._handle()))
+        self._check(_lib.deval_eval_complete(h))
+        missed = _lib.deval_eval_missed(h)
+        if missed <= 0:
+            return
+        if last is None:
+            _lib.deval_eval_replay_done(h)
+            raise Mismatch("deval.eval_loop: this rank's loader had no batch, so it cannot "
+                           "replay the %d batches the other ranks gathered; use fewer "
+                           "processes than batches (or even_batches=True)" % missed, -2)
+        empty = _loop.empty_like(last)
+        self._in_pass = True
+        try:
+            for _ in range(missed):
+                self._check(_lib.deval_eval_batch(h))
+                yield empty
+        except GeneratorExit:
+            _lib.deval_eval_replay_done(h)
+            raise
+        finally:
+            self._in_pass = False
+        self._check(_lib.deval_eval_replay_done(h))
 
     def pad_across_processes(self, x, dim=0, pad_index=0, pad_first=False, copy=True):
         """Pad every tensor in x along dim to the largest size any rank has there."""

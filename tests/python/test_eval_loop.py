@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: MIT
+"""eval_loop: the loops people write, exact. Several gather_for_metrics calls per batch,
+uneven loaders without dummy calls (the rank that runs out first replays what it missed),
+the order and num_samples taken from the sampler, and the inputs that would silently
+duplicate a sample raising instead. Each test here failed (wrong rows, or a hang) before
+eval_loop existed."""
+
+import numpy as np
+import pytest
+
+import deval
+from conftest import group_name, run_ranks
+
+
+class Batches:
+    """A loader of fixed batches: a list of index lists, as a rank's loader yields them."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        for b in self.batches:
+            idx = np.array(b, dtype=np.int64)
+            width = 1 + int(idx.max() % 3) if len(idx) else 1
+            tok = np.stack([np.where(np.arange(width) <= i % 3, i * 10 + np.arange(width), -1)
+                            for i in idx]) if len(idx) else np.zeros((0, width), np.int64)
+            yield {"idx": idx, "tok": tok, "names": ["s%d" % i for i in idx]}
+
+
+def rank_shards(n, bs, world, rank):
+    """Accelerate's even_batches=False sharding: whole batches dealt round-robin."""
+    batches = [list(range(i, min(i + bs, n))) for i in range(0, n, bs)]
+    return batches[rank::world]
+
+
+def loop_two_calls(rank, world, sock, name, n, bs):
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    preds, labels, toks, names = [], [], [], []
+    loader = Batches(rank_shards(n, bs, world, rank))
+    for batch in g.eval_loop(loader, num_samples=n, order="rank"):
+        p = batch["idx"] * 7 % 13
+        preds.append(g.gather_for_metrics(p))                    # call 1 of the batch
+        labels.append(g.gather_for_metrics(batch["idx"] % 13))   # call 2
+        toks.append(g.pad_across_processes(batch["tok"], dim=1, pad_index=-1))
+        names += g.gather_for_metrics(batch["names"])             # objects
+    g.leave()
+    P = np.concatenate(preds)
+    L = np.concatenate(labels)
+    return P.tolist(), L.tolist(), names, len(preds)
+
+
+@pytest.mark.parametrize("n,bs,world", [(5, 2, 2), (82, 16, 3), (17, 4, 4), (9, 2, 4)])
+def test_two_calls_per_batch_and_uneven_loaders(daemon, n, bs, world):
+    res = run_ranks(world, loop_two_calls, daemon.socket, group_name("loop2"), n, bs)
+    want_p = [i * 7 % 13 for i in range(n)]
+    want_l = [i % 13 for i in range(n)]
+    nb = (n + bs - 1) // bs
+    for rank, (p, lab, names, calls) in enumerate(res):
+        assert p == want_p, "rank %d predictions" % rank
+        assert lab == want_l, "rank %d labels" % rank
+        assert names == ["s%d" % i for i in range(n)], "rank %d names" % rank
+        # a rank that ran out first ran the body again on empty batches
+        assert calls == (nb + world - 1) // world, "rank %d iterations" % rank
+
+
+def strided_loop(rank, world, sock, name, n, drop_last):
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    ds = TensorDataset(torch.arange(n))
+    sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False,
+                                 drop_last=drop_last)
+    loader = DataLoader(ds, batch_size=3, sampler=sampler)
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    a, b = [], []
+    for (x,) in g.eval_loop(loader):
+        a.append(g.gather_for_metrics(x * 2))
+        b.append(g.gather_for_metrics({"x": x, "sq": x * x}))
+    g.leave()
+    return torch.cat(a).tolist(), torch.cat([d["sq"] for d in b]).tolist()
+
+
+@pytest.mark.parametrize("n,world,drop_last", [(10, 3, False), (10, 3, True), (7, 2, False),
+                                               (8, 4, False)])
+def test_distributed_sampler_is_strided(daemon, n, world, drop_last):
+    pytest.importorskip("torch")
+    res = run_ranks(world, strided_loop, daemon.socket, group_name("strided"), n, drop_last)
+    keep = n // world * world if drop_last else n
+    for a, sq in res:
+        assert a == [2 * i for i in range(keep)]
+        assert sq == [i * i for i in range(keep)]
+
+
+def bad_inputs(rank, world, sock, name):
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    out = []
+    for batch in g.eval_loop(Batches([[0, 1]]), num_samples=2 * world, order="rank"):
+        with pytest.raises(deval.InvalidArgument, match=r"\['loss'\] is a 0-d tensor"):
+            g.gather_for_metrics({"loss": np.float32(0.5) + np.zeros((), np.float32),
+                                  "ids": batch["idx"]})
+        with pytest.raises(deval.InvalidArgument, match=r"\[1\] has 1 rows but \[0\] has 2"):
+            g.gather_for_metrics((batch["idx"], np.zeros((1,), np.float32)))
+        out.append(g.gather_for_metrics(batch["idx"]).tolist())
+    # outside a pass a 0-d tensor gathers as one row per rank
+    out.append(g.gather_for_metrics(np.int64(rank) + np.zeros((), np.int64)).tolist())
+    g.leave()
+    return out
+
+
+def test_no_silent_duplicates(daemon):
+    res = run_ranks(2, bad_inputs, daemon.socket, group_name("bad"))
+    for out in res:
+        assert out == [[0, 1, 0, 1], [0, 1]]
+
+
+def unknown_loader(rank, world, sock, name):
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    try:
+        with pytest.raises(deval.InvalidArgument, match="pass num_samples="):
+            g.eval_loop([np.arange(3)])
+    finally:
+        g.leave()
+    return True
+
+
+def test_unknown_loader_asks_for_num_samples(daemon):
+    assert run_ranks(2, unknown_loader, daemon.socket, group_name("unknown")) == [True, True]
+
+
+def early_break(rank, world, sock, name):
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    first = None
+    for batch in g.eval_loop(Batches([[0, 1], [4, 5]] if rank == 0 else [[2, 3], [6, 7]]),
+                             num_samples=8, order="rank"):
+        first = g.gather_for_metrics(batch["idx"]).tolist()
+        break  # debugging a loop: one batch is enough
+    again = []
+    for batch in g.eval_loop(Batches([[0, 1]] if rank == 0 else [[2, 3]]), num_samples=4,
+                             order="rank"):
+        again.append(g.gather_for_metrics(batch["idx"]).tolist())
+    g.leave()
+    return first, again
+
+
+def test_break_ends_the_pass(daemon):
+    for first, again in run_ranks(2, early_break, daemon.socket, group_name("break")):
+        assert first == [0, 1, 2, 3]
+        assert again == [[0, 1, 2, 3]]
+
+
+def explicit_short(rank, world, sock, name, case):
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    got = []
+    try:
+        if case == "too-many":  # eval_loop checks that every sample came
+            for batch in g.eval_loop(Batches([[2 * rank, 2 * rank + 1]]), num_samples=5,
+                                     order="rank"):
+                got.append(g.gather_for_metrics(batch["idx"]))
+        else:  # rank 1 leaves its pass a batch early
+            with g.eval_pass(num_samples=6 if rank == 0 else 6, order="rank"):
+                for b in range(2 if rank == 0 else 1):
+                    got.append(g.gather_for_metrics(np.arange(2) + 2 * rank + 4 * b))
+    except deval.Mismatch as e:
+        return str(e)
+    finally:
+        g.leave()
+    return [x.tolist() for x in got]
+
+
+def test_explicit_pass_never_loses_silently(daemon):
+    res = run_ranks(2, explicit_short, daemon.socket, group_name("short"), "too-many")
+    for msg in res:
+        assert "returned 4 of its 5 samples" in msg
+    res = run_ranks(2, explicit_short, daemon.socket, group_name("early"), "early")
+    assert res[0] == [[0, 1, 2, 3], [4, 5]]
+    assert "left the pass 1 batches before the others" in res[1]
+
+
+def no_batch(rank, world, sock, name):
+    try:
+        return loop_two_calls(rank, world, sock, name, 3, 2)
+    except deval.Mismatch as e:
+        return str(e)
+
+
+def test_rank_without_any_batch_says_so(daemon):
+    """Two batches for four ranks: ranks 2 and 3 never saw a batch, so they cannot run the
+    loop body on an empty one to replay the others'; they raise rather than return less."""
+    res = run_ranks(4, no_batch, daemon.socket, group_name("nobatch"))
+    for rank in (0, 1):
+        assert res[rank][0] == [i * 7 % 13 for i in range(3)]
+    for rank in (2, 3):
+        assert "had no batch, so it cannot replay the 1 batches" in res[rank]
