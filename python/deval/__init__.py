@@ -768,15 +768,16 @@ class Group:
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
             num_samples = n if num_samples is None else num_samples
             order = o if order is None else order
-        n, o = self._pass_args(num_samples, order)
-        return self._run_loop(lambda: iter(loader), n, o)
+        self._pass_args(num_samples, order)  # bad arguments raise here, not at the loop
+        return self._run_loop(lambda: iter(loader), num_samples, order)
 
     def _run_loop(self, make_iter, num_samples, order):
         """The generator behind eval_loop (and deval.accelerate's prepared loaders)."""
         h = self._handle()
+        n, o = self._pass_args(num_samples, order)
         it = make_iter()
         batch = next(it, _END)
-        self._check(_lib.deval_eval_begin(h, num_samples, order))
+        self._check(_lib.deval_eval_begin(h, n, o))
         self._in_pass = True
         last, done = None, False
         try:

@@ -21,7 +21,7 @@ class Batches:
     def __iter__(self):
         for b in self.batches:
             idx = np.array(b, dtype=np.int64)
-            width = 1 + int(idx.max() % 3) if len(idx) else 1
+            width = 1 + int((idx % 3).max()) if len(idx) else 1
             tok = np.stack([np.where(np.arange(width) <= i % 3, i * 10 + np.arange(width), -1)
                             for i in idx]) if len(idx) else np.zeros((0, width), np.int64)
             yield {"idx": idx, "tok": tok, "names": ["s%d" % i for i in idx]}

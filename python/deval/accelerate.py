@@ -1,0 +1,204 @@
+# SPDX-License-Identifier: MIT
+"""One line to put an Accelerate run's gathers through deval::
+
+    accelerator = Accelerator()
+    deval.accelerate.enable(accelerator)     # or enable(trainer) for a transformers Trainer
+
+From then on that Accelerator's gather_for_metrics (tensors, and objects with
+use_gather_object or lists of non-tensors), gather, pad_across_processes and reduce run on a
+deval group joined from the launcher's environment, and every loader the run iterates
+(Accelerate's prepared loaders, and plain DataLoaders over torch's DistributedSampler) is an
+eval pass: batch boundaries, the dataset's length and the sharding come from the loader, so
+the loop needs no change. Where Accelerate is right the results are the same; where it is
+not (a DistributedSampler's padding duplicates, even_batches=False with uneven ranks, several
+gather_for_metrics calls per batch) they are exact: every sample once, in dataset order.
+
+One Accelerator per process is enabled; deval.accelerate.disable() undoes it.
+"""
+
+import hashlib
+import os
+
+from . import InvalidArgument, _loop, join
+
+__all__ = ["enable", "disable"]
+
+_ACTIVE = None  # the one enabled _State
+_ORIG = {}  # class -> its own __iter__, while patched
+
+
+class _State:
+    def __init__(self, accelerator, group):
+        self.accelerator = accelerator
+        self.group = group
+        self.looping = False  # a hooked loader's pass is open
+        self.saved = {}  # the accelerator's own bound methods
+
+
+def _job_name():
+    """A group name that two jobs never share and a restarted job does not reuse."""
+    env = os.environ
+    port = env.get("MASTER_PORT")
+    if port is None:
+        raise InvalidArgument("deval.accelerate.enable: nothing names this job ($MASTER_PORT "
+                              "is not set, as torchrun and accelerate launch set it); pass "
+                              "group=", -1)
+    key = "|".join(env.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
+                                            "TORCHELASTIC_RESTART_COUNT", "WORLD_SIZE"))
+    return "accelerate-" + hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+def _recursively(fn, data):
+    from accelerate.utils import recursively_apply
+    return recursively_apply(fn, data, error_on_other_type=True)
+
+
+def _all_tensors(data):
+    try:
+        _recursively(lambda x: x, data)
+        return True
+    except TypeError:
+        return False
+
+
+def _make_methods(st):
+    g = st.group
+
+    def gather(tensor):
+        """Accelerate's gather: each tensor concatenated along dim 0 (a 0-d one as one row)."""
+        return _recursively(lambda t: g.gather(t), tensor)
+
+    def gather_for_metrics(input_data, use_gather_object=False):
+        if use_gather_object or not _all_tensors(input_data):
+            if not g._in_pass:  # Accelerate's gather_object
+                return g.gather_object(input_data)
+            return g.gather_for_metrics(input_data, use_gather_object=True)
+        if not g._in_pass:
+            return gather(input_data)
+        return g.gather_for_metrics(input_data)
+
+    def pad_across_processes(tensor, dim=0, pad_index=0, pad_first=False):
+        return _recursively(lambda t: g.pad_across_processes(t, dim=dim, pad_index=pad_index,
+                                                             pad_first=pad_first), tensor)
+
+    def reduce(tensor, reduction="sum", scale=1.0):
+        """Accelerate's reduce over torch.distributed: max, or a sum (divided by the number of
+        processes for "mean"); scale only applies on TPUs there, so not here either."""
+        def one(t):
+            if reduction == "max":
+                return g.reduce(t, "max")
+            out = g.reduce(t, "sum")
+            if reduction == "mean":
+                out /= g.world_size
+            return out
+        return _recursively(one, tensor)
+
+    return {"gather": gather, "gather_for_metrics": gather_for_metrics,
+            "pad_across_processes": pad_across_processes, "reduce": reduce}
+
+
+def _hooked_iter(cls):
+    orig = _ORIG[cls]
+
+    def __iter__(self):
+        st = _ACTIVE
+        if st is None or st.looping:
+            yield from orig(self)
+            return
+        try:
+            num_samples, order = _loop.pass_params(self, st.group.world_size)
+        except ValueError:
+            yield from orig(self)  # not a sharded loader: Accelerate's own behaviour
+            return
+        st.looping = True
+        try:
+            yield from st.group._run_loop(lambda: orig(self), num_samples, order)
+        finally:
+            st.looping = False
+
+    __iter__.__wrapped__ = orig
+    return __iter__
+
+
+def _hook_loaders():
+    import accelerate.data_loader as adl
+    import torch.utils.data as tud
+
+    classes = [adl.DataLoaderShard, adl.DataLoaderDispatcher]
+    for cls in classes:
+        if cls not in _ORIG:
+            _ORIG[cls] = cls.__dict__["__iter__"]
+            cls.__iter__ = _hooked_iter(cls)
+    if tud.DataLoader not in _ORIG:
+        orig = tud.DataLoader.__dict__["__iter__"]
+        _ORIG[tud.DataLoader] = orig
+
+        def __iter__(self):
+            # a plain DataLoader over torch's DistributedSampler; the rest is untouched
+            if _ACTIVE is None or _ACTIVE.looping or _loop._dist_sampler(self) is None:
+                return orig(self)
+            return _hooked_iter(tud.DataLoader)(self)
+
+        __iter__.__wrapped__ = orig
+        tud.DataLoader.__iter__ = __iter__
+
+
+def _unhook_loaders():
+    for cls, orig in list(_ORIG.items()):
+        cls.__iter__ = orig
+        del _ORIG[cls]
+
+
+def enable(obj, group=None, socket=None, timeout=None):
+    """Make obj's gathers go through deval for the rest of the run; return the deval Group.
+
+    obj is an accelerate.Accelerator, or anything holding one as .accelerator (a
+    transformers Trainer: its gather function is switched too). group names the deval group
+    (default: derived from the launcher's environment, the same on every rank of this job
+    and on no other job); socket and timeout are deval.join's.
+    """
+    global _ACTIVE
+    accelerator = getattr(obj, "accelerator", obj)
+    if not hasattr(accelerator, "gather_for_metrics") or not hasattr(accelerator,
+                                                                       "process_index"):
+        raise InvalidArgument("deval.accelerate.enable: %s is not an Accelerator (nor holds "
+                              "one as .accelerator)" % type(obj).__name__, -1)
+    if _ACTIVE is not None:
+        if _ACTIVE.accelerator is accelerator:
+            return _ACTIVE.group
+        raise InvalidArgument("deval.accelerate.enable: another Accelerator is enabled in this "
+                              "process; disable() it first", -1)
+    g = join(group or _job_name(), accelerator.process_index, accelerator.num_processes,
+             socket=socket, timeout=timeout)
+    st = _State(accelerator, g)
+    for name, fn in _make_methods(st).items():
+        st.saved[name] = accelerator.__dict__.get(name)
+        setattr(accelerator, name, fn)
+    _hook_loaders()
+    _ACTIVE = st
+    if obj is not accelerator and hasattr(obj, "gather_function"):
+        # a Trainer keeps its own reference to the gather function
+        import functools
+        import inspect
+        fn = accelerator.gather_for_metrics
+        args = getattr(obj, "args", None)
+        if "use_gather_object" in inspect.signature(fn).parameters and args is not None:
+            fn = functools.partial(fn, use_gather_object=getattr(
+                args, "eval_use_gather_object", False))
+        obj.gather_function = fn
+    return g
+
+
+def disable():
+    """Give the enabled Accelerator its own methods back and leave the deval group."""
+    global _ACTIVE
+    st, _ACTIVE = _ACTIVE, None
+    if st is None:
+        return
+    _unhook_loaders()
+    for name, fn in st.saved.items():
+        if fn is None:
+            st.accelerator.__dict__.pop(name, None)
+        else:
+            setattr(st.accelerator, name, fn)
+    st.group.leave()

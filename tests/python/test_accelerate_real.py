@@ -1,0 +1,314 @@
+# SPDX-License-Identifier: MIT
+"""deval.accelerate against the real packages from PyPI: torch, accelerate (over gloo, its own
+CPU backend), torchmetrics and transformers.
+
+Every rank runs the same loop twice over the same prepared loader: once with Accelerate's own
+gathers, once after deval.accelerate.enable(accelerator). The deval run must equal the
+single-process result (every sample once, in dataset order), and equal Accelerate's wherever
+Accelerate's does. Where Accelerate is not right, what it returned is recorded in the
+test's output (pytest -s) and deval must still be exact. Plain Accelerate is not run where
+its ranks would make different collectives (even_batches=False with uneven shards): gloo
+then hangs or aborts the process group.
+"""
+
+import itertools
+import os
+import socket as socketlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+accelerate = pytest.importorskip("accelerate")
+
+import deval  # noqa: E402
+import deval.accelerate  # noqa: E402
+from conftest import group_name, run_ranks  # noqa: E402
+
+
+def free_port():
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def set_env(rank, world, port):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+
+
+class Iterable(torch.utils.data.IterableDataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.arange(self.n))
+
+
+def make_loader(kind, n, bs, drop_last, world, rank):
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    if kind == "iterable":
+        return DataLoader(Iterable(n), batch_size=bs, drop_last=drop_last)
+    ds = TensorDataset(torch.arange(n))
+    if kind == "distributed":
+        s = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False,
+                               drop_last=drop_last)
+        return DataLoader(ds, batch_size=bs, sampler=s)
+    return DataLoader(ds, batch_size=bs, drop_last=drop_last)
+
+
+def the_loop(acc, loader, calls):
+    """The loop people write: predictions, labels, ragged tokens padded across processes,
+    and the names of the samples."""
+    preds, labels, toks, names = [], [], [], []
+    for batch in loader:
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        p = x * 7 % 13
+        lab = x % 5
+        width = 1 + int((x % 3).max()) if len(x) else 1
+        t = torch.stack([torch.where(torch.arange(width) <= int(i) % 3,
+                                     int(i) * 10 + torch.arange(width), -1) for i in x]) \
+            if len(x) else torch.zeros((0, width), dtype=torch.int64)
+        t = acc.pad_across_processes(t, dim=1, pad_index=-1)
+        if calls == 1:
+            p, lab, t = acc.gather_for_metrics((p, lab, t))
+        else:
+            p = acc.gather_for_metrics(p)
+            lab = acc.gather_for_metrics(lab)
+            t = acc.gather_for_metrics(t)
+        preds += p.tolist()
+        labels += lab.tolist()
+        toks += [[v for v in row if v != -1] for row in t.tolist()]
+        names += acc.gather_for_metrics(["s%d" % i for i in x.tolist()])
+    return preds, labels, toks, names
+
+
+def truth(samples):
+    return ([i * 7 % 13 for i in samples], [i % 5 for i in samples],
+            [[i * 10 + k for k in range(i % 3 + 1)] for i in samples],
+            ["s%d" % i for i in samples])
+
+
+def n_kept(kind, n, bs, drop_last, world, split):
+    """The samples Accelerate's (or torch's) drop_last keeps: what every rank should get."""
+    if not drop_last:
+        return n
+    if kind == "distributed":
+        return n // world * world
+    per = bs if split else bs * world
+    if kind == "iterable" or split:
+        return n // per * per
+    return n // bs // world * world * bs
+
+
+def accelerate_is_safe(kind, n, bs, even, split, world):
+    """Would plain Accelerate's ranks make the same collectives with equal sizes?"""
+    if kind == "distributed" or even:
+        return True
+    per = bs if split else bs * world
+    return n % per == 0
+
+
+GRID = {"n": [13, 50], "bs": [4], "drop_last": [False, True],
+        "kind": ["map", "iterable", "distributed"], "calls": [1, 2]}
+
+
+def grid_rank(rank, world, port, name):
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    report = []
+    for ci, (even, split) in enumerate([(True, False), (False, False), (True, True),
+                                        (False, True)]):
+        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+            split_batches=split, even_batches=even))
+        for n, bs, drop_last, kind, calls in itertools.product(*GRID.values()):
+            if kind == "distributed" and ci > 0:
+                continue  # the loader is not prepared: Accelerate's switches do not apply
+            if split and bs % world:
+                continue
+            if kind == "iterable" and not even and not split:
+                continue  # IterableDatasetShard has no even_batches switch: same as even
+            if kind == "iterable" and n_kept(kind, n, bs, drop_last, world, split) == 0:
+                continue  # Accelerate's dispatcher itself fails on a loader with no batch
+            cfg = dict(n=n, bs=bs, drop_last=drop_last, kind=kind, calls=calls, even=even,
+                       split=split, world=world)
+
+            def loader():
+                raw = make_loader(kind, n, bs, drop_last, world, rank)
+                return raw if kind == "distributed" else acc.prepare(raw)
+
+            plain = None
+            if accelerate_is_safe(kind, n, bs, even, split, world):
+                try:
+                    plain = the_loop(acc, loader(), calls)
+                except Exception as e:
+                    raise AssertionError("plain Accelerate, %s: %s" % (cfg, e)) from e
+            g = deval.accelerate.enable(acc, group="%s-%d-%d" % (name, ci, len(report)))
+            try:
+                mine = the_loop(acc, loader(), calls)
+            finally:
+                deval.accelerate.disable()
+            report.append((cfg, plain, mine))
+            assert g.name
+    return report
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_grid_against_accelerate(daemon, world, capsys, monkeypatch):
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(world, grid_rank, free_port(), group_name("grid"), timeout=300)
+    runs = wrong = 0
+    for rank, report in enumerate(res):
+        for cfg, plain, mine in report:
+            keep = n_kept(cfg["kind"], cfg["n"], cfg["bs"], cfg["drop_last"], world,
+                          cfg["split"])
+            want = truth(range(keep))
+            assert mine == want, "rank %d, %s: deval differs from one process" % (rank, cfg)
+            runs += 1
+            if plain is not None and plain != want:
+                wrong += 1
+                if rank == 0:
+                    with capsys.disabled():
+                        print("\nAccelerate wrong, deval exact: %s: Accelerate returned %d "
+                              "predictions %s..., deval %d" % (
+                                  cfg, len(plain[0]), plain[0][:12], len(mine[0])))
+            elif plain is not None:
+                assert plain == mine
+    with capsys.disabled():
+        print("\n%d ranks: %d runs equal to one process; plain Accelerate wrong in %d"
+              % (world, runs // world, wrong // world))
+    assert runs > 0
+
+
+def metrics_rank(rank, world, port, name, uneven):
+    set_env(rank, world, port)
+    import torchmetrics
+    from accelerate import Accelerator
+    import deval.torchmetrics as dtm
+    acc = Accelerator(cpu=True)
+    g = deval.accelerate.enable(acc, group=name)
+    gen = torch.Generator().manual_seed(3)
+    n = 97
+    scores = torch.rand((n, 4), generator=gen)
+    target = torch.randint(0, 4, (n,), generator=gen)
+    reg = torch.rand(n, generator=gen)
+    # uneven shards: rank r takes a contiguous slice of its own length
+    cuts = np.linspace(0, n, world + 1).astype(int) if not uneven else \
+        np.array([0] + sorted(np.random.default_rng(7).choice(np.arange(1, n), world - 1,
+                                                                replace=False).tolist()) + [n])
+    lo, hi = int(cuts[rank]), int(cuts[rank + 1])
+    coll = torchmetrics.MetricCollection({
+        "acc": torchmetrics.Accuracy(task="multiclass", num_classes=4),
+        "f1": torchmetrics.F1Score(task="multiclass", num_classes=4, average="macro"),
+        "auroc": torchmetrics.AUROC(task="multiclass", num_classes=4),
+    })
+    mse = torchmetrics.MeanSquaredError()
+    dtm.attach(coll)
+    dtm.attach(mse)
+    for s in range(lo, hi, 8):
+        e = min(hi, s + 8)
+        coll.update(scores[s:e], target[s:e])
+        mse.update(reg[s:e], target[s:e].float() / 4)
+    out = {k: float(v) for k, v in coll.compute().items()}
+    out["mse"] = float(mse.compute())
+    deval.accelerate.disable()
+    assert g.world_size == world
+    return out
+
+
+@pytest.mark.parametrize("world,uneven", [(2, False), (3, True), (4, True)])
+def test_torchmetrics_sync(daemon, world, uneven, monkeypatch):
+    torchmetrics = pytest.importorskip("torchmetrics")
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(world, metrics_rank, free_port(), group_name("tm"), uneven, timeout=120)
+    gen = torch.Generator().manual_seed(3)
+    n = 97
+    scores = torch.rand((n, 4), generator=gen)
+    target = torch.randint(0, 4, (n,), generator=gen)
+    reg = torch.rand(n, generator=gen)
+    one = {
+        "acc": float(torchmetrics.functional.accuracy(scores, target, task="multiclass",
+                                                      num_classes=4)),
+        "f1": float(torchmetrics.functional.f1_score(scores, target, task="multiclass",
+                                                     num_classes=4, average="macro")),
+        "auroc": float(torchmetrics.functional.auroc(scores, target, task="multiclass",
+                                                     num_classes=4)),
+        "mse": float(torchmetrics.functional.mean_squared_error(reg, target.float() / 4)),
+    }
+    for out in res:
+        assert out.keys() == one.keys()
+        for k in one:
+            assert out[k] == pytest.approx(one[k], rel=1e-6, abs=1e-7), k
+
+
+def trainer_rank(rank, world, port, name, n, use_deval=True):
+    if world > 1:
+        set_env(rank, world, port)
+    else:
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(k, None)
+        torch.set_num_threads(1)
+    import tempfile
+    import transformers
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=32,
+                                  max_position_embeddings=32, num_labels=3)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(cfg)
+    gen = torch.Generator().manual_seed(1)
+
+    class DS(torch.utils.data.Dataset):
+        ids = torch.randint(1, 50, (n, 12), generator=gen)
+        labels = torch.randint(0, 3, (n,), generator=gen)
+
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+    def metrics(p):
+        pred = np.argmax(p.predictions, axis=-1)
+        return {"accuracy": float((pred == p.label_ids).mean()), "n": int(len(pred))}
+
+    with tempfile.TemporaryDirectory() as out:
+        # (average_tokens_across_devices, on by default, multiplies each rank's loss by the
+        # number of processes, with or without deval: not what one process reports)
+        args = transformers.TrainingArguments(output_dir=out, per_device_eval_batch_size=4,
+                                              report_to=[], use_cpu=True,
+                                              dataloader_num_workers=0,
+                                              average_tokens_across_devices=False)
+        trainer = transformers.Trainer(model=model, args=args, eval_dataset=DS(),
+                                       compute_metrics=metrics)
+        if world > 1 and use_deval:
+            deval.accelerate.enable(trainer, group=name)
+        res = trainer.evaluate()
+        if world > 1 and use_deval:
+            deval.accelerate.disable()
+    return {k: v for k, v in res.items() if k in ("eval_loss", "eval_accuracy", "eval_n")}
+
+
+def test_trainer_evaluate(daemon, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    n = 13
+    one = run_ranks(1, trainer_rank, 0, "", n, timeout=120)[0]
+    two = run_ranks(2, trainer_rank, free_port(), group_name("trainer"), n, timeout=180)
+    plain = run_ranks(2, trainer_rank, free_port(), "", n, False, timeout=180)
+    assert one["eval_n"] == n
+    assert plain[0] == plain[1]
+    for r in two:
+        assert r["eval_n"] == plain[0]["eval_n"]
+        assert r["eval_accuracy"] == plain[0]["eval_accuracy"]
+        assert r["eval_loss"] == pytest.approx(plain[0]["eval_loss"], rel=1e-6)
+        assert r["eval_n"] == n
+        assert r["eval_accuracy"] == one["eval_accuracy"]
+        # the Trainer gathers each batch's mean loss once per sample: rank 1's last batch is
+        # samples 12, 0, 1, 2 (even_batches), so sample 12's row holds that batch's mean, not
+        # its own loss. Close to one process, equal to Accelerate's (above), by construction.
+        assert r["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-3)
