@@ -29,14 +29,14 @@ def evaluate_with_accelerate(model, loader, accelerator):  # pragma: no cover - 
 
 
 def evaluate_with_deval(model, batches, group, num_samples):
-    """The same loop with deval: padding, ordering and de-duplication in one call."""
+    """The same loop with deval: padding, ordering and de-duplication in the gathers. (A
+    prepared Accelerate or DistributedSampler loader tells eval_loop num_samples and order
+    itself; this hand-made list of batches cannot.)"""
     preds_all, labels_all = [], []
-    with group.eval_pass(num_samples=num_samples):   # the dataset's length
-        for batch in batches:
-            logits = model(batch["x"])                    # ragged dims are fine as they are
-            preds, labels = group.gather_for_metrics((logits.argmax(-1), batch["y"]))
-            preds_all.append(preds)
-            labels_all.append(labels)
+    for batch in group.eval_loop(batches, num_samples=num_samples, order="rank"):
+        logits = model(batch["x"])                        # ragged dims are fine as they are
+        preds_all.append(group.gather_for_metrics(logits.argmax(-1)))   # two calls per batch
+        labels_all.append(group.gather_for_metrics(batch["y"]))
     return np.concatenate(preds_all), np.concatenate(labels_all)
 
 

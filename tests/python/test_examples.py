@@ -36,6 +36,23 @@ def test_distributed_sampler_example(daemon):
     assert "100 results in dataset order: True" in p.stdout
 
 
+def test_accelerate_enable_example(daemon):
+    """Under the real torchrun: three ranks of uneven loaders, two calls per batch."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("accelerate", reason="accelerate is not installed")
+    env = dict(os.environ, DEVAL_SOCKET=daemon.socket, OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "3",
+                        os.path.join(ROOT, "examples", "accelerate_enable.py")],
+                       env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(3):
+        assert "rank %d: 50 predictions for 50 samples" % r in p.stdout, p.stdout
+    assert p.stdout.count("same as one process: True") == 3, p.stdout
+
+
 def test_launch_reports_a_failed_rank(daemon, tmp_path):
     script = tmp_path / "fail.py"
     script.write_text(
