@@ -854,6 +854,11 @@ int step_run(Group *g, uint32_t seq) {
         ps->released = false;
         for (int k = 0; k < g->world; k++)
                 ps->released |= g->reqs[k].op == DV_OP_EVAL_END && !ps->parked[k];
+        /* released ranks no longer answer for themselves in this pass: it is over for all
+         * (only a close that failed before step_eval(), from a malformed request, gets here
+         * with the pass still open) */
+        if (ps->released && ps->active)
+                pass_reset(ps, g->world);
         if (r < 0) {
                 for (int k = 0; k < g->world; k++) {
                         DvResult *res = res_of(&s, k);

@@ -12,6 +12,11 @@ raises InvalidArgument asking for num_samples and order.
 import sys
 
 
+class ShardedTwice(ValueError):
+    """A loader Accelerate prepared over torch's DistributedSampler: each rank sees a shard
+    of a shard."""
+
+
 def _accelerate():
     return sys.modules.get("accelerate.data_loader")
 
@@ -66,9 +71,9 @@ def pass_params(loader, world):
             n = _length(loader.dataset, "the dataset")
             inner_sampler = getattr(inner, "sampler", None)
             if inner_sampler is not None and _dist_sampler(inner) is not None:
-                raise ValueError("this loader was prepared by Accelerate over a "
-                                 "DistributedSampler, which shards it twice; prepare a loader "
-                                 "without it, or pass the unprepared loader")
+                raise ShardedTwice("this loader was prepared by Accelerate over a "
+                                   "DistributedSampler, which shards it twice; prepare a "
+                                   "loader without it, or iterate the unprepared loader")
             bs = inner.batch_size
             if not inner.drop_last:
                 return n, "rank"

@@ -106,13 +106,17 @@ def _hooked_iter(cls):
             yield from orig(self)
             return
         try:
-            num_samples, order = _loop.pass_params(self, st.group.world_size)
+            params = _loop.pass_params(self, st.group.world_size)
+        except _loop.ShardedTwice as e:
+            raise InvalidArgument("deval.accelerate: %s" % e, -1) from None
         except ValueError:
-            yield from orig(self)  # not a sharded loader: Accelerate's own behaviour
-            return
-        st.looping = True
+            params = None  # not a sharded loader (one process, say): Accelerate's behaviour
+        st.looping = True  # the loaders it wraps are its own business
         try:
-            yield from st.group._run_loop(lambda: orig(self), num_samples, order)
+            if params is None:
+                yield from orig(self)
+            else:
+                yield from st.group._run_loop(lambda: orig(self), *params)
         finally:
             st.looping = False
 

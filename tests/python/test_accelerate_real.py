@@ -312,3 +312,27 @@ def test_trainer_evaluate(daemon, monkeypatch):
         # samples 12, 0, 1, 2 (even_batches), so sample 12's row holds that batch's mean, not
         # its own loss. Close to one process, equal to Accelerate's (above), by construction.
         assert r["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-3)
+
+
+def twice_rank(rank, world, port, name):
+    set_env(rank, world, port)
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    acc = Accelerator(cpu=True)
+    ds = TensorDataset(torch.arange(10))
+    loader = acc.prepare(DataLoader(ds, batch_size=2, sampler=DistributedSampler(
+        ds, num_replicas=world, rank=rank, shuffle=False)))
+    deval.accelerate.enable(acc, group=name)
+    try:
+        with pytest.raises(deval.InvalidArgument, match="shards it twice"):
+            for _ in loader:
+                pass
+    finally:
+        deval.accelerate.disable()
+    return True
+
+
+def test_a_prepared_distributed_sampler_is_refused(daemon, monkeypatch):
+    """Accelerate shards such a loader again: each rank would see a quarter of the data."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    assert run_ranks(2, twice_rank, free_port(), group_name("twice")) == [True, True]
