@@ -215,10 +215,14 @@ static int coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResu
                         break;
                 if (res->status == 0) {
                         if (res->ntensors > DEVAL_MAX_TENSORS)
-                                return dv_set_err(g, DEVAL_EPROTO,
-                                                  "%s: devald sent a malformed result", fn);
-                        if ((r = dv_refresh_output(g)) < 0 || (r = dv_replay_keep(g, fn, res)) < 0)
-                                return group_fail_local(g, r, g->errmsg);
+                                r = dv_set_err(g, DEVAL_EPROTO,
+                                               "%s: devald sent a malformed result", fn);
+                        else if ((r = dv_refresh_output(g)) == 0)
+                                r = dv_replay_keep(g, fn, res);
+                        if (r < 0) { /* the others cannot go on without this rank: it sticks */
+                                g->failed = r;
+                                return r;
+                        }
                 }
                 g->hdr->slots[g->rank].req.seq = g->seq + 1;
         }
