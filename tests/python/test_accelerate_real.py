@@ -336,3 +336,40 @@ def test_a_prepared_distributed_sampler_is_refused(daemon, monkeypatch):
     """Accelerate shards such a loader again: each rank would see a quarter of the data."""
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
     assert run_ranks(2, twice_rank, free_port(), group_name("twice")) == [True, True]
+
+
+def ops_rank(rank, world, port, name):
+    set_env(rank, world, port)
+    from accelerate import Accelerator
+    acc = Accelerator(cpu=True)
+    # (Accelerate's gather needs equal shapes on every rank: gloo aborts the job otherwise)
+    x = {"loss": torch.tensor(float(rank + 1)), "ids": torch.arange(2) + 10 * rank,
+         "v": torch.full((2, 3), float(rank))}
+    ragged = torch.ones((2, rank + 1), dtype=torch.int32) * rank
+
+    def ops():
+        return (acc.gather(x),
+                acc.pad_across_processes(ragged, dim=1, pad_index=-1),
+                acc.pad_across_processes(ragged, dim=1, pad_index=-1, pad_first=True),
+                [acc.reduce(x["v"] + rank, r) for r in ("sum", "mean", "max")],
+                acc.gather_for_metrics(["r%d" % rank] * (rank + 1)),
+                acc.gather_for_metrics(x["ids"]))
+
+    plain = ops()
+    deval.accelerate.enable(acc, group=name)
+    try:
+        mine = ops()
+        # where Accelerate's gloo gather aborts, deval concatenates ragged rows
+        ragged_ids = acc.gather(torch.arange(rank + 1)).tolist()
+    finally:
+        deval.accelerate.disable()
+    assert ragged_ids == [i for r in range(world) for i in range(r + 1)]
+    return repr(plain), repr(mine)  # (tensors would travel back through shared memory)
+
+
+def test_ops_outside_a_loader_match_accelerate(daemon, monkeypatch):
+    """gather (a 0-d loss and ragged rows in one dict), pad_across_processes, reduce and
+    gather_for_metrics outside a loader: deval returns what Accelerate returns."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    for plain, mine in run_ranks(3, ops_rank, free_port(), group_name("ops")):
+        assert plain == mine
