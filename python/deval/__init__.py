@@ -761,13 +761,21 @@ class Group:
         body must make the same deval calls on every rank and accept an empty batch.
         """
         self._handle()
-        if num_samples is None or order is None:
-            try:
-                n, o = _loop.pass_params(loader, self.world_size)
-            except ValueError as e:
+        try:
+            n, o = _loop.pass_params(loader, self.world_size)
+        except ValueError as e:
+            if num_samples is None or order is None or isinstance(e, _loop.ShardedTwice):
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
-            num_samples = n if num_samples is None else num_samples
-            order = o if order is None else order
+            n, o = num_samples, order  # a loader it does not know: the caller's word
+        # a loader it knows contradicted: wrong rows, or samples lost, without a word
+        if order is not None and order != o:
+            raise InvalidArgument("deval.eval_loop: this loader's sampler gathers in %r order, "
+                                  "not %r; leave order out" % (o, order), -1)
+        if num_samples is not None and num_samples != n:
+            raise InvalidArgument("deval.eval_loop: this loader's shards hold %d samples "
+                                  "together, not %r; leave num_samples out" % (n, num_samples),
+                                  -1)
+        num_samples, order = n, o
         self._pass_args(num_samples, order)  # bad arguments raise here, not at the loop
         return self._run_loop(lambda: iter(loader), num_samples, order)
 

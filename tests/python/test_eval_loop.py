@@ -190,3 +190,28 @@ def test_rank_without_any_batch_says_so(daemon):
         assert res[rank][0] == [i * 7 % 13 for i in range(3)]
     for rank in (2, 3):
         assert "had no batch, so it cannot replay the 1 batches" in res[rank]
+
+
+def contradicted(rank, world, sock, name):
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    ds = TensorDataset(torch.arange(10))
+    loader = DataLoader(ds, batch_size=2, sampler=DistributedSampler(
+        ds, num_replicas=world, rank=rank, shuffle=False))
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    try:
+        with pytest.raises(deval.InvalidArgument, match="gathers in 'strided' order, not 'rank'"):
+            g.eval_loop(loader, order="rank")
+        with pytest.raises(deval.InvalidArgument, match="hold 10 samples together, not 12"):
+            g.eval_loop(loader, num_samples=12)
+        got = [g.gather_for_metrics(x).tolist() for (x,) in
+               g.eval_loop(loader, num_samples=10, order="strided")]  # agreeing is fine
+    finally:
+        g.leave()
+    return sum(got, [])
+
+
+def test_a_known_loader_contradicted_is_refused(daemon):
+    pytest.importorskip("torch")
+    for got in run_ranks(2, contradicted, daemon.socket, group_name("contra")):
+        assert got == list(range(10))
