@@ -122,21 +122,27 @@ def grid_rank(rank, world, port, name):
     set_env(rank, world, port)
     from accelerate import Accelerator, DataLoaderConfiguration
     report = []
-    for ci, (even, split) in enumerate([(True, False), (False, False), (True, True),
-                                        (False, True)]):
+    # (an IterableDataset is dispatched from rank 0 by default; dispatch_batches=False
+    # shards it on every rank with IterableDatasetShard instead)
+    for ci, (even, split, dispatch) in enumerate([(True, False, None), (False, False, None),
+                                                  (True, True, None), (False, True, None),
+                                                  (True, False, False), (True, True, False)]):
         acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
-            split_batches=split, even_batches=even))
+            split_batches=split, even_batches=even, dispatch_batches=dispatch))
         for n, bs, drop_last, kind, calls in itertools.product(*GRID.values()):
             if kind == "distributed" and ci > 0:
                 continue  # the loader is not prepared: Accelerate's switches do not apply
+            if dispatch is False and kind != "iterable":
+                continue
             if split and bs % world:
                 continue
             if kind == "iterable" and not even and not split:
                 continue  # IterableDatasetShard has no even_batches switch: same as even
-            if kind == "iterable" and n_kept(kind, n, bs, drop_last, world, split) == 0:
+            if kind == "iterable" and dispatch is None and \
+                    n_kept(kind, n, bs, drop_last, world, split) == 0:
                 continue  # Accelerate's dispatcher itself fails on a loader with no batch
             cfg = dict(n=n, bs=bs, drop_last=drop_last, kind=kind, calls=calls, even=even,
-                       split=split, world=world)
+                       split=split, dispatch=dispatch, world=world)
 
             def loader():
                 raw = make_loader(kind, n, bs, drop_last, world, rank)
