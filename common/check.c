@@ -68,6 +68,15 @@ int dv_join_check(const DvJoinReq *req, char *why, size_t len) {
                          req->world_size);
                 return DEVAL_EINVAL;
         }
+        const char *end = memchr(req->launcher, 0, sizeof(req->launcher));
+        for (const char *c = req->launcher; end && c < end; c++)
+                if (*c < 0x21 || *c > 0x7e)
+                        end = NULL;
+        if (!end) {
+                snprintf(why, len, "the launcher's name must be up to %d printable bytes",
+                         DV_LAUNCHER_MAX - 1);
+                return DEVAL_EINVAL;
+        }
         return 0;
 }
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 /**
@@ -98,14 +99,60 @@ ssize_t dv_recv_msg_counted(int sock, void *buf, size_t len, int *fds, int *nfds
 
 int dv_default_socket_path(char *buf, size_t len) {
         const char *env = getenv("DEVAL_SOCKET");
-        const char *xdg = getenv("XDG_RUNTIME_DIR");
         int n;
 
         if (env && *env)
                 n = snprintf(buf, len, "%s", env);
-        else if (geteuid() != 0 && xdg && *xdg)
+        else if (geteuid() != 0) /* a user's own devald */
+                return dv_user_socket_path(buf, len);
+        else
+                n = snprintf(buf, len, "%s", DV_SYSTEM_SOCKET);
+        return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+int dv_user_socket_path(char *buf, size_t len) {
+        const char *xdg = getenv("XDG_RUNTIME_DIR");
+        int n;
+
+        if (xdg && *xdg)
                 n = snprintf(buf, len, "%s/deval/devald.sock", xdg);
         else
-                n = snprintf(buf, len, "/run/deval/devald.sock");
+                n = snprintf(buf, len, "/tmp/deval-%u/devald.sock", (unsigned)geteuid());
         return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+bool dv_socket_answers(const char *path) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return false;
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return false;
+        bool ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+        close(fd);
+        return ok;
+}
+
+/**
+ * dv_client_socket_path() - the socket a client uses. A path the caller names, or
+ * $DEVAL_SOCKET, is used as it is; otherwise a system devald wins when it answers, and this
+ * user's own socket (where libdeval may start a private devald) is the rest.
+ * Return: 0, or -ENAMETOOLONG.
+ */
+int dv_client_socket_path(const char *path, char *buf, size_t len, bool *ret_explicit) {
+        const char *env = getenv("DEVAL_SOCKET");
+        int n;
+
+        if ((path && *path) || (env && *env)) {
+                *ret_explicit = true;
+                n = snprintf(buf, len, "%s", path && *path ? path : env);
+                return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+        }
+        *ret_explicit = false;
+        if (dv_socket_answers(DV_SYSTEM_SOCKET)) {
+                n = snprintf(buf, len, "%s", DV_SYSTEM_SOCKET);
+                return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+        }
+        return dv_user_socket_path(buf, len);
 }

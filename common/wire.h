@@ -17,6 +17,7 @@
 
 #define DV_PROTO_VERSION  3
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
+#define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
 #define DV_CTL_MAGIC      0x4c564544u /* "DEVL" */
 #define DV_ARENA_ALIGN    64
@@ -59,6 +60,7 @@ typedef struct {
         int32_t timeout_ms;
         uint32_t has_device; /* 1: this rank's tensors live on the GPU named by device_uuid */
         uint8_t device_uuid[16];
+        char launcher[DV_LAUNCHER_MAX]; /* what named the group; "" when the caller did */
 } DvJoinReq;
 
 typedef struct {
@@ -99,6 +101,7 @@ typedef struct {
         uint64_t bytes_moved;
         uint64_t bytes_mapped;
         uint64_t age_us;
+        char launcher[DV_LAUNCHER_MAX];
 } DvGroupInfo;
 
 #define DV_STATUS_MAX_GROUPS 512
@@ -315,11 +318,11 @@ static inline uint64_t dv_done_size(int world_size) {
 }
 
 _Static_assert(sizeof(DvMsgHdr) == 8, "wire layout");
-_Static_assert(sizeof(DvJoinReq) == 104, "wire layout");
+_Static_assert(sizeof(DvJoinReq) == 120, "wire layout");
 _Static_assert(sizeof(DvGrowReq) == 24, "wire layout");
 _Static_assert(sizeof(DvReply) == 600, "wire layout");
 _Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
-_Static_assert(sizeof(DvGroupInfo) == 112, "wire layout");
+_Static_assert(sizeof(DvGroupInfo) == 128, "wire layout");
 _Static_assert(sizeof(DvRankInfo) == 48, "wire layout");
 _Static_assert(sizeof(DvSlot) % 64 == 0, "slots on their own cache lines");
 _Static_assert(sizeof(DvCtlHeader) % 64 == 0, "slots on their own cache lines");

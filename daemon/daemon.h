@@ -126,6 +126,7 @@ struct Group {
         Group *next;
         Daemon *d;
         char name[DV_GROUP_NAME_MAX];
+        char launcher[DV_LAUNCHER_MAX]; /* what named it from the job's environment, or "" */
         uid_t uid;
         Usage *usage; /* its uid's */
         int world;
@@ -197,8 +198,10 @@ struct Daemon {
         int max_user_groups;
         int max_user_conns;
         int max_user_fds;
-        int max_world;      /* ranks per group */
-        int idle_timeout_s; /* a group without a collective this long fails; 0: never */
+        int max_world;          /* ranks per group */
+        int idle_timeout_s;     /* a group without a collective this long fails; 0: never */
+        int exit_idle_s;        /* exit after this long without a group or a client; 0: never */
+        uint64_t idle_since_ns; /* main thread's: since when it has had neither; 0: it has */
         Usage *usage;
         uint64_t unexpected_fds; /* descriptors clients sent unasked, closed on arrival */
         int threads;             /* copy threads per group */

@@ -137,6 +137,7 @@ static void group_info(const Group *g, uint64_t now, DvGroupInfo *i) {
         i->collectives = atomic_load(&((Group *)g)->collectives);
         i->bytes_moved = atomic_load(&((Group *)g)->bytes_moved);
         i->age_us = (now - g->created_ns) / 1000;
+        memcpy(i->launcher, g->launcher, sizeof(i->launcher));
 }
 
 /* Which groups a client may see: its own uid's, or every group for root. */
@@ -644,6 +645,8 @@ static void help(void) {
                "     --max-world=N          ranks per group (default 512)\n"
                "     --idle-timeout=SECONDS fail groups with no collective this long (default\n"
                "                            86400; 0: never)\n"
+               "     --exit-idle=SECONDS    exit after this long with no group and no client\n"
+               "                            (default 0: never; a devald libdeval starts: 60)\n"
                "     --config=PATH          options from PATH, one 'option = value' per line,\n"
                "                            before the command line's (default:\n"
                "                            " DEFAULT_CONFIG " if it exists; '' for none);\n"
@@ -810,6 +813,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                 ARG_MAX_USER_FDS,
                 ARG_MAX_WORLD,
                 ARG_IDLE_TIMEOUT,
+                ARG_EXIT_IDLE,
                 ARG_CONFIG,
                 ARG_VERSION
         };
@@ -827,6 +831,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                 {"max-user-fds", required_argument, NULL, ARG_MAX_USER_FDS},
                 {"max-world", required_argument, NULL, ARG_MAX_WORLD},
                 {"idle-timeout", required_argument, NULL, ARG_IDLE_TIMEOUT},
+                {"exit-idle", required_argument, NULL, ARG_EXIT_IDLE},
                 {"config", required_argument, NULL, ARG_CONFIG},
                 {"help", no_argument, NULL, 'h'},
                 {"version", no_argument, NULL, ARG_VERSION},
@@ -926,10 +931,11 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                 case ARG_MAX_USER_CONNS:
                 case ARG_MAX_USER_FDS:
                 case ARG_MAX_WORLD:
-                case ARG_IDLE_TIMEOUT: {
+                case ARG_IDLE_TIMEOUT:
+                case ARG_EXIT_IDLE: {
                         char *end;
                         long v = strtol(optarg, &end, 10);
-                        int lo = c == ARG_IDLE_TIMEOUT ? 0 : 1;
+                        int lo = c == ARG_IDLE_TIMEOUT || c == ARG_EXIT_IDLE ? 0 : 1;
                         long hi = c == ARG_MAX_WORLD ? DEVAL_MAX_WORLD : 1000000000;
                         if (*end || end == optarg || v < lo || v > hi) {
                                 fprintf(stderr, "devald: bad --%s '%s' (%d..%ld)\n",
@@ -937,6 +943,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                                         : c == ARG_MAX_USER_CONNS ? "max-user-conns"
                                         : c == ARG_MAX_USER_FDS   ? "max-user-fds"
                                         : c == ARG_MAX_WORLD      ? "max-world"
+                                        : c == ARG_EXIT_IDLE      ? "exit-idle"
                                                                   : "idle-timeout",
                                         optarg, lo, hi);
                                 return 2;
@@ -945,6 +952,7 @@ static int parse_args(Daemon *d, int argc, char **argv) {
                           : c == ARG_MAX_USER_CONNS ? &d->max_user_conns
                           : c == ARG_MAX_USER_FDS   ? &d->max_user_fds
                           : c == ARG_MAX_WORLD      ? &d->max_world
+                          : c == ARG_EXIT_IDLE      ? &d->exit_idle_s
                                                     : &d->idle_timeout_s) = (int)v;
                         break;
                 }
@@ -1020,6 +1028,7 @@ static void reload(Daemon *d, int argc, char **argv) {
         d->max_user_fds = fresh.max_user_fds;
         d->max_world = fresh.max_world;
         d->idle_timeout_s = fresh.idle_timeout_s;
+        d->exit_idle_s = fresh.exit_idle_s;
         d->threads = fresh.threads;
         d->spin_us = fresh.spin_us;
         memcpy(d->config_path, fresh.config_path, sizeof(d->config_path));
@@ -1030,6 +1039,29 @@ static void reload(Daemon *d, int argc, char **argv) {
                  d->max_user_bytes, d->max_groups, d->max_user_groups, d->max_user_conns,
                  d->max_world, d->idle_timeout_s, d->threads);
         notify("READY=1");
+}
+
+/*
+ * --exit-idle: a devald that nobody uses (no group, no client) for that long exits, as one
+ * that libdeval started for a user does, so that it neither lingers nor needs stopping.
+ * Return: true when it is time to exit; else *next_ns is lowered to when it may be.
+ */
+static bool exit_when_idle(Daemon *d, uint64_t now, int64_t *next_ns) {
+        if (d->exit_idle_s <= 0 || d->ngroups > 0 || d->conns) {
+                d->idle_since_ns = 0;
+                return false;
+        }
+        if (!d->idle_since_ns)
+                d->idle_since_ns = now;
+        uint64_t limit = (uint64_t)d->exit_idle_s * 1000000000ull;
+        if (now - d->idle_since_ns >= limit) {
+                log_info("no group and no client for %d s: exiting", d->exit_idle_s);
+                return true;
+        }
+        int64_t left = (int64_t)(d->idle_since_ns + limit - now);
+        if (*next_ns < 0 || left < *next_ns)
+                *next_ns = left;
+        return false;
 }
 
 int main(int argc, char **argv) {
@@ -1082,6 +1114,8 @@ int main(int argc, char **argv) {
                 int64_t next_ns = -1;
                 group_expire_joins(&d, dv_now_ns(), &next_ns);
                 group_expire_idle(&d, dv_now_ns(), &next_ns);
+                if (exit_when_idle(&d, dv_now_ns(), &next_ns))
+                        break;
                 if (d.watchdog_ns) { /* keep-alive at half the watchdog interval */
                         uint64_t now = dv_now_ns(), half = d.watchdog_ns / 2;
                         if (now - d.watchdog_last >= half) {

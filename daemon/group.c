@@ -155,6 +155,7 @@ static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret)
         g->numa = -1;
         g->d = d;
         memcpy(g->name, req->group, sizeof(g->name));
+        memcpy(g->launcher, req->launcher, sizeof(g->launcher)); /* checked: terminated */
         g->uid = usage->uid;
         g->usage = usage;
         usage->groups++;

@@ -81,6 +81,8 @@ typedef struct {
         int32_t on_device;       /* bool: a device group; this rank's tensors live on the CUDA
                                     device below (devald --backend cuda; every rank alike) */
         int32_t device;          /* the CUDA device ordinal, as this process sees it */
+        int32_t autostart;       /* when nothing answers at an unnamed socket, start a private
+                                    devald: 0: unless $DEVAL_AUTOSTART=0; > 0: yes; < 0: no */
 } deval_join_opts;
 
 typedef enum {
@@ -112,11 +114,15 @@ const char *deval_version(void);
 const char *deval_strerror(int status);
 const char *deval_errmsg(const deval_group *g);
 
+/* group NULL: name the group after the job that started this process (torchrun, accelerate
+ * launch, mpirun, srun, deval.launch); rank or world_size < 0: take them from it too. */
 int deval_join(const char *group, int rank, int world_size, const deval_join_opts *opts,
                deval_group **out);
 int deval_leave(deval_group *g);
 int deval_rank(const deval_group *g);
 int deval_world_size(const deval_group *g);
+/* The group's name: the one deval_join() took from the launcher when given NULL. */
+const char *deval_group_name(const deval_group *g);
 
 /* n tensors per rank in one collective; out[i] are views valid until the next call on g */
 int deval_gather(deval_group *g, int n, const deval_tensor in[], const deval_gather_opts *opts,

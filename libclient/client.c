@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,7 +23,9 @@
 
 #include "deval.h"
 
+#include "autostart.h"
 #include "gpu.h"
+#include "job.h"
 #include "sock.h"
 #include "util.h"
 
@@ -46,6 +49,11 @@ int deval_rank(const deval_group *g) {
 
 int deval_world_size(const deval_group *g) {
         return g ? g->world : DEVAL_EINVAL;
+}
+
+/** deval_group_name() - the group's name (the one deval_join() derived, when it was NULL). */
+const char *deval_group_name(const deval_group *g) {
+        return g ? g->name : NULL;
 }
 
 static int vset_err(char *buf, size_t len, bool debug, int status, const char *fmt, va_list ap) {
@@ -313,14 +321,56 @@ static uint64_t default_spin_ns(int world_size) {
         return ncpu >= world_size + 2 ? 20000 : 0;
 }
 
-static int resolve_socket(const deval_join_opts *opts, char *buf, size_t len) {
-        if (opts && opts->socket_path) {
-                if (strlen(opts->socket_path) >= len)
-                        return -ENAMETOOLONG;
-                snprintf(buf, len, "%s", opts->socket_path);
+/* A whole number from $name; -1 when unset or not one. */
+static int env_number(const char *name) {
+        const char *v = getenv(name);
+        char *end;
+        if (!v || !*v)
+                return -1;
+        errno = 0;
+        long n = strtol(v, &end, 10);
+        return errno || *end || n < 0 || n > INT_MAX ? -1 : (int)n;
+}
+
+/* Start a devald when nothing answers? The join option, else $DEVAL_AUTOSTART (on). */
+static bool autostart_on(const deval_join_opts *opts) {
+        if (opts && opts->autostart)
+                return opts->autostart > 0;
+        const char *env = getenv("DEVAL_AUTOSTART");
+        return !(env &&
+                 (strcmp(env, "0") == 0 || strcmp(env, "no") == 0 || strcmp(env, "false") == 0));
+}
+
+/*
+ * Connect g->sock to the devald at g->socket_path; when nothing answers there and the socket
+ * was not named, start one first (autostart.c).
+ */
+static int connect_devald(deval_group *g, const deval_join_opts *opts, bool named) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g->socket_path);
+        if (connect(g->sock, (struct sockaddr *)&sa, sizeof(sa)) == 0)
                 return 0;
-        }
-        return dv_default_socket_path(buf, len);
+        int e = errno;
+        if (named)
+                return join_err(DEVAL_EDAEMON,
+                                "cannot reach devald at %s: %s (is it running? start it with "
+                                "'devald --socket %s')",
+                                g->socket_path, strerror(e), g->socket_path);
+        if (!autostart_on(opts))
+                return join_err(DEVAL_EDAEMON,
+                                "cannot reach devald at %s: %s, and starting one is off "
+                                "($DEVAL_AUTOSTART=0 or the join option); start it with "
+                                "'devald --socket %s &', or 'systemctl start devald' for the "
+                                "system's",
+                                g->socket_path, strerror(e), g->socket_path);
+        char why[PATH_MAX * 2 + 256];
+        int r = dv_autostart(g->socket_path, why, sizeof(why));
+        if (r < 0)
+                return join_err(r, "deval_join: %s", why);
+        if (connect(g->sock, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+                return 0;
+        return join_err(DEVAL_EDAEMON, "cannot reach the devald started at %s: %s", g->socket_path,
+                        strerror(errno));
 }
 
 /**
@@ -339,10 +389,31 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         DvJoinReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_JOIN}};
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
         DvReply rep;
+        DvJob job;
         int fds[DV_MAX_FDS], nfds = DV_MAX_FDS, r;
 
         if (!out)
                 return join_err(DEVAL_EINVAL, "deval_join: out is NULL");
+        if (!group || rank < 0 || world_size < 0) {
+                char why[640];
+                if ((r = dv_job_from_env(&job, why, sizeof(why))) < 0 && !group)
+                        return join_err(r, "deval_join: %s", why);
+                if (r < 0) /* a name of the caller's; the rank and size may still be set */
+                        job = (DvJob){.rank = env_number("RANK"),
+                                      .world = env_number("WORLD_SIZE")};
+                if (!group) {
+                        group = job.name;
+                        snprintf(req.launcher, sizeof(req.launcher), "%s", job.launcher);
+                }
+                rank = rank < 0 ? job.rank : rank;
+                world_size = world_size < 0 ? job.world : world_size;
+                if (rank < 0 || world_size < 0)
+                        return join_err(DEVAL_EINVAL,
+                                        "deval_join: no rank or world size given, and %s does "
+                                        "not set them ($RANK and $WORLD_SIZE are the generic "
+                                        "ones)",
+                                        job.launcher[0] ? job.launcher : "the environment");
+        }
         if (!group || !*group || strlen(group) >= DV_GROUP_NAME_MAX)
                 return join_err(DEVAL_EINVAL, "deval_join: the group name must be 1 to %d bytes",
                                 DV_GROUP_NAME_MAX - 1);
@@ -368,19 +439,17 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         if (g->timeout_ms < 0)
                 g->timeout_ms = -1;
         snprintf(g->name, sizeof(g->name), "%s", group);
-        if (resolve_socket(opts, g->socket_path, sizeof(g->socket_path)) < 0 ||
+        bool named;
+        if (dv_client_socket_path(opts ? opts->socket_path : NULL, g->socket_path,
+                                  sizeof(g->socket_path), &named) < 0 ||
             strlen(g->socket_path) >= sizeof(sa.sun_path))
                 return join_err(DEVAL_EINVAL, "deval_join: the socket path is too long");
-        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g->socket_path);
 
         g->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         if (g->sock < 0)
                 return join_err(DEVAL_ESYS, "deval_join: socket: %s", strerror(errno));
-        if (connect(g->sock, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-                return join_err(DEVAL_EDAEMON,
-                                "cannot reach devald at %s: %s (is it running? start it with "
-                                "'devald --socket %s')",
-                                g->socket_path, strerror(errno), g->socket_path);
+        if ((r = connect_devald(g, opts, named)) < 0)
+                return r;
 
         if (opts && opts->on_device) {
                 const DvGpuApi *gpu = dv_gpu();

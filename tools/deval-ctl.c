@@ -104,10 +104,15 @@ groups:
                 printf(",%s\"uid\":%s%u,%s\"state\":%s\"%s\",%s\"world_size\":%s%d,%s\"joined\":%s%"
                        "d,"
                        "%s\"collectives\":%s%" PRIu64 ",%s\"bytes_moved\":%s%" PRIu64
-                       ",%s\"bytes_mapped\":%s%" PRIu64 ",%s\"age_us\":%s%" PRIu64 "}",
+                       ",%s\"bytes_mapped\":%s%" PRIu64 ",%s\"age_us\":%s%" PRIu64
+                       ",%s\"launcher\":%s",
                        sp, sp, g->uid, sp, sp, state_name(g->state), sp, sp, g->world_size, sp, sp,
                        g->joined, sp, sp, g->collectives, sp, sp, g->bytes_moved, sp, sp,
-                       g->bytes_mapped, sp, sp, g->age_us);
+                       g->bytes_mapped, sp, sp, g->age_us, sp, sp);
+                char launcher[DV_LAUNCHER_MAX];
+                snprintf(launcher, sizeof(launcher), "%.*s", DV_LAUNCHER_MAX - 1, g->launcher);
+                json_string(launcher);
+                printf("}");
         }
         if (groups_only)
                 printf("%s]\n", r->ngroups ? nl : "");
@@ -145,15 +150,16 @@ static void print_table(const DvStatusReply *r, bool groups_only) {
                         printf("no groups\n");
                 return;
         }
-        printf("%-24s %5s %6s %11s %11s %11s %-8s\n", "GROUP", "WORLD", "JOINED", "COLLECTIVES",
-               "MOVED", "MAPPED", "STATE");
+        printf("%-24s %5s %6s %11s %11s %11s %-8s %s\n", "GROUP", "WORLD", "JOINED", "COLLECTIVES",
+               "MOVED", "MAPPED", "STATE", "LAUNCHER");
         for (uint32_t i = 0; i < r->ngroups; i++) {
                 const DvGroupInfo *g = &r->groups[i];
                 char moved[32], mapped[32];
                 human_bytes(g->bytes_moved, moved, sizeof(moved));
                 human_bytes(g->bytes_mapped, mapped, sizeof(mapped));
-                printf("%-24s %5d %6d %11" PRIu64 " %11s %11s %-8s\n", g->name, g->world_size,
-                       g->joined, g->collectives, moved, mapped, state_name(g->state));
+                printf("%-24s %5d %6d %11" PRIu64 " %11s %11s %-8s %.*s\n", g->name, g->world_size,
+                       g->joined, g->collectives, moved, mapped, state_name(g->state),
+                       DV_LAUNCHER_MAX - 1, g->launcher[0] ? g->launcher : "-");
         }
         if (r->ngroups < r->total_groups)
                 printf("(%u more not shown)\n", r->total_groups - r->ngroups);
@@ -163,10 +169,9 @@ static void print_table(const DvStatusReply *r, bool groups_only) {
 static int ctl_connect(char *path, size_t len) {
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
 
-        if (arg_socket)
-                snprintf(path, len, "%s", arg_socket);
-        else if (dv_default_socket_path(path, len) < 0) {
-                fprintf(stderr, "deval-ctl: the default socket path is too long\n");
+        bool named; /* (the system devald's socket when one answers, else this user's) */
+        if (dv_client_socket_path(arg_socket, path, len, &named) < 0) {
+                fprintf(stderr, "deval-ctl: the socket path is too long\n");
                 return -1;
         }
         snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);

@@ -118,7 +118,8 @@ class _Bytes(ctypes.Structure):
 
 class _JoinOpts(ctypes.Structure):
     _fields_ = [("socket_path", ctypes.c_char_p), ("timeout_ms", ctypes.c_int32),
-                ("on_device", ctypes.c_int32), ("device", ctypes.c_int32)]
+                ("on_device", ctypes.c_int32), ("device", ctypes.c_int32),
+                ("autostart", ctypes.c_int32)]
 
 
 class _GatherOpts(ctypes.Structure):
@@ -170,6 +171,9 @@ def _load():
         "deval_join": ([ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
                         ctypes.POINTER(_JoinOpts), ctypes.POINTER(G)], ctypes.c_int),
         "deval_leave": ([G], ctypes.c_int),
+        "deval_rank": ([G], ctypes.c_int),
+        "deval_world_size": ([G], ctypes.c_int),
+        "deval_group_name": ([G], ctypes.c_char_p),
         "deval_gather": ([G, ctypes.c_int, T, ctypes.POINTER(_GatherOpts), T], ctypes.c_int),
         "deval_gather_for_metrics": ([G, ctypes.c_int, T, ctypes.POINTER(_GatherOpts), T],
                                      ctypes.c_int),
@@ -548,19 +552,26 @@ def _device_index(device):
     return index
 
 
-def join(group, rank=None, world_size=None, socket=None, timeout=None, device=None):
+def join(group=None, rank=None, world_size=None, socket=None, timeout=None, device=None):
     """Join ``group`` as ``rank`` of ``world_size`` ranks; waits until every rank joined.
 
-    rank and world_size default to $RANK and $WORLD_SIZE (set by torchrun and accelerate
-    launch); socket to $DEVAL_SOCKET or the default path; timeout (seconds) bounds the join
-    and every collective (None: 300 s; a negative value: forever). device (an ordinal,
-    "cuda:N" or a torch.device) makes this a device group: devald must run the cuda
-    backend, every rank names its GPU, and gathered CUDA tensors stay on the GPUs.
+    With no group, the name, rank and world size come from the launcher that started the
+    process (torchrun and accelerate launch, Open MPI's mpirun, Slurm's srun, python -m
+    deval.launch): every rank of one job joins the same group and no other job does. With a
+    group, rank and world_size default to $RANK and $WORLD_SIZE. socket defaults to
+    $DEVAL_SOCKET or the default path; timeout (seconds) bounds the join and every
+    collective (None: 300 s; a negative value: forever). device (an ordinal, "cuda:N" or a
+    torch.device) makes this a device group: devald must run the cuda backend, every rank
+    names its GPU, and gathered CUDA tensors stay on the GPUs.
     """
-    if not isinstance(group, str):
+    if group is not None and not isinstance(group, str):
         raise InvalidArgument("deval.join: the group name must be a str", -1)
-    rank = _env_int("RANK") if rank is None else rank
-    world_size = _env_int("WORLD_SIZE") if world_size is None else world_size
+    if group is not None:
+        rank = _env_int("RANK") if rank is None else rank
+        world_size = _env_int("WORLD_SIZE") if world_size is None else world_size
+    else:  # libdeval reads the launcher's variables
+        rank = -1 if rank is None else rank
+        world_size = -1 if world_size is None else world_size
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world_size)):
         raise InvalidArgument("deval.join: rank and world_size must be ints", -1)
     if not -2**31 <= rank < 2**31 or not -2**31 <= world_size < 2**31:
@@ -582,11 +593,14 @@ def join(group, rank=None, world_size=None, socket=None, timeout=None, device=No
     else:
         opts.timeout_ms = max(1, min(int(timeout * 1000), 2**31 - 1))
     handle = ctypes.c_void_p()
-    r = _lib.deval_join(group.encode(), rank, world_size, ctypes.byref(opts),
-                        ctypes.byref(handle))
+    r = _lib.deval_join(None if group is None else group.encode(), rank, world_size,
+                        ctypes.byref(opts), ctypes.byref(handle))
     if r != 0:
         msg = _lib.deval_errmsg(None).decode(errors="replace")
         raise _ERRORS.get(r, Error)(msg, r)
+    if group is None:  # what libdeval found
+        group = _lib.deval_group_name(handle).decode()
+        rank, world_size = _lib.deval_rank(handle), _lib.deval_world_size(handle)
     return Group(handle, group, rank, world_size, index)
 
 

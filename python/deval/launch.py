@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """Run a script on N local ranks, the way torchrun does: python -m deval.launch -n 4 script.py
 
-Each copy gets RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE. When one rank fails, the
+Each copy gets RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE, and DEVAL_LAUNCH_ID, which
+names this run's group for deval.join() with no arguments. When one rank fails, the
 others get a moment to notice through deval (they fail fast with PeerLost), then are
 stopped; the exit status is the first failure's.
 """
@@ -24,9 +25,10 @@ def main(argv=None):
     if a.nproc < 1:
         p.error("--nproc must be at least 1")
     procs = []
+    run = "%d-%d-%s" % (os.getpid(), time.time_ns(), os.urandom(4).hex())
     for r in range(a.nproc):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(a.nproc),
-                   LOCAL_WORLD_SIZE=str(a.nproc))
+                   LOCAL_WORLD_SIZE=str(a.nproc), DEVAL_LAUNCH_ID=run)
         procs.append(subprocess.Popen([sys.executable, a.script] + a.args, env=env))
     status = 0
     failed_at = None

@@ -22,9 +22,10 @@ def hdr(kind):
 
 def join(name, rank, world, timeout=1000, device=False):
     # DvJoinReq: hdr, char group[64], int32 rank, world_size, timeout_ms, has_device,
-    # uint8 device_uuid[16] (104 bytes)
+    # uint8 device_uuid[16], char launcher[16] (120 bytes)
     body = name.encode()[:63].ljust(64, b"\0")
     body += struct.pack("<iiii", rank, world, timeout, 1 if device else 0) + bytes(16)
+    body += b"torchrun".ljust(16, b"\0")
     return hdr(JOIN) + body
 
 
@@ -38,7 +39,8 @@ def msgs():
     write("msg", "join-device", join("gpu-run", 3, 8, device=True))
     write("msg", "join-bad-rank", join("bad", 5, 4))
     write("msg", "join-unterminated", hdr(JOIN) + b"x" * 64 + struct.pack("<iiii", 0, 1, 0, 0)
-          + bytes(16))
+          + bytes(16) + bytes(16))
+    write("msg", "join-bad-launcher", join("ok", 0, 1)[:-16] + b"y" * 16)
     write("msg", "grow", hdr(GROW) + struct.pack("<QII", 1 << 20, 0, 0))
     write("msg", "grow-device", hdr(GROW) + struct.pack("<QII", 1 << 30, 1, 0))
     for kind, name in ((OUTPUT, "output"), (LEAVE, "leave"), (STATUS, "status"),

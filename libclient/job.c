@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * job.c - name the job this process belongs to from what its launcher put in the
+ * environment, so that deval_join(NULL, -1, -1, ...) needs no name from the user.
+ *
+ * Each launcher sets a key that every rank of one job shares and that no other running job
+ * has: torchrun (and accelerate launch, which runs it) its rendezvous id and the port of
+ * its store, with the restart count so that a restarted job gets a fresh group; Open MPI
+ * its job id; Slurm the job and step ids; deval.launch an id of its own. The group name is
+ * the launcher's name and a hash of that key. The first launcher found wins, in the order
+ * below: deval.launch and torchrun before the MPI and Slurm that may have started them.
+ */
+#define _GNU_SOURCE
+#include "job.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deval.h"
+
+static const char *env(const char *name) {
+        const char *v = getenv(name);
+        return v && *v ? v : NULL;
+}
+
+/* A whole number in [0, INT_MAX] from $name; -1 when unset; -2 when not a number. */
+static int env_int(const char *name) {
+        const char *v = env(name);
+        if (!v)
+                return -1;
+        char *end;
+        errno = 0;
+        long n = strtol(v, &end, 10);
+        if (errno || *end || n < 0 || n > INT_MAX)
+                return -2;
+        return (int)n;
+}
+
+typedef struct {
+        const char *launcher;
+        const char *present; /* the variable that says this launcher started us */
+        const char *rank, *world;
+        const char *keys[5]; /* what makes the job unique, NULL-terminated */
+} Launcher;
+
+static const Launcher launchers[] = {
+        {"deval.launch", "DEVAL_LAUNCH_ID", "RANK", "WORLD_SIZE", {"DEVAL_LAUNCH_ID"}},
+        {"torchrun",
+         "TORCHELASTIC_RUN_ID",
+         "RANK",
+         "WORLD_SIZE",
+         {"TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"}},
+        {"torch", "MASTER_PORT", "RANK", "WORLD_SIZE", {"MASTER_ADDR", "MASTER_PORT"}},
+        {"mpirun",
+         "OMPI_COMM_WORLD_SIZE",
+         "OMPI_COMM_WORLD_RANK",
+         "OMPI_COMM_WORLD_SIZE",
+         {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"}},
+        {"srun",
+         "SLURM_JOB_ID",
+         "SLURM_PROCID",
+         "SLURM_NTASKS",
+         {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"}},
+};
+
+/**
+ * dv_job_from_env() - the job this process belongs to, from its launcher's variables.
+ * @ret: filled on success.
+ * @err: why not, on failure.
+ * Return: 0; DEVAL_EINVAL when no launcher is found (err names the variables looked for),
+ * or a rank or world size that is not a number.
+ */
+int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
+        for (size_t i = 0; i < sizeof(launchers) / sizeof(launchers[0]); i++) {
+                const Launcher *l = &launchers[i];
+                if (!env(l->present))
+                        continue;
+                int rank = env_int(l->rank), world = env_int(l->world);
+                if (rank == -2 || world == -2) {
+                        snprintf(err, errlen, "$%s or $%s (set by %s) is not a number", l->rank,
+                                 l->world, l->launcher);
+                        return DEVAL_EINVAL;
+                }
+                /* FNV-1a over the launcher and its keys, each with its name */
+                uint64_t h = 0xcbf29ce484222325ull;
+                bool any = false;
+                for (const char *const *k = l->keys; *k; k++) {
+                        const char *v = env(*k);
+                        char part[512];
+                        snprintf(part, sizeof(part), "%s=%s;", *k, v ? v : "");
+                        any |= v != NULL;
+                        for (const char *c = part; *c; c++)
+                                h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+                }
+                if (!any) {
+                        snprintf(err, errlen,
+                                 "%s started this process but set none of the variables that "
+                                 "tell its job from others ($%s ...); name the group",
+                                 l->launcher, l->keys[0]);
+                        return DEVAL_EINVAL;
+                }
+                memset(ret, 0, sizeof(*ret));
+                snprintf(ret->launcher, sizeof(ret->launcher), "%s", l->launcher);
+                snprintf(ret->name, sizeof(ret->name), "%s-%016" PRIx64, l->launcher, h);
+                ret->rank = rank;
+                ret->world = world;
+                return 0;
+        }
+        snprintf(err, errlen,
+                 "no group name, and nothing says which job this process belongs to: looked "
+                 "for $DEVAL_LAUNCH_ID (python -m deval.launch), $TORCHELASTIC_RUN_ID or "
+                 "$MASTER_PORT with $RANK and $WORLD_SIZE (torchrun, accelerate launch), "
+                 "$OMPI_COMM_WORLD_RANK and $OMPI_COMM_WORLD_SIZE (Open MPI's mpirun), "
+                 "$SLURM_JOB_ID, $SLURM_PROCID and $SLURM_NTASKS (srun); name the group");
+        return DEVAL_EINVAL;
+}

@@ -1,0 +1,19 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * job.h - which job started this process, from its launcher's environment: a group name that
+ * every rank of the job computes alike and no other job shares, and the rank and world size.
+ */
+#pragma once
+
+#include <stddef.h>
+
+#include "wire.h"
+
+typedef struct {
+        char launcher[DV_LAUNCHER_MAX]; /* "torchrun", "mpirun", "srun", "deval.launch", ... */
+        char name[DV_GROUP_NAME_MAX];
+        int rank;  /* -1: the launcher does not say */
+        int world; /* -1: the launcher does not say */
+} DvJob;
+
+int dv_job_from_env(DvJob *ret, char *err, size_t errlen);

@@ -1,0 +1,231 @@
+# SPDX-License-Identifier: MIT
+"""No daemon to start and no group to name: deval.join() under the real launchers, with no
+devald running beforehand.
+
+Each test gets a runtime directory of its own ($XDG_RUNTIME_DIR, with $DEVAL_SOCKET unset), so
+the devald that libdeval starts there is the test's alone, and is stopped afterwards.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, group_name, run_ranks
+
+BUILD = os.path.dirname(os.environ.get("DEVALD", os.path.join(ROOT, "build", "devald")))
+PYTHON_DIR = os.path.join(ROOT, "python")
+
+
+def devalds(socket):
+    """pids of the devalds listening on socket."""
+    pids = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % p, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"devald" and socket.encode() in argv:
+            pids.append(int(p))
+    return pids
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    """A private $XDG_RUNTIME_DIR; yields the socket path libdeval will use there."""
+    d = tmp_path / "run"
+    d.mkdir(mode=0o700)
+    monkeypatch.delenv("DEVAL_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
+    monkeypatch.setenv("DEVAL_IDLE_EXIT", "2")
+    for k in ("RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "DEVAL_LAUNCH_ID",
+              "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
+    sock = str(d / "deval" / "devald.sock")
+    yield sock
+    for pid in devalds(sock):
+        os.kill(pid, signal.SIGKILL)
+
+
+def env_for(extra=None):
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    env.update(extra or {})
+    return env
+
+
+def ctl(*args):
+    return subprocess.run([os.path.join(BUILD, "deval-ctl")] + list(args), capture_output=True,
+                          text=True, timeout=30)
+
+
+SCRIPT = """
+import os, deval, numpy as np
+g = deval.join()
+got = g.gather(np.array([g.rank]))
+assert got.tolist() == list(range(g.world_size)), got
+os.write(1, b"rank %d of %d in %s\\n" % (g.rank, g.world_size, g.name.encode()))  # one write
+g.barrier()
+g.leave()
+"""
+
+
+def torchrun(n, script, **kw):
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node", str(n), script], env=env_for(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_torchrun_joins_with_no_arguments(runtime, tmp_path, n):
+    pytest.importorskip("torch")
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    assert devalds(runtime) == []
+    p = torchrun(n, str(script))
+    out, _ = p.communicate(timeout=180)
+    assert p.returncode == 0, out
+    names = {line.split()[-1] for line in out.splitlines() if line.startswith("rank ")}
+    assert len(names) == 1 and names.pop().startswith("torchrun-"), out
+    assert sum(line.startswith("rank ") for line in out.splitlines()) == n
+    assert len(devalds(runtime)) == 1  # started by the first rank, shared by all
+
+
+def test_two_torchrun_jobs_at_once_never_meet(runtime, tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT.replace("g.barrier()", "import time; time.sleep(1); g.barrier()"))
+    a, b = torchrun(2, str(script)), torchrun(3, str(script))
+    out_a, _ = a.communicate(timeout=180)
+    out_b, _ = b.communicate(timeout=180)
+    assert a.returncode == 0 and b.returncode == 0, out_a + out_b
+    name_a = {ln.split()[-1] for ln in out_a.splitlines() if ln.startswith("rank ")}
+    name_b = {ln.split()[-1] for ln in out_b.splitlines() if ln.startswith("rank ")}
+    assert len(name_a) == 1 and len(name_b) == 1 and name_a != name_b
+    assert "of 2 in" in out_a and "of 3 in" in out_b
+
+
+def test_mpirun_c_program(runtime):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("Open MPI's mpirun is not installed (apt-get install openmpi-bin)")
+    exe = os.path.join(BUILD, "example-join-auto")
+    p = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "4",
+                        "-x", "XDG_RUNTIME_DIR", "-x", "DEVAL_IDLE_EXIT", exe],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, OMPI_MCA_plm_rsh_agent=""))
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("rank ")]
+    assert len(lines) == 4, p.stdout
+    names = {ln.split(" in group ")[1].split(":")[0] for ln in lines}
+    assert len(names) == 1 and names.pop().startswith("mpirun-"), lines
+    assert {ln.split()[1] for ln in lines} == {"0", "1", "2", "3"}
+
+
+def race_rank(rank, world, name):
+    import deval
+    import numpy as np
+    g = deval.join(name, rank, world, timeout=30)
+    out = g.gather(np.array([rank])).tolist()
+    g.leave()
+    return out
+
+
+def test_autostart_race(runtime):
+    """8 ranks that find no devald, at once, 20 times: one devald each time, every rank in."""
+    for rnd in range(20):
+        for pid in devalds(runtime):  # the previous round's, killed: its socket stays stale
+            os.kill(pid, signal.SIGKILL)
+        res = run_ranks(8, race_rank, group_name("race"), timeout=60)
+        assert res == [list(range(8))] * 8, rnd
+        assert len(devalds(runtime)) == 1, rnd
+    with open(os.path.join(os.path.dirname(runtime), "devald.log")) as f:
+        assert f.read().count("listening on") == 20
+
+
+def test_idle_exit_and_reuse(runtime):
+    res = run_ranks(2, race_rank, group_name("idle"))
+    assert res == [[0, 1]] * 2
+    first = devalds(runtime)
+    assert len(first) == 1
+    res = run_ranks(2, race_rank, group_name("idle"))  # right after: the same devald
+    assert devalds(runtime) == first
+    deadline = time.monotonic() + 10
+    while devalds(runtime) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert devalds(runtime) == [], "devald did not exit when idle"
+    assert not os.path.exists(runtime)
+
+
+def test_stale_socket_is_replaced(runtime):
+    run_ranks(2, race_rank, group_name("stale"))
+    (pid,) = devalds(runtime)
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.1)
+    assert os.path.exists(runtime)  # left behind, answering nobody
+    assert run_ranks(2, race_rank, group_name("stale")) == [[0, 1]] * 2
+    assert len(devalds(runtime)) == 1 and devalds(runtime) != [pid]
+
+
+def off_rank(rank, world):
+    import deval
+    try:
+        deval.join("off", rank, world, timeout=5)
+    except deval.DaemonLost as e:
+        return str(e)
+    return "joined"
+
+
+def test_autostart_off_says_how_to_start_one(runtime, monkeypatch):
+    monkeypatch.setenv("DEVAL_AUTOSTART", "0")
+    (msg,) = run_ranks(1, off_rank)
+    assert "starting one is off" in msg and "devald --socket %s" % runtime in msg
+    assert devalds(runtime) == []
+
+
+def test_a_named_socket_is_never_autostarted(runtime, monkeypatch, tmp_path):
+    sock = str(tmp_path / "nobody.sock")
+    monkeypatch.setenv("DEVAL_SOCKET", sock)
+    (msg,) = run_ranks(1, off_rank)
+    assert "cannot reach devald at %s" % sock in msg
+    assert devalds(runtime) == [] and devalds(sock) == []
+
+
+def test_nothing_names_the_job(runtime):
+    import deval
+    with pytest.raises(deval.InvalidArgument, match="nothing says which job"):
+        deval.join()
+
+
+def launch_rank_group(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT.replace("g.barrier()", "import time; time.sleep(1.5); g.barrier()"))
+    return script
+
+
+def test_ctl_groups_shows_the_launcher(runtime, tmp_path):
+    script = launch_rank_group(tmp_path)
+    p = subprocess.Popen([sys.executable, "-m", "deval.launch", "-n", "2", str(script)],
+                         env=env_for(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    deadline = time.monotonic() + 30
+    groups = []
+    while time.monotonic() < deadline and not groups:
+        r = ctl("--json=short", "groups")
+        if r.returncode == 0:
+            groups = [g for g in json.loads(r.stdout) if g["joined"] == 2]
+        time.sleep(0.1)
+    table = ctl("groups").stdout
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    assert groups and groups[0]["launcher"] == "deval.launch", groups
+    assert groups[0]["name"].startswith("deval.launch-")
+    assert "LAUNCHER" in table and "deval.launch" in table

@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test-job.c - naming a job from its launcher's environment: every launcher's variables give
+ * a name, a rank and a world size; two jobs never share a name; a restarted torchrun job gets
+ * a new one; deval.launch and torchrun win over the MPI or Slurm that started them; and
+ * nothing at all is an error that names what was looked for.
+ */
+/* cmocka needs these first */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "deval.h"
+
+#include "job.h"
+
+static const char *const all_vars[] = {"DEVAL_LAUNCH_ID",
+                                       "TORCHELASTIC_RUN_ID",
+                                       "MASTER_ADDR",
+                                       "MASTER_PORT",
+                                       "TORCHELASTIC_RESTART_COUNT",
+                                       "RANK",
+                                       "WORLD_SIZE",
+                                       "OMPI_COMM_WORLD_RANK",
+                                       "OMPI_COMM_WORLD_SIZE",
+                                       "PMIX_NAMESPACE",
+                                       "OMPI_MCA_ess_base_jobid",
+                                       "OMPI_MCA_orte_ess_jobid",
+                                       "SLURM_JOB_ID",
+                                       "SLURM_STEP_ID",
+                                       "SLURM_PROCID",
+                                       "SLURM_NTASKS",
+                                       "SLURM_RESTART_COUNT"};
+
+static void clear(void) {
+        for (size_t i = 0; i < sizeof(all_vars) / sizeof(all_vars[0]); i++)
+                unsetenv(all_vars[i]);
+}
+
+static DvJob job(void) {
+        DvJob j;
+        char err[640];
+        int r = dv_job_from_env(&j, err, sizeof(err));
+        if (r != 0)
+                fail_msg("dv_job_from_env: %s", err);
+        return j;
+}
+
+static void torchrun(const char *port, const char *restart, const char *rank) {
+        clear();
+        setenv("TORCHELASTIC_RUN_ID", "none", 1);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", port, 1);
+        setenv("TORCHELASTIC_RESTART_COUNT", restart, 1);
+        setenv("RANK", rank, 1);
+        setenv("WORLD_SIZE", "4", 1);
+}
+
+static void test_torchrun(void **state) {
+        (void)state;
+        torchrun("29500", "0", "2");
+        DvJob a = job();
+        assert_string_equal(a.launcher, "torchrun");
+        assert_int_equal(a.rank, 2);
+        assert_int_equal(a.world, 4);
+        assert_true(strncmp(a.name, "torchrun-", 9) == 0);
+        torchrun("29500", "0", "3"); /* another rank of the same job: the same group */
+        DvJob b = job();
+        assert_string_equal(a.name, b.name);
+        assert_int_equal(b.rank, 3);
+        torchrun("29501", "0", "2"); /* another job at the same time */
+        assert_string_not_equal(job().name, a.name);
+        torchrun("29500", "1", "2"); /* the same job restarted */
+        assert_string_not_equal(job().name, a.name);
+}
+
+static void test_mpirun_srun_launch(void **state) {
+        (void)state;
+        clear();
+        setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+        setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+        setenv("PMIX_NAMESPACE", "prterun-host-1234@1", 1);
+        DvJob m = job();
+        assert_string_equal(m.launcher, "mpirun");
+        assert_int_equal(m.rank, 1);
+        assert_int_equal(m.world, 4);
+        setenv("PMIX_NAMESPACE", "prterun-host-1235@1", 1);
+        assert_string_not_equal(job().name, m.name);
+
+        clear();
+        setenv("SLURM_JOB_ID", "77", 1);
+        setenv("SLURM_STEP_ID", "0", 1);
+        setenv("SLURM_PROCID", "5", 1);
+        setenv("SLURM_NTASKS", "8", 1);
+        DvJob s = job();
+        assert_string_equal(s.launcher, "srun");
+        assert_int_equal(s.rank, 5);
+        assert_int_equal(s.world, 8);
+        setenv("SLURM_STEP_ID", "1", 1); /* the next step of the job */
+        assert_string_not_equal(job().name, s.name);
+
+        /* torchrun started by srun: torchrun's ranks are the ones that count */
+        torchrun("29500", "0", "1");
+        setenv("SLURM_JOB_ID", "77", 1);
+        setenv("SLURM_PROCID", "0", 1);
+        setenv("SLURM_NTASKS", "1", 1);
+        assert_string_equal(job().launcher, "torchrun");
+        assert_int_equal(job().rank, 1);
+
+        clear();
+        setenv("DEVAL_LAUNCH_ID", "123-456", 1);
+        setenv("RANK", "0", 1);
+        setenv("WORLD_SIZE", "2", 1);
+        assert_string_equal(job().launcher, "deval.launch");
+}
+
+static void test_nothing_names_the_job(void **state) {
+        (void)state;
+        DvJob j;
+        char err[640];
+        clear();
+        setenv("RANK", "0", 1); /* a rank alone does not tell one job from another */
+        assert_int_equal(dv_job_from_env(&j, err, sizeof(err)), DEVAL_EINVAL);
+        assert_non_null(strstr(err, "TORCHELASTIC_RUN_ID"));
+        assert_non_null(strstr(err, "OMPI_COMM_WORLD_RANK"));
+        assert_non_null(strstr(err, "SLURM_JOB_ID"));
+        torchrun("29500", "0", "x");
+        assert_int_equal(dv_job_from_env(&j, err, sizeof(err)), DEVAL_EINVAL);
+        assert_non_null(strstr(err, "not a number"));
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_torchrun),
+                cmocka_unit_test(test_mpirun_srun_launch),
+                cmocka_unit_test(test_nothing_names_the_job),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
