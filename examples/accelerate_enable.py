@@ -10,12 +10,10 @@ labels in two calls per batch. Plain Accelerate's ranks would then make differen
 collectives; with deval every rank gets all 50 samples, in dataset order.
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import deval  # noqa: E402
-import deval.accelerate  # noqa: E402
+import deval
+import deval.accelerate
 
 try:
     import torch

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 """The same evaluation loop with Accelerate and with deval, side by side.
 
-    python -m deval.launch -n 2 examples/accelerate_vs_deval.py    (from python/ on PYTHONPATH)
+    python -m deval.launch -n 2 examples/accelerate_vs_deval.py    (after pip install .)
 
 Only the deval loop runs here; the Accelerate one is the code it replaces.
 """
@@ -12,8 +12,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import deval  # noqa: E402
+import deval
 
 
 def evaluate_with_accelerate(model, loader, accelerator):  # pragma: no cover - for reading
@@ -56,7 +55,7 @@ def main():
     for b in range(rank, rounds * world, world):
         idx = [(b * bs + j) % n for j in range(bs)]
         batches.append({"x": data[idx], "y": np.array(idx) % 3})
-    with deval.join("accelerate-vs-deval-%s" % os.environ.get("DEVAL_RUN", os.getppid())) as g:
+    with deval.join() as g:                     # the group from python -m deval.launch
         preds, labels = evaluate_with_deval(model, batches, g, n)
     if rank == 0:
         want = (data @ w).argmax(-1)

@@ -26,10 +26,7 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
-
-import deval  # noqa: E402
+import deval
 
 NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 N_TRAIN = 800
@@ -70,27 +67,27 @@ def rank_main(args):
     mine = indices[rank::world]
     batches = [mine[i:i + args.batch] for i in range(0, len(mine), args.batch)]
 
-    g = deval.join(args.group, timeout=60)
+    g = deval.join(timeout=60)  # the group, rank and world size from the launcher
     got = {"idx": [], "pred": [], "label": [], "topk": [], "name": []}
     local_preds, local_labels = [], []
-    with g.eval_pass(num_samples=n, order="strided"):
-        for b in batches:
-            idx = np.array(b, dtype=np.int64)
-            probs = model.predict_proba(X[idx])
-            preds = probs.argmax(axis=1).astype(np.int64)
-            cands = topk(probs)
-            width = max(len(c) for c in cands)
-            tk = np.full((len(b), width), -1, dtype=np.int64)  # padded to this batch only
-            for j, c in enumerate(cands):
-                tk[j, : len(c)] = c
-            local_preds += preds.tolist()
-            local_labels += y[idx].tolist()
-            out = g.gather_for_metrics((idx, preds, y[idx].astype(np.int64), tk), pad_index=-1)
-            names = g.gather_for_metrics([NAMES[p] for p in preds])
-            for key, v in zip(("idx", "pred", "label"), out[:3]):
-                got[key] += v.tolist()
-            got["topk"] += [row[row >= 0].tolist() for row in out[3]]
-            got["name"] += names
+    # a list of batches says nothing of its sharding: num_samples and order are given
+    for b in g.eval_loop(batches, num_samples=n, order="strided"):
+        idx = np.array(b, dtype=np.int64)
+        probs = model.predict_proba(X[idx])
+        preds = probs.argmax(axis=1).astype(np.int64)
+        cands = topk(probs)
+        width = max(len(c) for c in cands)
+        tk = np.full((len(b), width), -1, dtype=np.int64)  # padded to this batch only
+        for j, c in enumerate(cands):
+            tk[j, : len(c)] = c
+        local_preds += preds.tolist()
+        local_labels += y[idx].tolist()
+        out = g.gather_for_metrics((idx, preds, y[idx].astype(np.int64), tk), pad_index=-1)
+        names = g.gather_for_metrics([NAMES[p] for p in preds])
+        for key, v in zip(("idx", "pred", "label"), out[:3]):
+            got[key] += v.tolist()
+        got["topk"] += [row[row >= 0].tolist() for row in out[3]]
+        got["name"] += names
 
     # what each rank would report alone, duplicates and all, averaged over ranks
     local = np.array(metrics(np.array(local_preds), np.array(local_labels)), dtype=np.float64)
@@ -158,12 +155,12 @@ def launch(args):
     model_path = os.path.join(tmp, "model.pkl")
     with open(model_path, "wb") as f:
         pickle.dump(model, f)
-    group = "digits-%d" % os.getpid()
     procs = []
+    run = "digits-%d-%d" % (os.getpid(), time.time_ns())  # as python -m deval.launch does
     for r in range(args.ranks):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.ranks))
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.ranks), DEVAL_LAUNCH_ID=run)
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--rank-of", group, "--model", model_path,
+            [sys.executable, os.path.abspath(__file__), "--rank", "--model", model_path,
              "--batch", str(args.batch), "--out", args.out, "--t0", repr(args.t0)], env=env))
     codes = [p.wait() for p in procs]
     os.unlink(model_path)
@@ -178,13 +175,13 @@ def main():
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--out", help="where the predictions files go (default: a temporary dir)")
-    p.add_argument("--rank-of", dest="group", help=argparse.SUPPRESS)
+    p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.t0 is None:
         args.t0 = time.monotonic()
-    if args.group:
+    if args.rank:
         rank_main(args)
         return 0
     return launch(args)

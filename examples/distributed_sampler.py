@@ -12,8 +12,7 @@ padding, for each gather_for_metrics call of a batch.
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import deval  # noqa: E402
+import deval
 
 try:
     import torch
@@ -29,7 +28,7 @@ def main():
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
     loader = DataLoader(dataset, batch_size=16, sampler=sampler)
     seen, again = [], []
-    with deval.join("dist-sampler-%s" % os.environ.get("DEVAL_RUN", os.getppid())) as g:
+    with deval.join() as g:                     # the group from python -m deval.launch
         for batch in g.eval_loop(loader):        # strided order and num_samples from the sampler
             seen.append(g.gather_for_metrics(batch * 2))        # a torch tensor comes back
             again.append(g.gather_for_metrics(batch))           # a second call of the batch

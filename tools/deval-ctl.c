@@ -150,14 +150,14 @@ static void print_table(const DvStatusReply *r, bool groups_only) {
                         printf("no groups\n");
                 return;
         }
-        printf("%-24s %5s %6s %11s %11s %11s %-8s %s\n", "GROUP", "WORLD", "JOINED", "COLLECTIVES",
+        printf("%-30s %5s %6s %11s %11s %11s %-8s %s\n", "GROUP", "WORLD", "JOINED", "COLLECTIVES",
                "MOVED", "MAPPED", "STATE", "LAUNCHER");
         for (uint32_t i = 0; i < r->ngroups; i++) {
                 const DvGroupInfo *g = &r->groups[i];
                 char moved[32], mapped[32];
                 human_bytes(g->bytes_moved, moved, sizeof(moved));
                 human_bytes(g->bytes_mapped, mapped, sizeof(mapped));
-                printf("%-24s %5d %6d %11" PRIu64 " %11s %11s %-8s %.*s\n", g->name, g->world_size,
+                printf("%-30s %5d %6d %11" PRIu64 " %11s %11s %-8s %.*s\n", g->name, g->world_size,
                        g->joined, g->collectives, moved, mapped, state_name(g->state),
                        DV_LAUNCHER_MAX - 1, g->launcher[0] ? g->launcher : "-");
         }

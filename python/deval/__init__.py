@@ -135,6 +135,8 @@ def _candidates():
         return
     here = os.path.dirname(os.path.abspath(__file__))
     yield os.path.join(here, "libdeval.so.0")                        # installed beside us
+    import glob                                                      # a wheel keeps no links
+    yield from sorted(glob.glob(os.path.join(here, "libdeval.so.0.*")))
     for build in ("build", "build-release", "build-asan"):           # a source tree's build
         yield os.path.join(here, "..", "..", build, "libdeval.so.0")
     try:                                                             # meson install's libdir

@@ -16,9 +16,6 @@ gather_for_metrics calls per batch) they are exact: every sample once, in datase
 One Accelerator per process is enabled; deval.accelerate.disable() undoes it.
 """
 
-import hashlib
-import os
-
 from . import InvalidArgument, _loop, join
 
 __all__ = ["enable", "disable"]
@@ -33,19 +30,6 @@ class _State:
         self.group = group
         self.looping = False  # a hooked loader's pass is open
         self.saved = {}  # the accelerator's own bound methods
-
-
-def _job_name():
-    """A group name that two jobs never share and a restarted job does not reuse."""
-    env = os.environ
-    port = env.get("MASTER_PORT")
-    if port is None:
-        raise InvalidArgument("deval.accelerate.enable: nothing names this job ($MASTER_PORT "
-                              "is not set, as torchrun and accelerate launch set it); pass "
-                              "group=", -1)
-    key = "|".join(env.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
-                                            "TORCHELASTIC_RESTART_COUNT", "WORLD_SIZE"))
-    return "accelerate-" + hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
 def _recursively(fn, data):
@@ -172,8 +156,10 @@ def enable(obj, group=None, socket=None, timeout=None):
             return _ACTIVE.group
         raise InvalidArgument("deval.accelerate.enable: another Accelerator is enabled in this "
                               "process; disable() it first", -1)
-    g = join(group or _job_name(), accelerator.process_index, accelerator.num_processes,
-             socket=socket, timeout=timeout)
+    # with no group, libdeval names it after the job that torchrun (or accelerate launch,
+    # mpirun, srun) started
+    g = join(group, accelerator.process_index, accelerator.num_processes, socket=socket,
+             timeout=timeout)
     st = _State(accelerator, g)
     for name, fn in _make_methods(st).items():
         st.saved[name] = accelerator.__dict__.get(name)

@@ -40,7 +40,8 @@ def test_accelerate_enable_example(daemon):
     """Under the real torchrun: three ranks of uneven loaders, two calls per batch."""
     pytest.importorskip("torch", reason="torch is not installed")
     pytest.importorskip("accelerate", reason="accelerate is not installed")
-    env = dict(os.environ, DEVAL_SOCKET=daemon.socket, OMP_NUM_THREADS="1")
+    env = dict(os.environ, DEVAL_SOCKET=daemon.socket, OMP_NUM_THREADS="1",
+               PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -229,3 +229,63 @@ def test_ctl_groups_shows_the_launcher(runtime, tmp_path):
     assert groups and groups[0]["launcher"] == "deval.launch", groups
     assert groups[0]["name"].startswith("deval.launch-")
     assert "LAUNCHER" in table and "deval.launch" in table
+
+
+INSTALLED = """
+import os, sys, deval, numpy as np
+assert deval.__file__.startswith(sys.argv[1]), deval.__file__   # the wheel's, not the tree's
+g = deval.join()
+got = g.gather(np.array([g.rank]))
+assert got.tolist() == list(range(g.world_size)), got
+os.write(1, b"rank %d of %d in %s\\n" % (g.rank, g.world_size, g.name.encode()))
+import time; time.sleep(1)   # the other job is running too
+g.barrier()
+g.leave()
+"""
+
+
+def test_installed_wheel_under_torchrun(runtime, tmp_path):
+    """pip wheel . builds a wheel; a fresh venv outside the source tree installs it without a
+    compiler; torchrun jobs of 2 and 4 ranks whose only deval lines are import deval and
+    deval.join() run at once, with no devald beforehand: the package starts its own."""
+    pytest.importorskip("torch")
+    dist, venv = tmp_path / "dist", tmp_path / "venv"
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                        "--disable-pip-version-check", "-w", str(dist), ROOT],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (wheel,) = dist.glob("deval-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    vpy = str(venv / "bin" / "python")
+    p = subprocess.run([vpy, "-m", "pip", "install", "--no-deps", "-q",
+                        "--disable-pip-version-check", str(wheel)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    # numpy and torch from the test environment, after the venv's own packages
+    site = subprocess.run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    import numpy
+    with open(os.path.join(site, "zz-test-env.pth"), "w") as f:
+        f.write(os.path.dirname(os.path.dirname(numpy.__file__)) + "\n")
+    script = tmp_path / "job.py"
+    script.write_text(INSTALLED)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "DEVALD", "DEVAL_LIBRARY", "DEVAL_CTL")}
+    env["OMP_NUM_THREADS"] = "1"
+    env["DEVAL_IDLE_EXIT"] = "30"
+    jobs = [subprocess.Popen([vpy, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc-per-node", str(n), str(script), site],
+                             cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for n in (2, 4)]
+    outs = [j.communicate(timeout=300)[0] for j in jobs]
+    for j, out, n in zip(jobs, outs, (2, 4)):
+        assert j.returncode == 0, out
+        assert sum(ln.startswith("rank ") for ln in out.splitlines()) == n, out
+    names = [{ln.split()[-1] for ln in out.splitlines() if ln.startswith("rank ")}
+             for out in outs]
+    assert all(len(s) == 1 for s in names) and names[0] != names[1]
+    (pid,) = devalds(runtime)
+    assert os.readlink("/proc/%d/exe" % pid).startswith(site)  # the wheel's devald
+    ctl_out = subprocess.run([str(venv / "bin" / "deval-ctl"), "status"], env=env,
+                             capture_output=True, text=True, timeout=30)
+    assert ctl_out.returncode == 0 and "devald pid %d" % pid in ctl_out.stdout, ctl_out

@@ -12,7 +12,9 @@ from conftest import ROOT
 
 def test_digits_main_job(daemon, tmp_path):
     pytest.importorskip("sklearn", reason="scikit-learn is not installed")
-    env = dict(os.environ, DEVAL_SOCKET=daemon.socket)
+    env = dict(os.environ, DEVAL_SOCKET=daemon.socket,
+               PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
     env.pop("RANK", None)
     p = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits_eval.py"),
                         "--ranks", "4", "--batch", "16", "--out", str(tmp_path)],
