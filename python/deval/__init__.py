@@ -554,7 +554,8 @@ def _device_index(device):
     return index
 
 
-def join(group=None, rank=None, world_size=None, socket=None, timeout=None, device=None):
+def join(group=None, rank=None, world_size=None, socket=None, timeout=None, device=None,
+         autostart=None):
     """Join ``group`` as ``rank`` of ``world_size`` ranks; waits until every rank joined.
 
     With no group, the name, rank and world size come from the launcher that started the
@@ -564,7 +565,9 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     $DEVAL_SOCKET or the default path; timeout (seconds) bounds the join and every
     collective (None: 300 s; a negative value: forever). device (an ordinal, "cuda:N" or a
     torch.device) makes this a device group: devald must run the cuda backend, every rank
-    names its GPU, and gathered CUDA tensors stay on the GPUs.
+    names its GPU, and gathered CUDA tensors stay on the GPUs. When no devald answers and no
+    socket was named, one is started for this user unless autostart is False (default: on
+    unless $DEVAL_AUTOSTART=0).
     """
     if group is not None and not isinstance(group, str):
         raise InvalidArgument("deval.join: the group name must be a str", -1)
@@ -588,6 +591,8 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     opts.socket_path = os.fsencode(socket) if socket else None
     if index is not None:
         opts.on_device, opts.device = 1, index
+    if autostart is not None:
+        opts.autostart = 1 if autostart else -1
     if timeout is None:
         opts.timeout_ms = 0
     elif timeout < 0:

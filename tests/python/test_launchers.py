@@ -184,10 +184,23 @@ def off_rank(rank, world):
     return "joined"
 
 
+def off_option_rank(rank, world):
+    import deval
+    try:
+        deval.join("off", rank, world, timeout=5, autostart=False)
+    except deval.DaemonLost as e:
+        return str(e)
+    return "joined"
+
+
 def test_autostart_off_says_how_to_start_one(runtime, monkeypatch):
     monkeypatch.setenv("DEVAL_AUTOSTART", "0")
     (msg,) = run_ranks(1, off_rank)
     assert "starting one is off" in msg and "devald --socket %s" % runtime in msg
+    assert devalds(runtime) == []
+    monkeypatch.delenv("DEVAL_AUTOSTART")
+    (msg,) = run_ranks(1, off_option_rank)  # the join option does the same
+    assert "starting one is off" in msg
     assert devalds(runtime) == []
 
 
@@ -289,3 +302,28 @@ def test_installed_wheel_under_torchrun(runtime, tmp_path):
     ctl_out = subprocess.run([str(venv / "bin" / "deval-ctl"), "status"], env=env,
                              capture_output=True, text=True, timeout=30)
     assert ctl_out.returncode == 0 and "devald pid %d" % pid in ctl_out.stdout, ctl_out
+
+
+SYSTEM = "/run/deval/devald.sock"
+
+
+def test_a_system_devald_wins(runtime):
+    """A devald at the system's socket (systemd's, or root's) takes the joins; none starts."""
+    if os.geteuid() != 0:
+        pytest.skip("only root may listen at %s" % SYSTEM)
+    if os.path.exists(SYSTEM):
+        pytest.skip("%s exists: a system devald may be running; leave it be" % SYSTEM)
+    proc = subprocess.Popen([os.path.join(BUILD, "devald"), "--socket", SYSTEM, "--log-level",
+                             "warn"])
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(SYSTEM) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert run_ranks(2, race_rank, group_name("system")) == [[0, 1]] * 2
+        assert devalds(runtime) == []
+        status = ctl("status")  # deval-ctl finds it the same way
+        assert status.returncode == 0 and "devald pid %d" % proc.pid in status.stdout
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert not os.path.exists(SYSTEM)
