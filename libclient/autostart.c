@@ -31,6 +31,8 @@
 
 #include "deval.h"
 
+extern char **environ;
+
 #include "sock.h"
 #include "util.h"
 
@@ -101,6 +103,25 @@ static void sleep_ms(int ms) {
 static int spawn(const char *devald, const char *sock, const char *log, const char *idle) {
         char *const argv[] = {(char *)"devald",      (char *)"--socket", (char *)sock,
                               (char *)"--exit-idle", (char *)idle,       NULL};
+        /* the rank's environment, less what is the rank's alone: its share of the GPUs (devald
+         * serves every rank's), its fault points, and a service manager's words to it */
+        static const char *const drop[] = {
+                "CUDA_VISIBLE_DEVICES=", "DEVAL_FAULT=",    "NOTIFY_SOCKET=", "LISTEN_FDS=",
+                "LISTEN_PID=",           "LISTEN_FDNAMES=", "WATCHDOG_USEC=", "WATCHDOG_PID="};
+        size_t n = 0;
+        while (environ[n])
+                n++;
+        _cleanup_(freep) char **envp = calloc(n + 1, sizeof(char *));
+        if (!envp)
+                return -ENOMEM;
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+                bool keep = true;
+                for (size_t d = 0; d < sizeof(drop) / sizeof(drop[0]); d++)
+                        keep &= strncmp(environ[i], drop[d], strlen(drop[d])) != 0;
+                if (keep)
+                        envp[k++] = environ[i];
+        }
         pid_t pid = fork();
         if (pid < 0)
                 return -errno;
@@ -120,7 +141,7 @@ static int spawn(const char *devald, const char *sock, const char *log, const ch
                 if (syscall(SYS_close_range, 3u, ~0u, 0u) < 0)
                         for (int fd = 3; fd < 4096; fd++)
                                 close(fd);
-                execv(devald, argv);
+                execve(devald, argv, envp);
                 _exit(127);
         }
         int st;
