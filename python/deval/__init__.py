@@ -718,8 +718,7 @@ class Group:
         # list of objects, so that every rank makes the same call
         if use_gather_object or (isinstance(x, list) and not any(
                 isinstance(v, np.ndarray) or _is_torch(v) for v in x)):
-            return self._objects(_lib.deval_gather_objects_for_metrics,
-                                 list(x) if isinstance(x, (list, tuple)) else [x])
+            return self._objects(_lib.deval_gather_objects_for_metrics, _object_items(x))
         return self._gather(_lib.deval_gather_for_metrics, x, copy,
                             self._opts(pad_index, pad_first), per_sample=self._in_pass)
 
@@ -918,10 +917,10 @@ class Group:
         return [pickle.loads(ctypes.string_at(out[i].data, out[i].len)) for i in range(n.value)]
 
     def gather_object(self, items):
-        """All ranks' lists, concatenated in rank order (objects are pickled)."""
-        if not isinstance(items, (list, tuple)):
-            items = [items]
-        return self._objects(_lib.deval_gather_objects, list(items))
+        """All ranks' lists, concatenated in rank order (objects are pickled). As in
+        Accelerate, a tensor or array counts as the list of its rows; any other object as a
+        list of one."""
+        return self._objects(_lib.deval_gather_objects, _object_items(items))
 
     def broadcast_object(self, obj, from_process=0):
         """from_process's object, on every rank."""
@@ -939,6 +938,14 @@ class Group:
         self._check(_lib.deval_barrier(self._handle()))
 
     wait_for_everyone = barrier  # Accelerate's name
+
+
+def _object_items(x):
+    """What gather_object gathers of x: a list's items, a tensor's rows, else x alone."""
+    if isinstance(x, (list, tuple)) or ((isinstance(x, np.ndarray) or _is_torch(x))
+                                        and x.ndim > 0):
+        return list(x)
+    return [x]
 
 
 def _is_torch(v):

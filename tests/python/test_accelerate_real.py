@@ -361,7 +361,8 @@ def ops_rank(rank, world, port, name):
                 acc.pad_across_processes(ragged, dim=1, pad_index=-1, pad_first=True),
                 [acc.reduce(x["v"] + rank, r) for r in ("sum", "mean", "max")],
                 acc.gather_for_metrics(["r%d" % rank] * (rank + 1)),
-                acc.gather_for_metrics(x["ids"]))
+                acc.gather_for_metrics(x["ids"]),
+                acc.gather_for_metrics(x["v"], use_gather_object=True))
 
     plain = ops()
     deval.accelerate.enable(acc, group=name)
