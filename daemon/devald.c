@@ -336,9 +336,12 @@ static bool conn_handle(Daemon *d, Conn *c) {
         if (n <= 0)
                 return false;
         if ((size_t)n < sizeof(DvMsgHdr) || m.hdr.version != DV_PROTO_VERSION) {
+                char why[96];
+                snprintf(why, sizeof(why),
+                         "devald %s speaks protocol version %d; use the libdeval of its version",
+                         DV_VERSION_STRING, DV_PROTO_VERSION);
                 log_warn("pid %d speaks another protocol version; closing", (int)c->pid);
-                conn_send_reply(c, DEVAL_EPROTO, "devald speaks protocol version 1", NULL, 0, NULL,
-                                0, 0, 0);
+                conn_send_reply(c, DEVAL_EPROTO, why, NULL, 0, NULL, 0, 0, 0);
                 return false;
         }
         switch (dv_msg_check(&m, (size_t)n)) {

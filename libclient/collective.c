@@ -30,13 +30,21 @@ static int group_fail_local(deval_group *g, int status, const char *msg) {
         return dv_set_err(g, status, "%s", msg);
 }
 
-/* A collective may start: the group has not failed (a failure sticks, with its message). */
-static int coll_begin(deval_group *g) {
+/* Only the process that joined may use the handle: a forked child shares its slot. */
+static int coll_owner(deval_group *g) {
         if (g->pid != getpid())
                 return dv_set_err(g, DEVAL_EINVAL,
                                   "this group handle belongs to pid %d, which joined as rank %d; "
                                   "a forked process must join a group of its own",
                                   (int)g->pid, g->rank);
+        return 0;
+}
+
+/* A collective may start: the group has not failed (a failure sticks, with its message). */
+static int coll_begin(deval_group *g) {
+        int r = coll_owner(g);
+        if (r < 0)
+                return r;
         if (g->replaying && dv_replay_pending(g))
                 return 0; /* answered from what was kept, whatever the group did since */
         if (g->failed)
@@ -89,7 +97,15 @@ static int check_tensor(deval_group *g, const char *fn, int i, const deval_tenso
         return 0;
 }
 
-static DvRequest *req_start(deval_group *g, uint32_t op) {
+/*
+ * Start this rank's request in its shared slot. The slot is the joining process's: checked
+ * before a byte of it is written, since a forked child maps the same slot, and its parent's
+ * request may be waiting there for the other ranks.
+ */
+static int req_start(deval_group *g, uint32_t op, DvRequest **ret) {
+        int r = coll_owner(g);
+        if (r < 0)
+                return r;
         DvRequest *q = &g->hdr->slots[g->rank].req;
         memset(q, 0, offsetof(DvRequest, t));
         q->seq = g->seq + 1;
@@ -98,7 +114,8 @@ static DvRequest *req_start(deval_group *g, uint32_t op) {
         q->valid_rows = -1;
         q->keep_rows = -1;
         q->root = -1;
-        return q;
+        *ret = q;
+        return 0;
 }
 
 /* Which call of the batch a *_METRICS request is (deval_eval_batch()); 0 without batches. */
@@ -450,7 +467,9 @@ static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
                 opts = &default_opts;
         if ((r = check_opts(g, fn, opts)) < 0)
                 return r;
-        DvRequest *q = req_start(g, op);
+        DvRequest *q;
+        if ((r = req_start(g, op, &q)) < 0)
+                return r;
         req_set_opts(q, opts);
         if ((r = req_site(g, fn, q)) < 0)
                 return r;
@@ -523,7 +542,9 @@ static int simple_op(deval_group *g, uint32_t op, const char *fn, int64_t num_sa
                 return DEVAL_EINVAL;
         if ((r = coll_begin(g)) < 0)
                 return r;
-        DvRequest *q = req_start(g, op);
+        DvRequest *q;
+        if ((r = req_start(g, op, &q)) < 0)
+                return r;
         q->num_samples = num_samples;
         q->order = order;
         return coll_run(g, fn, &res);
@@ -540,7 +561,9 @@ static int eval_end(deval_group *g, const char *fn, uint32_t flags) {
         if ((r = coll_begin(g)) < 0)
                 return r;
         dv_replay_clear(g);
-        DvRequest *q = req_start(g, DV_OP_EVAL_END);
+        DvRequest *q;
+        if ((r = req_start(g, DV_OP_EVAL_END, &q)) < 0)
+                return r;
         q->flags = flags;
         return coll_wait(g, fn, /* pass_end= */ true, &res);
 }
@@ -620,7 +643,9 @@ int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, 
         }
         if (dim < 0)
                 dim += in->ndim;
-        DvRequest *q = req_start(g, DV_OP_PAD);
+        DvRequest *q;
+        if ((r = req_start(g, DV_OP_PAD, &q)) < 0)
+                return r;
         q->dim = dim;
         q->pad_value = pad_value;
         q->pad_first = pad_first;
@@ -661,7 +686,9 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
         if ((r = coll_begin(g)) < 0)
                 return r;
         uint64_t blob_off = DV_ALIGN(n * 8, DV_ARENA_ALIGN);
-        DvRequest *q = req_start(g, op);
+        DvRequest *q;
+        if ((r = req_start(g, op, &q)) < 0)
+                return r;
         req_set_opts(q, opts);
         if ((r = req_site(g, fn, q)) < 0)
                 return r;
@@ -754,7 +781,9 @@ int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op) {
         if (op == DEVAL_MEAN && dv_dtype_valid(inout->dtype) && !dv_dtype_is_float(inout->dtype))
                 return dv_set_err(g, DEVAL_EINVAL, "%s: mean needs a floating dtype, not %s", fn,
                                   dv_dtype_name(inout->dtype));
-        DvRequest *q = req_start(g, DV_OP_REDUCE);
+        DvRequest *q;
+        if ((r = req_start(g, DV_OP_REDUCE, &q)) < 0)
+                return r;
         q->reduce_op = op;
         if ((r = put_tensors(g, fn, 1, inout, NULL, q)) < 0)
                 return r;
@@ -784,7 +813,9 @@ int deval_broadcast(deval_group *g, deval_tensor *inout, int root) {
         if (root < 0 || root >= g->world)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: root %d is out of range 0..%d", fn, root,
                                   g->world - 1);
-        DvRequest *q = req_start(g, DV_OP_BROADCAST);
+        DvRequest *q;
+        if ((r = req_start(g, DV_OP_BROADCAST, &q)) < 0)
+                return r;
         q->root = root;
         bool with_data = g->rank == root;
         uint64_t bytes;
@@ -826,7 +857,9 @@ int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root
                 return dv_set_err(g, DEVAL_EINVAL, "%s: data is NULL", fn);
         if ((r = coll_begin(g)) < 0)
                 return r;
-        DvRequest *q = req_start(g, DV_OP_BROADCAST_BYTES);
+        DvRequest *q;
+        if ((r = req_start(g, DV_OP_BROADCAST_BYTES, &q)) < 0)
+                return r;
         q->root = root;
         if (g->rank == root) {
                 deval_tensor t = {.data = (void *)data,

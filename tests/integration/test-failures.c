@@ -509,6 +509,31 @@ static int rank_forks(const Harness *h, int rank, int world, void *arg) {
         waitpid(child, &st, 0);
         CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child was not refused");
         CHECK_OK(deval_barrier(g), g); /* the parent's membership is intact */
+
+        /* a child calling while its parent's request waits in the shared slot must not touch
+         * that slot: rank 0's gather waits for rank 1, and rank 0's child calls a reduce */
+        int64_t mine[3] = {rank, rank, rank}, got[6];
+        deval_tensor in = {
+                .data = mine, .dtype = DEVAL_I64, .ndim = 1, .shape = {rank + 2}, .device = -1};
+        deval_tensor out;
+        if (rank == 0 && (child = fork()) == 0) {
+                usleep(100 * 1000); /* the parent has arrived by now */
+                double v = 1;
+                deval_tensor t = {.data = &v, .dtype = DEVAL_F64, .ndim = 0, .device = -1};
+                int r = deval_reduce(g, &t, DEVAL_SUM);
+                _exit(r == DEVAL_EINVAL ? 0 : 1);
+        }
+        if (rank == 1)
+                usleep(400 * 1000);
+        CHECK_OK(deval_gather(g, 1, &in, NULL, &out), g);
+        CHECK(out.shape[0] == 5, "%lld rows", (long long)out.shape[0]);
+        memcpy(got, out.data, sizeof(int64_t) * 5);
+        CHECK(got[0] == 0 && got[1] == 0 && got[2] == 1 && got[3] == 1 && got[4] == 1,
+              "the gather is not what the ranks sent");
+        if (rank == 0) {
+                waitpid(child, &st, 0);
+                CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the second child was not refused");
+        }
         deval_leave(g);
         return 0;
 }
@@ -718,6 +743,25 @@ static void test_unexpected_fds(void **state) {
                 fail_msg("devald holds %d descriptors, %d before", after, before);
 }
 
+/* A client of another protocol version is told which one devald speaks: this one's. */
+static void test_other_protocol_version(void **state) {
+        (void)state;
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", H.socket);
+        int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        assert_true(s >= 0 && connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+        DvMsgHdr req = {DV_PROTO_VERSION + 7, DV_MSG_STATUS};
+        assert_true(send(s, &req, sizeof(req), 0) == sizeof(req));
+        DvReply rep;
+        assert_true(recv(s, &rep, sizeof(rep), 0) == sizeof(rep));
+        close(s);
+        char want[64];
+        snprintf(want, sizeof(want), "protocol version %d", DV_PROTO_VERSION);
+        assert_int_equal(rep.status, DEVAL_EPROTO);
+        if (!strstr(rep.msg, want))
+                fail_msg("devald answered '%s', not naming %s", rep.msg, want);
+}
+
 static void test_hostile_client(void **state) {
         (void)state;
         assert_int_equal(harness_run(&H, 3, rank_hostile, NULL, 20), 0);
@@ -733,6 +777,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_timeout, before, after),
                 cmocka_unit_test_setup_teardown(test_join_timeout, before, after),
                 cmocka_unit_test_setup_teardown(test_mismatch, before, after),
+                cmocka_unit_test_setup_teardown(test_other_protocol_version, before, after),
                 cmocka_unit_test_setup_teardown(test_bad_arguments, before, after),
                 cmocka_unit_test_setup_teardown(test_bad_joins, before, after),
                 cmocka_unit_test_setup_teardown(test_daemon_survives, before, after),
