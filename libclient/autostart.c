@@ -84,12 +84,6 @@ static int private_dir(const char *dir, char *err, size_t errlen) {
         return 0;
 }
 
-static int64_t now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void sleep_ms(int ms) {
         struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
         nanosleep(&ts, NULL);
@@ -189,9 +183,9 @@ int dv_autostart(const char *sock, char *err, size_t errlen) {
                 snprintf(err, errlen, "cannot open %s: %s", lock, strerror(errno));
                 return DEVAL_EDAEMON;
         }
-        int64_t deadline = now_ms() + START_TIMEOUT_MS;
+        uint64_t deadline = dv_now_ns() + (uint64_t)START_TIMEOUT_MS * 1000000;
         while (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-                if ((errno != EWOULDBLOCK && errno != EINTR) || now_ms() > deadline) {
+                if ((errno != EWOULDBLOCK && errno != EINTR) || dv_now_ns() > deadline) {
                         snprintf(err, errlen, "cannot lock %s to start devald: %s", lock,
                                  errno == EWOULDBLOCK ? "another process holds it"
                                                       : strerror(errno));
@@ -214,7 +208,7 @@ int dv_autostart(const char *sock, char *err, size_t errlen) {
                 return DEVAL_EDAEMON;
         }
         while (!dv_socket_answers(sock)) {
-                if (now_ms() > deadline) {
+                if (dv_now_ns() > deadline) {
                         snprintf(err, errlen,
                                  "started %s for %s, but it did not answer within %d s; see %s",
                                  devald, sock, START_TIMEOUT_MS / 1000, log);

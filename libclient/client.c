@@ -9,7 +9,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -321,17 +320,6 @@ static uint64_t default_spin_ns(int world_size) {
         return ncpu >= world_size + 2 ? 20000 : 0;
 }
 
-/* A whole number from $name; -1 when unset or not one. */
-static int env_number(const char *name) {
-        const char *v = getenv(name);
-        char *end;
-        if (!v || !*v)
-                return -1;
-        errno = 0;
-        long n = strtol(v, &end, 10);
-        return errno || *end || n < 0 || n > INT_MAX ? -1 : (int)n;
-}
-
 /* Start a devald when nothing answers? The join option, else $DEVAL_AUTOSTART (on). */
 static bool autostart_on(const deval_join_opts *opts) {
         if (opts && opts->autostart)
@@ -399,8 +387,8 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                 if ((r = dv_job_from_env(&job, why, sizeof(why))) < 0 && !group)
                         return join_err(r, "deval_join: %s", why);
                 if (r < 0) /* a name of the caller's; the rank and size may still be set */
-                        job = (DvJob){.rank = env_number("RANK"),
-                                      .world = env_number("WORLD_SIZE")};
+                        job = (DvJob){.rank = DV_MAX(dv_env_int("RANK"), -1),
+                                      .world = DV_MAX(dv_env_int("WORLD_SIZE"), -1)};
                 if (!group) {
                         group = job.name;
                         snprintf(req.launcher, sizeof(req.launcher), "%s", job.launcher);

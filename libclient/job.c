@@ -28,8 +28,11 @@ static const char *env(const char *name) {
         return v && *v ? v : NULL;
 }
 
-/* A whole number in [0, INT_MAX] from $name; -1 when unset; -2 when not a number. */
-static int env_int(const char *name) {
+/**
+ * dv_env_int() - a whole number in [0, INT_MAX] from $name.
+ * Return: the number; -1 when unset or empty; -2 when not such a number.
+ */
+int dv_env_int(const char *name) {
         const char *v = env(name);
         if (!v)
                 return -1;
@@ -80,7 +83,7 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
                 const Launcher *l = &launchers[i];
                 if (!env(l->present))
                         continue;
-                int rank = env_int(l->rank), world = env_int(l->world);
+                int rank = dv_env_int(l->rank), world = dv_env_int(l->world);
                 if (rank == -2 || world == -2) {
                         snprintf(err, errlen, "$%s or $%s (set by %s) is not a number", l->rank,
                                  l->world, l->launcher);

@@ -17,3 +17,4 @@ typedef struct {
 } DvJob;
 
 int dv_job_from_env(DvJob *ret, char *err, size_t errlen);
+int dv_env_int(const char *name);
