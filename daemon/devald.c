@@ -132,6 +132,11 @@ static void group_info(const Group *g, uint64_t now, DvGroupInfo *i) {
         memcpy(i->name, g->name, sizeof(i->name));
         i->uid = (uint32_t)g->uid;
         i->state = (uint32_t)g->state;
+        /* the worker fails a group on a timeout without touching the main thread's state */
+        pthread_mutex_lock((pthread_mutex_t *)&g->lock);
+        if (g->abort_status && g->state == DV_GROUP_ACTIVE)
+                i->state = DV_GROUP_FAILED;
+        pthread_mutex_unlock((pthread_mutex_t *)&g->lock);
         i->world_size = g->world;
         i->joined = g->joined;
         i->collectives = atomic_load(&((Group *)g)->collectives);

@@ -218,6 +218,13 @@ static int rank_straggler(const Harness *h, int rank, int world, void *arg) {
                       strstr(m, "collective #2 (reduce)"),
               "message '%s' must name the rank, its pid and where it is", m);
         CHECK(!strstr(m, "rank 0 (") && !strstr(m, "rank 1 ("), "'%s' blames arrived ranks", m);
+        if (rank == 0) { /* while its members still hold it, the group shows as failed */
+                char out[4096];
+                CHECK(harness_ctl(h, "--json=short groups", out, sizeof(out)) == 0, "%s", out);
+                CHECK(strstr(out, "\"state\":\"failed\""), "deval-ctl groups: %s", out);
+        }
+        if (rank == 1)
+                usleep(500000); /* still a member while rank 0 looks */
         deval_leave(g);
         return 0;
 }
