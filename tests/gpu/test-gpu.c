@@ -206,14 +206,43 @@ static int staged_rank(const char *sock, int rank) {
 typedef int (*RankFn)(const char *sock, int rank, int world, void *arg);
 
 /*
+ * How many GPUs the driver sees, asked in a forked child so that this process does not touch
+ * CUDA before its ranks fork. Where it sees one, every failure to start or run the cuda
+ * backend fails the check; only a machine without a GPU skips.
+ */
+static int gpus_seen(void) {
+        fflush(NULL);
+        pid_t p = fork();
+        if (p == 0) {
+                int n = 0;
+                if (gpu->init() < 0 || gpu->device_count(&n) < 0)
+                        n = 0;
+                _exit(n > 100 ? 100 : n);
+        }
+        int st;
+        if (p < 0 || waitpid(p, &st, 0) != p || !WIFEXITED(st))
+                return 0;
+        return WEXITSTATUS(st);
+}
+
+static int n_gpus; /* gpus_seen(), once */
+
+/*
  * devald with backend, and world forked ranks running fn; the worst exit code (77 when the
  * ranks found no GPU). Runs before this process touches CUDA: a forked child cannot use its
  * parent's CUDA state.
  */
 static int with_devald(const char *backend, int world, RankFn fn, void *arg) {
         const char *devald = getenv("DEVALD");
-        if (!devald)
-                return 0;
+        if (!devald) {
+                if (!n_gpus)
+                        return 0;
+                fprintf(stderr,
+                        "test-gpu: FAILED: $DEVALD is not set, so nothing checks the "
+                        "%s backend end to end on this machine's %d GPU(s)\n",
+                        backend, n_gpus);
+                return 1;
+        }
         char dir[] = "/tmp/deval-gpu-XXXXXX", sock[128];
         if (!mkdtemp(dir))
                 return 1;
@@ -229,7 +258,13 @@ static int with_devald(const char *backend, int world, RankFn fn, void *arg) {
         for (int i = 0; i < 1000 && stat(sock, &st) != 0; i++) {
                 if (waitpid(d, NULL, WNOHANG) == d) {
                         rmdir(dir);
-                        return 77; /* devald refused the backend: said why on stderr */
+                        if (!n_gpus)
+                                return 77; /* no GPU: devald said why on stderr */
+                        fprintf(stderr,
+                                "test-gpu: FAILED: devald --backend %s exited at start "
+                                "(above), though the driver sees %d GPU(s)\n",
+                                backend, n_gpus);
+                        return 1;
                 }
                 usleep(10000);
         }
@@ -242,6 +277,8 @@ static int with_devald(const char *backend, int world, RankFn fn, void *arg) {
                 int status;
                 waitpid(ranks[r], &status, 0);
                 int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+                if (code == 77 && n_gpus) /* a rank that found no GPU where there is one */
+                        code = 1;
                 if (code && worst != 1)
                         worst = code;
         }
@@ -405,6 +442,7 @@ int main(int argc, char **argv) {
         if (!getenv("DEVAL_GPU_CHECK_FAKE"))
                 unsetenv("DEVAL_GPU_FAKE");
         gpu = dv_gpu();
+        n_gpus = gpus_seen();
         bool benching = argc > 1 && strcmp(argv[1], "--bench") == 0;
         if (benching && getenv("DEVALD")) { /* end to end first, before CUDA is touched here */
                 printf("through devald (--backend cuda), device tensors on GPU 0, ragged "

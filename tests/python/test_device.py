@@ -6,12 +6,13 @@ With a real GPU and torch, torch CUDA tensors go the same way and come back as t
 
 import ctypes
 import os
+import subprocess
 
 import numpy as np
 import pytest
 
 import deval
-from conftest import Daemon, group_name, run_ranks
+from conftest import ROOT, Daemon, group_name, run_ranks
 
 FAKE = {"DEVAL_GPU_FAKE": "2"}
 
@@ -131,3 +132,24 @@ def test_torch_device_group():
         assert run_ranks(2, _torch_device_rank, d.socket, group_name("pytorchdev")) == [True] * 2
     finally:
         d.stop()
+
+
+def run_test_gpu(**env):
+    build = os.path.dirname(os.environ.get("DEVALD", os.path.join(ROOT, "build", "devald")))
+    exe = os.path.join(build, "test-gpu")
+    if not os.access(exe, os.X_OK):
+        pytest.skip("test-gpu is not built")
+    full = {k: v for k, v in os.environ.items() if k != "DEVALD"}
+    full.update(DEVAL_GPU_CHECK_FAKE="1", DEVAL_GPU_FAKE="2", **env)
+    return subprocess.run([exe], env=full, capture_output=True, text=True, timeout=120)
+
+
+def test_gpu_check_fails_where_a_gpu_is_seen():
+    """tools/gpu-check's test-gpu on a machine whose driver sees GPUs (the fake's two): a
+    devald that exits at start, or no devald to run, fails the check instead of skipping."""
+    p = run_test_gpu(DEVALD="/bin/false")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "exited at start" in p.stderr and "sees 2 GPU(s)" in p.stderr
+    p = run_test_gpu()
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "$DEVALD is not set" in p.stderr
