@@ -683,14 +683,13 @@ class Group:
     @staticmethod
     def _opts(pad_value=0.0, pad_first=False, valid_rows=None, keep_rows=None, order="rank",
               root=None):
-        if order not in _ORDERS:
-            raise InvalidArgument("deval: order must be 'rank' or 'strided', not %r" % (order,), -1)
+        order = _order_code(order)
         o = _GatherOpts()
         o.pad_value = float(pad_value)
         o.pad_first = bool(pad_first)
         o.valid_rows = -1 if valid_rows is None else int(valid_rows)
         o.keep_rows = -1 if keep_rows is None else int(keep_rows)
-        o.order = _ORDERS[order]
+        o.order = order
         o.root = -1 if root is None else int(root)
         return o
 
@@ -724,13 +723,12 @@ class Group:
 
     @staticmethod
     def _pass_args(num_samples, order):
-        if order not in _ORDERS:
-            raise InvalidArgument("deval: order must be 'rank' or 'strided', not %r" % (order,), -1)
+        order = _order_code(order)
         if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) \
                 or num_samples < 0:
             raise InvalidArgument("deval: num_samples must be an int >= 0, not %r"
                                   % (num_samples,), -1)
-        return int(num_samples), _ORDERS[order]
+        return int(num_samples), order
 
     @contextlib.contextmanager
     def eval_pass(self, num_samples, order="rank"):
@@ -938,6 +936,13 @@ class Group:
         self._check(_lib.deval_barrier(self._handle()))
 
     wait_for_everyone = barrier  # Accelerate's name
+
+
+def _order_code(order):
+    """deval_order's number for "rank" or "strided"."""
+    if order not in _ORDERS:
+        raise InvalidArgument("deval: order must be 'rank' or 'strided', not %r" % (order,), -1)
+    return _ORDERS[order]
 
 
 def _object_items(x):
