@@ -13,22 +13,22 @@
 #include <time.h>
 #include <unistd.h>
 
-/**
- * dv_fault() - act as $DEVAL_FAULT says if it names phase (and seq, when it names one).
- * An unparsable setting is reported on stderr once per point and ignored.
+/*
+ * The action $DEVAL_FAULT names for phase at seq, into action[16], and its MS; false when it
+ * names another point or step. An unparsable setting is reported on stderr and ignored.
  */
-void dv_fault(const char *phase, uint32_t seq) {
+static bool fault_action(const char *phase, uint32_t seq, char action[16], unsigned long *ret_ms) {
         const char *spec = getenv("DEVAL_FAULT");
         size_t n = strlen(phase);
         if (!spec || strncmp(spec, phase, n) != 0 || spec[n] != ':')
-                return;
-        char action[16] = "";
+                return false;
         unsigned long ms = 0, at = 0;
         const char *p = spec + n + 1;
         size_t alen = strcspn(p, ":@");
-        if (alen == 0 || alen >= sizeof(action))
+        if (alen == 0 || alen >= 16)
                 goto bad;
         memcpy(action, p, alen);
+        action[alen] = '\0';
         p += alen;
         if (*p == ':') {
                 char *end;
@@ -43,6 +43,26 @@ void dv_fault(const char *phase, uint32_t seq) {
         if (*p)
                 goto bad;
         if (at && at != seq)
+                return false;
+        *ret_ms = ms;
+        return true;
+bad:
+        fprintf(stderr, "deval: DEVAL_FAULT=%s is not PHASE:ACTION[:MS][@SEQ]; ignored\n", spec);
+        return false;
+}
+
+/* Does $DEVAL_FAULT ask point phase to do action, which the point carries out itself? */
+bool dv_fault_says(const char *phase, uint32_t seq, const char *action) {
+        char a[16] = "";
+        unsigned long ms;
+        return fault_action(phase, seq, a, &ms) && strcmp(a, action) == 0;
+}
+
+/** dv_fault() - act as $DEVAL_FAULT says if it names phase (and seq, when it names one). */
+void dv_fault(const char *phase, uint32_t seq) {
+        char action[16] = "";
+        unsigned long ms;
+        if (!fault_action(phase, seq, action, &ms))
                 return;
         if (strcmp(action, "exit") == 0)
                 _exit(3); /* no atexit handlers, no goodbye */
@@ -60,7 +80,7 @@ void dv_fault(const char *phase, uint32_t seq) {
                 }
                 return;
         }
-bad:
-        fprintf(stderr, "deval: DEVAL_FAULT=%s is not PHASE:ACTION[:MS][@SEQ]; ignored\n", spec);
+        if (strcmp(action, "garbage") != 0) /* the point's own */
+                fprintf(stderr, "deval: DEVAL_FAULT action '%s' is unknown; ignored\n", action);
 }
 #endif

@@ -9,17 +9,24 @@
  *
  * PHASE names the point: in libdeval before_write (inputs not yet in the arena),
  * before_arrive (written, not yet announced), after_arrive (announced, not yet waiting);
- * in devald daemon_copy (a step validated, its copy not done) and before_wake (results
- * written, ranks not yet woken). ACTION is exit (_exit(3): no goodbye), abort, sigkill,
- * sigstop, or sleep for MS milliseconds. @SEQ limits it to collective number SEQ.
+ * in the rank that runs a small step itself (fast.c) fast_run (about to run it) and
+ * fast_publish (its result written, not yet published); in devald daemon_copy (a step
+ * validated, its copy not done) and before_wake (results written, ranks not yet woken).
+ * ACTION is exit (_exit(3): no goodbye), abort, sigkill, sigstop, sleep for MS milliseconds,
+ * or garbage, which the point itself acts on (fast_publish: the result is overwritten with
+ * junk). @SEQ limits it to collective number SEQ.
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef DEVAL_FAULT_POINTS
 void dv_fault(const char *phase, uint32_t seq);
-#define DV_FAULT(phase, seq) dv_fault(phase, seq)
+bool dv_fault_says(const char *phase, uint32_t seq, const char *action);
+#define DV_FAULT(phase, seq)              dv_fault(phase, seq)
+#define DV_FAULT_SAYS(phase, seq, action) dv_fault_says(phase, seq, action)
 #else
-#define DV_FAULT(phase, seq) ((void)0)
+#define DV_FAULT(phase, seq)              ((void)0)
+#define DV_FAULT_SAYS(phase, seq, action) false
 #endif

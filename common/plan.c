@@ -24,6 +24,17 @@ void dv_plan_init(DvPlan *p) {
         p->last_copy = p->last_fill = SIZE_MAX;
 }
 
+/* Ready p for another plan, keeping what it allocated. */
+void dv_plan_reset(DvPlan *p) {
+        p->nout = 0;
+        p->out_end = 0;
+        p->nsegs = 0;
+        p->nruns = 0;
+        p->samples = 0;
+        p->last_copy = p->last_fill = SIZE_MAX;
+        p->err[0] = '\0';
+}
+
 void dv_plan_deinit(DvPlan *p) {
         free(p->out);
         free(p->out_offset);
@@ -52,14 +63,35 @@ bool dv_shape_numel(const DvShape *s, int64_t *ret) {
         return true;
 }
 
+/* Grow *arr to n elements of size es (kept for reuse, dv_plan_reset()); its first n zeroed. */
+static bool plan_array(void *arr, size_t *cap, size_t n, size_t es) {
+        void **a = arr;
+        if (n > *cap) {
+                void *p = realloc(*a, n * es);
+                if (!p)
+                        return false;
+                *a = p;
+                *cap = n;
+        }
+        memset(*a, 0, n * es);
+        return true;
+}
+
 static int plan_alloc_outputs(DvPlan *p, int nout, int world) {
+        size_t n = (size_t)DV_MAX(nout, 1), cap = p->out_cap;
         p->nout = nout;
-        p->out = calloc((size_t)DV_MAX(nout, 1), sizeof(*p->out));
-        p->out_offset = calloc((size_t)DV_MAX(nout, 1), sizeof(*p->out_offset));
-        p->out_nbytes = calloc((size_t)DV_MAX(nout, 1), sizeof(*p->out_nbytes));
-        p->fill = calloc((size_t)DV_MAX(nout, 1), sizeof(*p->fill));
-        p->contributed = calloc((size_t)world, sizeof(*p->contributed));
-        if (!p->out || !p->out_offset || !p->out_nbytes || !p->fill || !p->contributed)
+        bool ok = plan_array(&p->out, &cap, n, sizeof(*p->out));
+        cap = p->out_cap;
+        ok = ok && plan_array(&p->out_offset, &cap, n, sizeof(*p->out_offset));
+        cap = p->out_cap;
+        ok = ok && plan_array(&p->out_nbytes, &cap, n, sizeof(*p->out_nbytes));
+        cap = p->out_cap;
+        ok = ok && plan_array(&p->fill, &cap, n, sizeof(*p->fill));
+        if (ok)
+                p->out_cap = cap;
+        ok = ok &&
+             plan_array(&p->contributed, &p->world_cap, (size_t)world, sizeof(*p->contributed));
+        if (!ok)
                 return plan_fail(p, DEVAL_ENOMEM, "out of memory while planning");
         return 0;
 }

@@ -83,11 +83,13 @@ typedef struct {
         int64_t samples;             /* samples in the result */
         int64_t *contributed;        /* [world] samples each rank gave after valid_rows */
         size_t last_copy, last_fill; /* segments open for merging, or SIZE_MAX */
+        size_t out_cap, world_cap;   /* what out..fill and contributed hold, kept for reuse */
         char err[DV_MSG_MAX];
 } DvPlan;
 
 void dv_plan_init(DvPlan *p);
 void dv_plan_deinit(DvPlan *p);
+void dv_plan_reset(DvPlan *p);
 int dv_plan_gather(const DvPlanInput *in, DvPlan *p);
 int dv_plan_pad(int world, const DvShape *in, int dim, bool pad_first, double pad_value,
                 uint64_t out_base, uint64_t max_out, DvPlan *p);

@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  3
+#define DV_PROTO_VERSION  4
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -230,7 +230,7 @@ typedef struct {
         uint32_t flags; /* DV_OP_EVAL_END: DV_END_* */
         uint32_t batch; /* deval_eval_batch() calls since the pass began */
         uint64_t staged_bytes; /* with status: how much it tried to stage */
-        char why[128];         /* with status: the rank's own words (untrusted text) */
+        char why[256];         /* with status: the rank's own words (untrusted text) */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
 } DvRequest;
 
@@ -244,6 +244,9 @@ typedef struct {
 /* DV_OP_EVAL_END: the rank's loader ran out (deval_eval_complete()), so the pass may check
  * that every site gathered all num_samples samples. */
 #define DV_END_EXHAUSTED 1u
+/* Any op: the rank's input also lies in its slot's inline bytes, at the offsets of its
+ * descriptors, so a rank may run the step (see DvFast). */
+#define DV_REQ_INLINE 0x100u
 
 /* What a rank gets back: written by the daemon before it publishes done_seq. */
 typedef struct {
@@ -257,12 +260,62 @@ typedef struct {
         DvTensorDesc t[DEVAL_MAX_TENSORS];
 } DvResult;
 
+/*
+ * A rank whose inputs fit in its inline bytes (DvCtlHeader.inline_size, set by devald for the
+ * group: DV_INLINE_MIN to DV_INLINE_MAX, a power of two) writes them there instead of its
+ * input arena, so that the last rank to arrive can run the step without devald; devald reads
+ * them there when it runs the step. Such a step writes its result into the control segment's
+ * output area, of world_size inline sizes and DV_FAST_OUT_MIN at least.
+ */
+#define DV_INLINE_MIN   (4u << 10)
+#define DV_INLINE_MAX   (1u << 20)
+#define DV_FAST_OUT_MIN (64u << 10)
+
 typedef struct {
         /* Bumped (release) by the client once req is complete; read (acquire) by the worker. */
         alignas(64) _Atomic uint32_t arrived_seq;
-        uint32_t reserved[15];
+        uint32_t reserved;
+        uint64_t arrived_ns; /* CLOCK_MONOTONIC at the arrival, for devald's figures only */
+        uint32_t reserved1[12];
         DvRequest req;
 } DvSlot;
+
+/*
+ * Steps the ranks run themselves. Every rank adds 1 to count after its slot is complete; the
+ * rank that brings it to world_size is the last to arrive. When every request is a small
+ * host-memory gather, reduce, broadcast or barrier with its input inline, and the ranks agree
+ * on everything the step needs, that rank plans it (common/plan.c, the code devald runs),
+ * writes the result here and publishes done_seq: no wake-up of devald on the way. Any other
+ * step, and any disagreement or malformed request, it hands to devald (handoff_seq, then the
+ * arrive word), whose worker checks it as always and names what was wrong.
+ *
+ * This is memory every rank of the group writes: a rank trusts the other ranks of its group
+ * with the results of the steps they run, as it trusts them with their inputs; ranks and
+ * devald check every offset and size they read here. devald still owns membership, memory,
+ * the failure of the group and its timeouts: it sees arrivals in the slots and done_seq here.
+ */
+/* What the rank that ran step seq saw, for devald's figures (who was last, by how much). */
+#define DV_FAST_STATS 256
+typedef struct {
+        uint32_t seq;
+        int32_t last;     /* the rank that arrived last */
+        uint32_t late_us; /* its arrival after the first */
+        uint32_t lat_us;  /* first arrival to the result */
+} DvFastStat;
+
+typedef struct {
+        alignas(64) _Atomic uint32_t count;    /* ranks arrived at the step in progress */
+        alignas(64) _Atomic uint32_t done_seq; /* last step a rank ran; stored (release) last */
+        _Atomic uint32_t wake;           /* bumped by whoever finishes a step; ranks sleep on it */
+        _Atomic uint32_t sleepers;       /* ranks asleep on wake: the finisher wakes them */
+        _Atomic uint32_t handoff_seq;    /* last step handed to devald (release) */
+        _Atomic uint32_t pass_open;      /* written by devald: an eval pass is open */
+        int32_t executor;                /* the rank that ran done_seq */
+        int32_t runner;                  /* the rank running the step in progress */
+        _Atomic uint64_t bytes_moved;    /* by the steps the ranks ran, for devald's figures */
+        DvResult res;                    /* done_seq's result, the same for every rank */
+        DvFastStat stats[DV_FAST_STATS]; /* [seq % DV_FAST_STATS] */
+} DvFast;
 
 /*
  * A group's control segment, what the ranks write: each its own slot (devald copies a
@@ -273,8 +326,15 @@ typedef struct {
         uint32_t version;
         int32_t world_size;
         uint32_t reserved0;
-        /* Clients add 1 after arriving and FUTEX_WAKE it; the worker sleeps on it. */
+        /* devald's layout of the segment (dv_ctl_layout()): ranks check it, devald never reads it */
+        uint32_t inline_size; /* bytes of each rank's inline input */
+        uint32_t reserved1;
+        uint64_t inl_off; /* rank k's inline input at inl_off + k * inline_size */
+        uint64_t out_off; /* the output area of the steps the ranks run */
+        uint64_t out_size;
+        /* A rank handing a step to devald adds 1 and FUTEX_WAKEs it; the worker sleeps on it. */
         alignas(64) _Atomic uint32_t arrive;
+        alignas(64) DvFast fast;
         alignas(64) DvSlot slots[];
 } DvCtlHeader;
 
@@ -288,7 +348,8 @@ typedef struct {
         uint32_t version;
         int32_t world_size;
         uint32_t reserved0;
-        /* The worker adds 1 after publishing a step or a failure; clients sleep on it. */
+        /* The worker adds 1 after publishing a step or a failure (and to fast.wake, which the
+         * clients sleep on). */
         alignas(64) _Atomic uint32_t wake;
         /* Last completed step; stored (release) after every res and msg are written. */
         alignas(64) _Atomic uint32_t done_seq;
@@ -311,6 +372,23 @@ typedef struct {
 
 static inline uint64_t dv_ctl_size(int world_size) {
         return sizeof(DvCtlHeader) + (uint64_t)world_size * sizeof(DvSlot);
+}
+
+typedef struct {
+        uint32_t inline_size;
+        uint64_t inl_off, out_off, out_size, total;
+} DvCtlLayout;
+
+/* Where the inline inputs and the output area of a group's control segment lie. */
+static inline DvCtlLayout dv_ctl_layout(int world_size, uint32_t inline_size) {
+        DvCtlLayout l = {.inline_size = inline_size};
+        l.inl_off = (dv_ctl_size(world_size) + 4095) & ~4095ull;
+        l.out_off = l.inl_off + (uint64_t)world_size * inline_size;
+        l.out_size = (uint64_t)world_size * inline_size;
+        if (l.out_size < DV_FAST_OUT_MIN)
+                l.out_size = DV_FAST_OUT_MIN;
+        l.total = l.out_off + l.out_size;
+        return l;
 }
 
 static inline uint64_t dv_done_size(int world_size) {

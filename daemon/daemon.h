@@ -174,6 +174,8 @@ struct Group {
         _Atomic uint64_t collectives;
         _Atomic uint64_t done_ns; /* when the worker last completed a collective */
         _Atomic uint64_t bytes_moved;
+        uint64_t fast_moved; /* the fast area's bytes_moved when the worker last looked */
+        DvCtlLayout layout;  /* of the control segment: devald's copy, never read back from it */
 };
 
 struct Conn {
@@ -251,6 +253,8 @@ Group *group_lookup(Daemon *d, const char *name);
 
 /* worker.c */
 void *worker_main(void *arg);
+void worker_catch_up(Group *g, uint64_t deadline_ns);
+#define CATCH_UP_NS (50ull * 1000 * 1000) /* how long deval-ctl's answer may wait for it */
 int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen);
 int worker_ensure_dev_output(Group *g, uint64_t size, char *msg, size_t msglen);
 

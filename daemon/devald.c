@@ -168,6 +168,10 @@ static void handle_status(Daemon *d, Conn *c) {
         r->max_group_bytes = d->max_group_bytes;
         r->unexpected_fds = d->unexpected_fds;
         r->total_groups = n;
+        uint64_t deadline = now + CATCH_UP_NS;
+        for (Group *g = d->groups; g; g = g->next)
+                if (visible_to(g, c))
+                        worker_catch_up(g, deadline);
         for (Group *g = d->groups; g && r->ngroups < shown; g = g->next) {
                 if (!visible_to(g, c))
                         continue;
@@ -218,6 +222,7 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
         Group *g = group_for(d, c, req);
         if (!g)
                 return;
+        worker_catch_up(g, dv_now_ns() + CATCH_UP_NS);
         size_t len = sizeof(DvGroupReply) + (size_t)g->world * sizeof(DvRankInfo);
         _cleanup_(freep) DvGroupReply *r = calloc(1, len);
         if (!r)
@@ -300,6 +305,7 @@ static void handle_dump(Daemon *d, Conn *c, const DvNameReq *req) {
         Group *g = group_for(d, c, req);
         if (!g)
                 return;
+        worker_catch_up(g, dv_now_ns() + CATCH_UP_NS);
         size_t len = 0;
         _cleanup_(freep) char *json = group_flight_json(g, &len);
         _cleanup_(closep) int fd =

@@ -228,13 +228,29 @@ void group_maybe_free(Group *g) {
         group_free(g);
 }
 
+/*
+ * Each rank's inline bytes (wire.h): up to DV_INLINE_MAX, so that the inline inputs and the
+ * output area of the steps the ranks run take an eighth of the group's quota at most. A
+ * device group's ranks stage on their GPUs: none.
+ */
+static uint32_t inline_size_for(const Group *g) {
+        if (g->device_group)
+                return 0;
+        uint64_t per = g->d->max_group_bytes / 16 / (uint64_t)g->world;
+        uint32_t s = DV_INLINE_MAX;
+        while (s > per && s > DV_INLINE_MIN)
+                s /= 2;
+        return s;
+}
+
 static int group_activate(Group *g, char *msg, size_t msglen) {
         Daemon *d = g->d;
         char name[96];
         int r;
 
-        uint64_t total = dv_ctl_size(g->world) + dv_done_size(g->world) +
-                         ARENA_INITIAL * (uint64_t)(g->world + 1);
+        g->layout = dv_ctl_layout(g->world, inline_size_for(g));
+        uint64_t total =
+                g->layout.total + dv_done_size(g->world) + ARENA_INITIAL * (uint64_t)(g->world + 1);
         if (g->device_group) { /* an input per rank, an output per GPU that receives */
                 total += ARENA_INITIAL * (uint64_t)g->world;
                 bool seen[DV_MAX_GPUS] = {false};
@@ -304,12 +320,16 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                 }
         }
         snprintf(name, sizeof(name), "deval-ctl-%s", g->name);
-        if ((r = arena_new(name, dv_ctl_size(g->world), ARENA_SHARED, &g->ctl)) < 0)
+        if ((r = arena_new(name, g->layout.total, ARENA_SHARED, &g->ctl)) < 0)
                 goto fail;
         g->hdr = (DvCtlHeader *)g->ctl.map;
         g->hdr->magic = DV_CTL_MAGIC;
         g->hdr->version = DV_PROTO_VERSION;
         g->hdr->world_size = g->world;
+        g->hdr->inline_size = g->layout.inline_size;
+        g->hdr->inl_off = g->layout.inl_off;
+        g->hdr->out_off = g->layout.out_off;
+        g->hdr->out_size = g->layout.out_size;
         /* the ranks get this one sealed against writing: it is devald's word to them */
         snprintf(name, sizeof(name), "deval-done-%s", g->name);
         if ((r = arena_new(name, dv_done_size(g->world), ARENA_OUTPUT, &g->done)) < 0)

@@ -57,11 +57,26 @@ static DvResult *res_of(Step *s, int k) {
                                                  (s)->reqs[0].field, _k, (s)->reqs[_k].field);     \
         } while (0)
 
+/* Rank k's request has its input in its inline bytes of the control segment (wire.h). */
+static bool in_inline(const Step *s, int k) {
+        return !s->dev && (s->reqs[k].flags & DV_REQ_INLINE);
+}
+
+/* Where rank k's host input of this step lies: its input arena, or its inline bytes. */
+static const uint8_t *in_base(const Group *g, const DvRequest *q) {
+        int k = (int)(q - g->reqs);
+        if (q->flags & DV_REQ_INLINE)
+                return g->ctl.map + g->layout.inl_off + (uint64_t)k * g->layout.inline_size;
+        return g->members[k].in.map;
+}
+
 /* A descriptor some rank wrote: its shape must be sane; with data, it must lie in the arena. */
 static int check_desc(Step *s, int k, int i, bool with_data) {
         const DvTensorDesc *t = &s->reqs[k].t[i];
         const Member *m = &s->g->members[k];
-        uint64_t arena = s->dev ? m->din.size : m->in.size;
+        uint64_t arena = s->dev            ? m->din.size
+                         : in_inline(s, k) ? s->g->layout.inline_size
+                                           : m->in.size;
 
         switch (dv_desc_check(t, arena, with_data)) {
         case DV_DESC_OK:
@@ -117,7 +132,7 @@ typedef struct {
 
 static const uint8_t *src_of(void *arg, int rank, int tensor) {
         SrcCtx *c = arg;
-        return c->g->members[rank].in.map + c->reqs[rank].t[c->first_tensor ? 0 : tensor].offset;
+        return in_base(c->g, &c->reqs[rank]) + c->reqs[rank].t[c->first_tensor ? 0 : tensor].offset;
 }
 
 static int same_shapes(Step *s, const char *what) {
@@ -642,10 +657,11 @@ static int step_reduce(Step *s) {
         double acc[REDUCE_CHUNK]; /* as <= sizeof(double) */
         for (uint64_t e = 0; e < numel; e += REDUCE_CHUNK) {
                 size_t n = (size_t)DV_MIN((uint64_t)REDUCE_CHUNK, numel - e);
-                const uint8_t *x0 = g->members[0].in.map + s->reqs[0].t[0].offset + e * es;
+                const uint8_t *x0 = in_base(g, &s->reqs[0]) + s->reqs[0].t[0].offset + e * es;
                 dv_reduce_init(t->dtype, acc, x0, n);
                 for (int k = 1; k < W; k++) {
-                        const uint8_t *x = g->members[k].in.map + s->reqs[k].t[0].offset + e * es;
+                        const uint8_t *x =
+                                in_base(g, &s->reqs[k]) + s->reqs[k].t[0].offset + e * es;
                         dv_reduce_accumulate(t->dtype, op, acc, x, n);
                 }
                 dv_reduce_finish(t->dtype, op, W, acc, g->out.map + e * es, n);
@@ -685,7 +701,7 @@ static int step_broadcast(Step *s, bool bytes) {
         const DvTensorDesc *t = &s->reqs[root].t[0];
         if ((r = worker_ensure_output(g, t->nbytes, s->msg, sizeof(s->msg))) < 0)
                 return r;
-        memcpy(g->out.map, g->members[root].in.map + t->offset, t->nbytes);
+        memcpy(g->out.map, in_base(g, &s->reqs[root]) + t->offset, t->nbytes);
         atomic_fetch_add_explicit(&g->bytes_moved, t->nbytes, memory_order_relaxed);
         DvShape sh = shape_of(t);
         for (int k = 0; k < W; k++) {

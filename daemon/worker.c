@@ -19,6 +19,13 @@
 
 #define SLICE_NS (100 * 1000 * 1000)
 
+/* Wake the ranks: they sleep on the fast area's word, which whoever finishes a step bumps. */
+static void worker_wake_ranks(Group *g) {
+        atomic_fetch_add_explicit(&g->dhdr->wake, 1, memory_order_release);
+        atomic_fetch_add_explicit(&g->hdr->fast.wake, 1, memory_order_seq_cst);
+        dv_futex_wake(&g->hdr->fast.wake);
+}
+
 static void worker_publish_abort(Group *g) {
         DvDoneHeader *h = g->dhdr;
 
@@ -28,8 +35,7 @@ static void worker_publish_abort(Group *g) {
         pthread_mutex_unlock(&g->lock);
         /* release: abort_msg is complete before a client can see abort_status */
         atomic_store_explicit(&h->abort_status, status, memory_order_release);
-        atomic_fetch_add_explicit(&h->wake, 1, memory_order_release);
-        dv_futex_wake(&h->wake);
+        worker_wake_ranks(g);
 }
 
 static int worker_aborted(Group *g) {
@@ -60,6 +66,18 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
                         n += snprintf(msg + n, sizeof(msg) - (size_t)n,
                                       " never arrived at its first collective;");
         }
+        /* every rank came: the last one was running the step itself and never finished */
+        int runner = g->hdr->fast.runner, all = 1;
+        for (int k = 0; k < g->world; k++)
+                all &= atomic_load_explicit(&g->hdr->slots[k].arrived_seq, memory_order_acquire) ==
+                       seq;
+        if (all && runner >= 0 && runner < g->world && n < (int)sizeof(msg) - 128) {
+                char how[96];
+                proc_state(g->members[runner].pid, how, sizeof(how));
+                n += snprintf(msg + n, sizeof(msg) - (size_t)n,
+                              " every rank arrived; rank %d (pid %d%s%s) was running it", runner,
+                              (int)g->members[runner].pid, how[0] ? "," : "", how);
+        }
         if (n > 0 && msg[n - 1] == ';')
                 msg[n - 1] = '\0';
         /* the step that never ran goes into the recorder with whoever came */
@@ -85,8 +103,68 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
         group_flight_dump(g, "timed out");
 }
 
-/* Wait for every rank at seq. Return: 0 when all arrived, else the group's failure. */
-static int worker_wait(Group *g, uint32_t seq) {
+/*
+ * Steps up to done ran on the ranks (fast.c): count them, and record the last in the flight
+ * recorder with the requests still in the slots (a rank already at the next step shows as
+ * not arrived).
+ */
+static void worker_fast_done(Group *g, uint32_t seq, uint32_t done) {
+        DvFast *f = &g->hdr->fast;
+        uint32_t n = done - seq + 1;
+        uint64_t moved = atomic_load_explicit(&f->bytes_moved, memory_order_relaxed);
+        uint64_t delta = moved - g->fast_moved;
+        g->fast_moved = moved;
+        int executor = f->executor;
+
+        /* the ranks agreed on it, or it would not have run there: a rank already at the next
+         * step is shown with the request of one that is not */
+        int at = -1, own = 0;
+        for (int k = 0; k < g->world; k++)
+                if (g->hdr->slots[k].req.seq == done) {
+                        at = k;
+                        own++;
+                }
+        pthread_mutex_lock(&g->lock);
+        for (int k = 0; k < g->world; k++) {
+                const DvSlot *sl = &g->hdr->slots[k];
+                bool mine = sl->req.seq == done;
+                if (at >= 0)
+                        memcpy(&g->reqs[k], &g->hdr->slots[mine ? k : at].req, sizeof(DvRequest));
+                else
+                        g->reqs[k] = (DvRequest){.seq = done, .op = f->res.op};
+                /* arrival times only when every rank's are still there */
+                g->arrivals[k] = own == g->world && sl->arrived_ns ? sl->arrived_ns : 1;
+        }
+        char msg[200];
+        snprintf(msg, sizeof(msg), "collectives #%u..#%u ran on the ranks; rank %d ran the last",
+                 seq, done, executor);
+        flight_record(&g->flight, done, g->reqs, g->arrivals, 0, msg, delta);
+        /* the figures of the last DV_FAST_STATS of them, as their runners saw them */
+        for (uint32_t s = n > DV_FAST_STATS ? done - DV_FAST_STATS + 1 : seq;
+             (int32_t)(done - s) >= 0; s++) {
+                DvFastStat st = f->stats[s % DV_FAST_STATS];
+                if (st.seq != s)
+                        continue;
+                if (g->world > 1 && st.last >= 0 && st.last < g->world) {
+                        g->members[st.last].times_last++;
+                        g->members[st.last].late_ns += (uint64_t)st.late_us * 1000;
+                }
+                g->lat_us[g->lat_n++ % 256] = st.lat_us;
+        }
+        pthread_mutex_unlock(&g->lock);
+        atomic_fetch_add_explicit(&g->collectives, n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&g->bytes_moved, delta, memory_order_relaxed);
+        uint64_t now = dv_now_ns();
+        atomic_store_explicit(&g->done_ns, now, memory_order_relaxed);
+        for (int k = 0; k < g->world; k++)
+                g->members[k].arrived_ns = 0;
+}
+
+/*
+ * Wait until a rank hands step *seq to devald with every rank arrived. Steps the ranks ran
+ * meanwhile move *seq on. Return: 0 to run *seq, else the group's failure.
+ */
+static int worker_wait(Group *g, uint32_t *seq) {
         DvCtlHeader *h = g->hdr;
         uint64_t first_ns = 0, spin_until = dv_now_ns() + g->spin_ns;
         uint32_t op = 0;
@@ -97,19 +175,35 @@ static int worker_wait(Group *g, uint32_t seq) {
                 int s = worker_aborted(g);
                 if (s)
                         return s;
+                /* a rank's word: believed only as far as a group could have run since */
+                uint32_t done = atomic_load_explicit(&h->fast.done_seq, memory_order_acquire);
+                if ((int32_t)(done - *seq) >= 0 && done - *seq < (1u << 30)) {
+                        worker_fast_done(g, *seq, done);
+                        *seq = done + 1;
+                        first_ns = 0;
+                        pthread_mutex_lock(&g->lock);
+                        g->waiting_seq = *seq;
+                        g->waiting_since_ns = 0;
+                        pthread_mutex_unlock(&g->lock);
+                        continue;
+                }
                 int arrived = 0;
                 uint64_t now = dv_now_ns();
                 for (int k = 0; k < g->world; k++) {
                         /* acquire pairs with the client's release store after it filled req */
                         if (atomic_load_explicit(&h->slots[k].arrived_seq, memory_order_acquire) ==
-                            seq) {
+                            *seq) {
                                 arrived++;
                                 op = h->slots[k].req.op;
-                                if (!g->members[k].arrived_ns) /* as seen here: to a wake-up */
-                                        g->members[k].arrived_ns = now;
+                                /* the rank's own clock reading, if it is plausible */
+                                uint64_t t = h->slots[k].arrived_ns;
+                                if (!g->members[k].arrived_ns)
+                                        g->members[k].arrived_ns =
+                                                t && t <= now && now - t < 1000000000ull ? t : now;
                         }
                 }
-                if (arrived == g->world)
+                uint32_t handoff = atomic_load_explicit(&h->fast.handoff_seq, memory_order_acquire);
+                if (arrived == g->world && handoff == *seq)
                         return 0;
                 if (arrived && !first_ns) {
                         first_ns = now;
@@ -121,7 +215,7 @@ static int worker_wait(Group *g, uint32_t seq) {
                 if (first_ns && g->timeout_ns >= 0) {
                         int64_t left = g->timeout_ns - (int64_t)(now - first_ns);
                         if (left <= 0) {
-                                worker_timeout(g, seq, op);
+                                worker_timeout(g, *seq, op);
                                 return DEVAL_ETIMEDOUT;
                         }
                         wait_ns = DV_MIN(wait_ns, left);
@@ -243,7 +337,7 @@ void *worker_main(void *arg) {
                 g->waiting_seq = seq;
                 g->waiting_since_ns = 0;
                 pthread_mutex_unlock(&g->lock);
-                if (worker_wait(g, seq) != 0)
+                if (worker_wait(g, &seq) != 0)
                         break;
                 worker_take_inputs(g);
                 uint64_t t0 = dv_now_ns();
@@ -275,10 +369,12 @@ void *worker_main(void *arg) {
                 /* release: res and msg are written before a rank parked in eval_end sees it */
                 if (g->pass.released)
                         atomic_store_explicit(&g->dhdr->pass_end_seq, seq, memory_order_release);
+                /* which gathers for metrics the ranks may run: none while a pass is open */
+                atomic_store_explicit(&g->hdr->fast.pass_open, g->pass.active,
+                                      memory_order_relaxed);
                 /* release: every slot's res and msg are written before done_seq says so */
                 atomic_store_explicit(&g->dhdr->done_seq, seq, memory_order_release);
-                atomic_fetch_add_explicit(&g->dhdr->wake, 1, memory_order_release);
-                dv_futex_wake(&g->dhdr->wake);
+                worker_wake_ranks(g);
                 uint64_t done_ns = dv_now_ns();
                 pthread_mutex_lock(&g->lock);
                 if (g->world > 1) {
@@ -293,4 +389,30 @@ void *worker_main(void *arg) {
         }
         worker_publish_abort(g);
         return NULL;
+}
+
+/*
+ * worker_catch_up() - have the worker count the steps the ranks ran since it last looked
+ * (it looks when woken, or every SLICE_NS), so that deval-ctl shows them: wake it and wait
+ * for it until deadline_ns at most. Called off the worker.
+ */
+static bool worker_behind(Group *g) {
+        if (!g->hdr || !atomic_load(&g->worker_tid))
+                return false;
+        uint32_t done = atomic_load_explicit(&g->hdr->fast.done_seq, memory_order_acquire);
+        pthread_mutex_lock(&g->lock);
+        uint32_t waiting = g->waiting_seq;
+        int failed = g->abort_status;
+        pthread_mutex_unlock(&g->lock);
+        return !failed && (int32_t)(done - waiting) >= 0 && done - waiting < (1u << 30);
+}
+
+void worker_catch_up(Group *g, uint64_t deadline_ns) {
+        while (worker_behind(g)) {
+                atomic_fetch_add_explicit(&g->hdr->arrive, 1, memory_order_release);
+                dv_futex_wake(&g->hdr->arrive);
+                if (dv_now_ns() > deadline_ns)
+                        return;
+                usleep(500);
+        }
 }

@@ -10,7 +10,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,24 @@
 
 /* deval_errmsg(NULL): why this thread's last deval_join failed. */
 static __thread char join_errmsg[DV_MSG_MAX + 128];
+
+/*
+ * Forks seen by this process's copy of libdeval: a collective checks that it runs in the
+ * process that joined without a getpid() system call each time.
+ */
+static _Atomic unsigned forks;
+
+static void forked_child(void) {
+        atomic_fetch_add_explicit(&forks, 1, memory_order_relaxed);
+}
+
+__attribute__((constructor)) static void watch_forks(void) {
+        pthread_atfork(NULL, NULL, forked_child);
+}
+
+unsigned dv_forks(void) {
+        return atomic_load_explicit(&forks, memory_order_relaxed);
+}
 
 const char *deval_version(void) {
         return DV_VERSION_STRING;
@@ -251,6 +271,10 @@ static void group_free(deval_group *g) {
         if (g->sock >= 0)
                 close(g->sock);
         dv_replay_clear(g);
+        free(g->fast_reqs);
+        dv_plan_deinit(&g->plan);
+        for (size_t i = 0; i < DV_ARRAY_SIZE(g->scratch); i++)
+                free(g->scratch[i]);
         free(g->items);
         free(g);
 }
@@ -308,16 +332,30 @@ static void group_freep(deval_group **g) {
 }
 
 /*
- * Spinning before sleeping saves a wake-up (a few microseconds) when every rank and the
- * group's worker have a core of their own; with fewer cores the spinners take the core the
- * worker needs and every collective gets slower. $DEVAL_SPIN_US overrides.
+ * Spinning before sleeping saves a sleep and a wake-up (microseconds each) when every rank
+ * has a core of its own: the last rank to arrive runs a small step itself, so a spinning
+ * rank sees it done at once. With more ranks than cores the spinners would take the core the
+ * last rank (or devald's worker) needs. $DEVAL_SPIN_US overrides.
  */
 static uint64_t default_spin_ns(int world_size) {
         const char *env = getenv("DEVAL_SPIN_US");
         if (env && *env)
                 return strtoull(env, NULL, 10) * 1000;
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        return ncpu >= world_size + 2 ? 20000 : 0;
+        return ncpu >= world_size ? 50000 : 0;
+}
+
+/*
+ * With more ranks than cores, a waiting rank yields its core for a while before it sleeps:
+ * the ranks still to arrive run at once, and the last one's result is seen without a wake-up.
+ * $DEVAL_YIELD_US overrides.
+ */
+static uint64_t default_yield_ns(int world_size) {
+        const char *env = getenv("DEVAL_YIELD_US");
+        if (env && *env)
+                return strtoull(env, NULL, 10) * 1000;
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        return ncpu >= world_size ? 0 : 1000000;
 }
 
 /* Start a devald when nothing answers? The join option, else $DEVAL_AUTOSTART (on). */
@@ -418,11 +456,19 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                 return join_err(DEVAL_ENOMEM, "deval_join: out of memory");
         g->sock = -1;
         g->device = -1;
+        dv_plan_init(&g->plan);
+        g->fast_reqs = calloc((size_t)world_size, sizeof(DvRequest));
+        if (!g->fast_reqs)
+                return join_err(DEVAL_ENOMEM, "deval_join: out of memory");
         g->pid = getpid();
+        g->forks = dv_forks();
         g->rank = rank;
         g->world = world_size;
         g->debug = getenv("DEVAL_DEBUG") != NULL;
         g->spin_ns = default_spin_ns(world_size);
+        g->yield_ns = default_yield_ns(world_size);
+        const char *rs = getenv("DEVAL_RANK_STEPS");
+        g->rank_steps = !(rs && (strcmp(rs, "0") == 0 || strcmp(rs, "no") == 0));
         g->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
         if (g->timeout_ms < 0)
                 g->timeout_ms = -1;
@@ -519,7 +565,22 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
             g->hdr->world_size != world_size || g->done->magic != DV_CTL_MAGIC ||
             g->done->version != DV_PROTO_VERSION || g->done->world_size != world_size)
                 return join_err(DEVAL_EPROTO, "devald's control segment has another layout");
-        g->seq = atomic_load_explicit(&g->done->done_seq, memory_order_acquire);
+        /* where the inline inputs and the output of the steps the ranks run lie: devald's
+         * layout, recomputed here, and only believed if it is that and fits */
+        uint32_t inl = g->hdr->inline_size;
+        DvCtlLayout l = dv_ctl_layout(world_size, inl);
+        if ((inl && (inl < DV_INLINE_MIN || inl > DV_INLINE_MAX || (inl & (inl - 1)))) ||
+            g->hdr->inl_off != l.inl_off || g->hdr->out_off != l.out_off ||
+            g->hdr->out_size != l.out_size || l.total > g->ctl_size)
+                return join_err(DEVAL_EPROTO, "devald's control segment has another layout");
+        g->inl_size = inl;
+        g->inl = (uint8_t *)g->hdr + l.inl_off + (uint64_t)rank * inl;
+        g->inl_all = (uint8_t *)g->hdr + l.inl_off;
+        g->fast_out = (uint8_t *)g->hdr + l.out_off;
+        g->fast_out_size = l.out_size;
+        uint32_t a = atomic_load_explicit(&g->done->done_seq, memory_order_acquire);
+        uint32_t b = atomic_load_explicit(&g->hdr->fast.done_seq, memory_order_acquire);
+        g->seq = (int32_t)(b - a) > 0 ? b : a;
         *out = TAKE_PTR(g);
         return 0;
 }

@@ -10,12 +10,14 @@
 
 #include "deval.h"
 
+#include "plan.h"
 #include "wire.h"
 
 struct deval_group {
         int sock;
         int rank, world;
         pid_t pid;      /* the process that joined; a forked child may not use the handle */
+        unsigned forks; /* dv_forks() at the join: while it holds, this is that process */
         int timeout_ms; /* < 0: forever */
         char name[DV_GROUP_NAME_MAX];
         char socket_path[108];
@@ -47,7 +49,20 @@ struct deval_group {
         size_t replay_at; /* where the batch being replayed starts in kept */
         int failed;       /* sticky status once the group is unusable */
         bool debug;
-        uint64_t spin_ns; /* busy-wait this long before sleeping on the futex */
+        uint64_t spin_ns;     /* busy-wait this long before sleeping on the futex */
+        uint64_t yield_ns;    /* then yield the core this long (more ranks than cores) */
+        bool rank_steps;      /* small steps may run on the ranks ($DEVAL_RANK_STEPS=0: never) */
+        uint64_t alive_ns;    /* when this rank last saw devald alive, before running a step */
+        DvRequest *fast_reqs; /* [world]: the requests of a step this rank runs (fast.c) */
+        DvPlan plan;          /* of a step this rank runs, and what it plans with (fast.c) */
+        void *scratch[5];
+        size_t scratch_size[5];
+        uint8_t *inl;      /* this rank's inline input bytes in the control segment */
+        uint8_t *inl_all;  /* rank k's at inl_all + k * inl_size */
+        uint32_t inl_size; /* 0: none (a device group) */
+        uint8_t *fast_out; /* the output area of the steps the ranks run */
+        uint64_t fast_out_size;
+        DvResult fast_res; /* this rank's copy of the result of a step a rank ran */
         deval_bytes *items;
         size_t items_cap;
         char errmsg[DV_MSG_MAX + 128];
@@ -60,6 +75,11 @@ int dv_reserve_input(deval_group *g, uint64_t size);
 int dv_refresh_output(deval_group *g);
 int dv_reserve_dev_input(deval_group *g, uint64_t size);
 int dv_refresh_dev_output(deval_group *g);
+
+bool dv_daemon_alive(const deval_group *g);
+unsigned dv_forks(void);
+bool dv_fast_inline_ok(const deval_group *g, uint64_t end);
+void dv_fast_arrive(deval_group *g, uint32_t seq);
 
 void dv_replay_clear(deval_group *g);
 int dv_replay_keep(deval_group *g, const char *fn, const DvResult *res);

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,7 @@ static int group_fail_local(deval_group *g, int status, const char *msg) {
 
 /* Only the process that joined may use the handle: a forked child shares its slot. */
 static int coll_owner(deval_group *g) {
-        if (g->pid != getpid())
+        if (g->forks != dv_forks() && g->pid != getpid())
                 return dv_set_err(g, DEVAL_EINVAL,
                                   "this group handle belongs to pid %d, which joined as rank %d; "
                                   "a forked process must join a group of its own",
@@ -145,54 +146,75 @@ static void desc_set(DvTensorDesc *d, const deval_tensor *t, uint64_t offset, ui
 }
 
 /* Is devald still there? Its hang-up (or any unexpected message) means it is gone. */
-static bool daemon_alive(deval_group *g) {
+bool dv_daemon_alive(const deval_group *g) {
         struct pollfd p = {.fd = g->sock, .events = POLLIN | POLLRDHUP};
         return poll(&p, 1, 0) == 0;
 }
 
+/* Step seq is done: by devald (*fast false), or by the rank that arrived last (*fast true). */
+static bool coll_done(const deval_group *g, uint32_t seq, bool *fast) {
+        /* acquire pairs with the release stores after every result was written */
+        if (atomic_load_explicit(&g->hdr->fast.done_seq, memory_order_seq_cst) == seq) {
+                *fast = true;
+                return true;
+        }
+        uint32_t done = atomic_load_explicit(&g->done->done_seq, memory_order_acquire);
+        *fast = false;
+        return (int32_t)(done - seq) >= 0;
+}
+
 /*
  * coll_arrive() - arrive at the step filled in this rank's slot (for g->seq + 1) and wait
- * until devald completed it. Return: 0, or the group's failure, which sticks.
+ * until it is done: by this rank, if it is the last and the step is one the ranks run, by
+ * another rank, or by devald. Return: 0 with *fast saying which result area holds the
+ * result, or the group's failure, which sticks.
  */
-static int coll_arrive(deval_group *g, const char *fn) {
+static int coll_arrive(deval_group *g, const char *fn, bool *fast) {
         DvCtlHeader *h = g->hdr;
-        /* devald's words, read-only here: the futex word is only waited on */
-        DvDoneHeader *d = (DvDoneHeader *)g->done;
+        DvFast *f = &h->fast;
+        const DvDoneHeader *d = g->done;
         DvSlot *slot = &h->slots[g->rank];
         uint32_t seq = ++g->seq;
         uint64_t start = dv_now_ns();
         int64_t limit = g->timeout_ms < 0 ? -1 : (int64_t)g->timeout_ms * 1000000 + WAIT_GRACE_NS;
 
         DV_FAULT("before_arrive", seq);
-        /* release: the request is complete before devald's worker can see the arrival */
+        slot->arrived_ns = start;
+        /* release: the request is complete before the others or devald can see the arrival */
         atomic_store_explicit(&slot->arrived_seq, seq, memory_order_release);
-        atomic_fetch_add_explicit(&h->arrive, 1, memory_order_release);
-        dv_futex_wake(&h->arrive);
+        dv_fast_arrive(g, seq);
         DV_FAULT("after_arrive", seq);
 
         for (;;) {
-                uint32_t w = atomic_load_explicit(&d->wake, memory_order_acquire);
-                /* acquire pairs with the worker's release store after it wrote every result */
-                uint32_t done = atomic_load_explicit(&d->done_seq, memory_order_acquire);
-                if ((int32_t)(done - seq) >= 0)
+                uint32_t w = atomic_load_explicit(&f->wake, memory_order_acquire);
+                if (coll_done(g, seq, fast))
                         return 0;
                 int s = atomic_load_explicit(&d->abort_status, memory_order_acquire);
                 if (s)
                         return group_fail_local(g, s, d->abort_msg);
                 uint64_t now = dv_now_ns();
-                if (now - start < g->spin_ns) {
+                /* a step handed to devald needs its worker on a core: no spinning then */
+                bool handed = atomic_load_explicit(&f->handoff_seq, memory_order_relaxed) == seq;
+                if (!handed && now - start < g->spin_ns) {
                         dv_cpu_relax();
+                        continue;
+                }
+                if (!handed && now - start < g->spin_ns + g->yield_ns) {
+                        sched_yield(); /* more ranks than cores: let the others arrive */
                         continue;
                 }
                 if (limit >= 0 && (int64_t)(now - start) > limit) {
                         char msg[256];
-                        snprintf(msg, sizeof(msg),
-                                 "%s: devald did not finish collective #%u within %d ms", fn, seq,
-                                 g->timeout_ms);
+                        snprintf(msg, sizeof(msg), "%s: collective #%u did not finish within %d ms",
+                                 fn, seq, g->timeout_ms);
                         return group_fail_local(g, DEVAL_ETIMEDOUT, msg);
                 }
-                dv_futex_wait(&d->wake, w, SLICE_NS);
-                if (!daemon_alive(g)) {
+                /* seq_cst with the finisher: it sees this sleeper, or this sees its done_seq */
+                atomic_fetch_add_explicit(&f->sleepers, 1, memory_order_seq_cst);
+                if (!coll_done(g, seq, fast))
+                        dv_futex_wait(&f->wake, w, SLICE_NS);
+                atomic_fetch_sub_explicit(&f->sleepers, 1, memory_order_seq_cst);
+                if (!dv_daemon_alive(g)) {
                         /* devald publishes its shutdown before it hangs up: prefer its words */
                         s = atomic_load_explicit(&d->abort_status, memory_order_acquire);
                         if (s)
@@ -203,6 +225,34 @@ static int coll_arrive(deval_group *g, const char *fn) {
                         return group_fail_local(g, DEVAL_EDAEMON, msg);
                 }
         }
+}
+
+/*
+ * The result of a step a rank ran: the same for every rank, but for a gather to one root,
+ * which the others get with no rows. Another rank wrote it, so it is checked like devald's.
+ */
+static int fast_result(deval_group *g, const char *fn, bool pass_end, const DvResult **ret) {
+        const DvFast *f = &g->hdr->fast;
+        const DvRequest *q = &g->hdr->slots[g->rank].req;
+        DvResult *res = &g->fast_res;
+
+        memcpy(res, &f->res, offsetof(DvResult, t));
+        if (pass_end || res->status != 0 || res->ntensors > DEVAL_MAX_TENSORS || res->op != q->op)
+                return dv_set_err(g, DEVAL_EPROTO,
+                                  "%s: rank %d wrote a malformed result of collective #%u", fn,
+                                  f->executor, g->seq);
+        memcpy(res->t, f->res.t, res->ntensors * sizeof(DvTensorDesc));
+        bool gather = q->op == DV_OP_GATHER || q->op == DV_OP_GATHER_METRICS;
+        for (uint32_t i = 0; gather && q->root >= 0 && q->root != g->rank && i < res->ntensors;
+             i++) {
+                res->t[i].shape[0] = 0;
+                res->t[i].nbytes = 0;
+                res->t[i].offset = 0;
+        }
+        g->view = g->fast_out;
+        g->view_size = g->fast_out_size;
+        *ret = res;
+        return 0;
 }
 
 /**
@@ -219,10 +269,13 @@ static int coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResu
         const DvResult *res = &d->res[g->rank];
         int r;
 
+        bool fast;
         g->in_keep = 0; /* the buffer served this collective */
         for (;;) {
-                if ((r = coll_arrive(g, fn)) < 0)
+                if ((r = coll_arrive(g, fn, &fast)) < 0)
                         return r;
+                if (fast)
+                        return fast_result(g, fn, pass_end, ret);
                 if (!pass_end)
                         break;
                 /* acquire pairs with the worker's release store of pass_end_seq */
@@ -401,8 +454,23 @@ static int put_tensors_to(deval_group *g, const char *fn, int n, const deval_ten
         /* the arguments are fine: now the group's state decides */
         if ((r = coll_begin(g)) < 0)
                 return r;
-        if ((r = dev ? dv_reserve_dev_input(g, end) : dv_reserve_input(g, end)) < 0)
+        /* small host inputs go to this rank's inline bytes, where the last rank to arrive
+         * reads them to run the step itself (fast.c), or devald does */
+        bool inl = !dev;
+        uint64_t iend = 0, ioff[DEVAL_MAX_TENSORS];
+        for (int i = 0; inl && i < n; i++) {
+                inl = !placed[i] && !(bytes[i] && in[i].device >= 0);
+                ioff[i] = DV_ALIGN(iend, DV_ARENA_ALIGN);
+                iend = ioff[i] + bytes[i];
+        }
+        inl = inl && dv_fast_inline_ok(g, iend);
+        if (inl) {
+                memcpy(off, ioff, sizeof(off[0]) * (size_t)n);
+                end = iend;
+        } else if ((r = dev ? dv_reserve_dev_input(g, end) : dv_reserve_input(g, end)) < 0) {
                 return stage_failed(g, fn, q, r, end);
+        }
+        uint8_t *base = inl ? g->inl : g->in;
         DV_FAULT("before_write", g->seq + 1);
         for (int i = 0; i < n; i++) {
                 if (bytes[i] && dev) {
@@ -419,7 +487,7 @@ static int put_tensors_to(deval_group *g, const char *fn, int n, const deval_ten
                                 return stage_failed(g, fn, q, r, end);
                         }
                 } else if (bytes[i] && !placed[i]) {
-                        memcpy(g->in + off[i], in[i].data, bytes[i]);
+                        memcpy(base + off[i], in[i].data, bytes[i]);
                 }
                 desc_set(&q->t[i], &in[i], off[i], bytes[i]);
                 if (with_data && !with_data[i]) {
@@ -431,6 +499,8 @@ static int put_tensors_to(deval_group *g, const char *fn, int n, const deval_ten
                 }
         }
         q->ntensors = (uint32_t)n;
+        if (inl)
+                q->flags |= DV_REQ_INLINE;
         return 0;
 }
 
@@ -547,6 +617,8 @@ static int simple_op(deval_group *g, uint32_t op, const char *fn, int64_t num_sa
                 return r;
         q->num_samples = num_samples;
         q->order = order;
+        if (dv_fast_inline_ok(g, 0))
+                q->flags |= DV_REQ_INLINE;
         return coll_run(g, fn, &res);
 }
 

@@ -299,6 +299,64 @@ static void test_arena_growth(void **state) {
         assert_int_equal(harness_run(&H, 3, rank_large, NULL, 60), 0);
 }
 
+/*
+ * Ranks whose inputs fit in their inline bytes and a rank whose input does not, in the same
+ * steps (devald then runs them, reading each rank where its input lies), between steps the
+ * ranks run themselves: every result exact, and deval-ctl dump shows both kinds.
+ */
+static int rank_mixed(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        char name[64], args[128], out[16384];
+        snprintf(name, sizeof(name), "mixed-%d", (int)getppid());
+        CHECK_OK(harness_join(h, "mixed", rank, world, 20000, &g), NULL);
+        for (int round = 0; round < 6; round++) {
+                /* odd rounds: rank 1 sends 4 MiB, past any inline size */
+                int64_t rows = round % 2 && rank == 1 ? 16384 : 3 + rank, cols = 64;
+                float *x = malloc((size_t)(rows * cols) * sizeof(float));
+                for (int64_t i = 0; i < rows * cols; i++)
+                        x[i] = (float)(rank * 1e7 + round * 1e5 + i);
+                deval_tensor in = {.data = x,
+                                   .dtype = DEVAL_F32,
+                                   .ndim = 2,
+                                   .shape = {rows, cols},
+                                   .device = -1},
+                             o;
+                CHECK_OK(deval_gather(g, 1, &in, NULL, &o), g);
+                const float *v = o.data;
+                int64_t at = 0;
+                for (int k = 0; k < world; k++) {
+                        int64_t rk = round % 2 && k == 1 ? 16384 : 3 + k;
+                        for (int64_t i = 0; i < rk * cols; i += 61)
+                                CHECK(v[at * cols + i] == (float)(k * 1e7 + round * 1e5 + i),
+                                      "round %d, rank %d's element %lld", round, k, (long long)i);
+                        at += rk;
+                }
+                CHECK(o.shape[0] == at, "round %d: %lld rows", round, (long long)o.shape[0]);
+                free(x);
+                double s = rank + 1;
+                deval_tensor r = {.data = &s, .dtype = DEVAL_F64, .ndim = 0, .device = -1};
+                CHECK_OK(deval_reduce(g, &r, DEVAL_SUM), g);
+                CHECK(s == world * (world + 1) / 2.0, "round %d: sum %g", round, s);
+        }
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == 0) {
+                snprintf(args, sizeof(args), "dump %s", name);
+                CHECK(harness_ctl(h, args, out, sizeof(out)) == 0, "dump: %s", out);
+                if (!getenv("DEVAL_RANK_STEPS"))
+                        CHECK(strstr(out, "ran on the ranks"), "no step ran on the ranks:\n%s",
+                              out);
+        }
+        CHECK_OK(deval_barrier(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_inline_and_arena_inputs(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_mixed, NULL, 60), 0);
+}
+
 static int rank_objects(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g;
@@ -551,6 +609,7 @@ int main(void) {
                 cmocka_unit_test(test_samples_move_whole),
                 cmocka_unit_test(test_scalars_and_empty),
                 cmocka_unit_test(test_arena_growth),
+                cmocka_unit_test(test_inline_and_arena_inputs),
                 cmocka_unit_test(test_objects),
                 cmocka_unit_test(test_reduce_all),
                 cmocka_unit_test(test_broadcast_and_barrier),

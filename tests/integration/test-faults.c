@@ -106,9 +106,11 @@ static void run_rank(const Case *c, int rank) {
         if (rank == c->victim) {
                 snprintf(spec, sizeof(spec), "%s:%s:1500@2", c->phase, c->action);
                 setenv("DEVAL_FAULT", spec, 1);
-        }
-        if (rank == c->victim)
                 S->t_fault = harness_now();
+                /* the points of a step a rank runs are reached by the last to arrive */
+                if (strncmp(c->phase, "fast_", 5) == 0)
+                        usleep(200000);
+        }
         me->t_call = harness_now();
         for (int i = 0; i < 20; i++) { /* #2 faults; the others go on until they fail */
                 if ((me->status = gather(g, rank)) < 0)
@@ -177,7 +179,8 @@ static void test_rank_faults(void **state) {
         (void)state;
         if (!FAULTS_BUILT)
                 skip();
-        static const char *const phases[] = {"before_write", "before_arrive", "after_arrive"};
+        static const char *const phases[] = {"before_write", "before_arrive", "after_arrive",
+                                             "fast_run", "fast_publish"};
         static const char *const deaths[] = {"exit", "abort", "sigkill"};
         static const int worlds[] = {2, 5, 8};
         int n = 0;
@@ -198,14 +201,15 @@ static void test_rank_faults(void **state) {
                                          (int)S->pid[c.victim], how_it_ended(c.action));
                                 check_survivors(&c, DEVAL_EPEER, 0.0, 1.0, say);
                         }
-        printf("rank deaths: %d cases (3 points x exit/abort/SIGKILL x 2, 5, 8 ranks)\n", n);
+        printf("rank deaths: %d cases (5 points x exit/abort/SIGKILL x 2, 5, 8 ranks)\n", n);
 }
 
 static void test_rank_stops(void **state) {
         (void)state;
         if (!FAULTS_BUILT)
                 skip();
-        static const char *const phases[] = {"before_write", "before_arrive", "after_arrive"};
+        static const char *const phases[] = {"before_write", "before_arrive", "after_arrive",
+                                             "fast_run", "fast_publish"};
         static const char *const stops[] = {"sigstop", "sleep"};
         static const int worlds[] = {2, 8};
         int n = 0;
@@ -228,7 +232,7 @@ static void test_rank_stops(void **state) {
                                         check_survivors(&c, DEVAL_ETIMEDOUT, 0.9, 2.5,
                                                         "is stopped");
                         }
-        printf("rank stops: %d cases (3 points x SIGSTOP/sleep x 2, 8 ranks)\n", n);
+        printf("rank stops: %d cases (5 points x SIGSTOP/sleep x 2, 8 ranks)\n", n);
 }
 
 /* One stopped rank, watched through deval-ctl before the deadline. */
@@ -289,6 +293,8 @@ static void test_daemon_faults(void **state) {
                         setenv("DEVAL_FAULT", spec, 1);
                         harness_start(&H, NULL);
                         unsetenv("DEVAL_FAULT");
+                        /* devald's points: its worker must run the steps, not the ranks */
+                        setenv("DEVAL_RANK_STEPS", "0", 1);
                         snprintf(name, sizeof(name), "daemon-%d-%d", (int)getpid(), n++);
                         bool dies = strcmp(actions[a], "sigstop") != 0 &&
                                     strcmp(actions[a], "sleep") != 0;
@@ -317,6 +323,7 @@ static void test_daemon_faults(void **state) {
                         kill(H.daemon, SIGKILL);
                         kill(H.daemon, SIGCONT);
                         waitpid(H.daemon, &st, 0);
+                        unsetenv("DEVAL_RANK_STEPS");
                 }
         harness_start(&H, NULL);
         printf("devald faults: %d cases (2 points x exit/abort/SIGKILL/SIGSTOP/sleep)\n", n);
@@ -374,6 +381,43 @@ static int rank_desync(const Harness *h, int rank, int world, void *arg) {
 static void test_flight_recorder(void **state) {
         (void)state;
         assert_int_equal(harness_run(&H, 3, rank_desync, NULL, 30), 0);
+}
+
+/*
+ * The rank that runs a small step writes junk where the result goes: every rank gets
+ * DEVAL_EPROTO naming it, nobody crashes or hangs, and the next step is exact.
+ */
+static int rank_garbage(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "garbage", rank, world, 5000, &g), NULL);
+        CHECK_OK(gather(g, rank), g);
+        if (rank == world - 1) {
+                setenv("DEVAL_FAULT", "fast_publish:garbage@2", 1);
+                usleep(200000); /* the last to arrive runs #2 */
+        }
+        int r = gather(g, rank);
+        char want[32];
+        snprintf(want, sizeof(want), "rank %d wrote", world - 1);
+        CHECK(r == DEVAL_EPROTO && strstr(deval_errmsg(g), want), "#2: %s: %s", deval_strerror(r),
+              deval_errmsg(g));
+        unsetenv("DEVAL_FAULT");
+        float x[4] = {(float)rank, 1, 2, 3};
+        deval_tensor in = {.data = x, .dtype = DEVAL_F32, .ndim = 1, .shape = {4}, .device = -1},
+                     out;
+        CHECK_OK(deval_gather(g, 1, &in, NULL, &out), g);
+        const float *o = out.data;
+        CHECK(out.shape[0] == 4 * world && o[0] == 0 && o[4 * (world - 1)] == world - 1,
+              "#3 is not exact");
+        deval_leave(g);
+        return 0;
+}
+
+static void test_runner_writes_garbage(void **state) {
+        (void)state;
+        if (!FAULTS_BUILT)
+                skip();
+        assert_int_equal(harness_run(&H, 3, rank_garbage, NULL, 20), 0);
 }
 
 /* An aborted group: every later call fails at once. */
@@ -611,6 +655,7 @@ int main(void) {
                 cmocka_unit_test(test_aborted_group),
                 cmocka_unit_test(test_other_group_untouched),
                 cmocka_unit_test(test_flight_recorder),
+                cmocka_unit_test(test_runner_writes_garbage),
                 /* last: these stop and start devald themselves */
                 cmocka_unit_test(test_daemon_restarts),
                 cmocka_unit_test(test_daemon_faults),

@@ -1,0 +1,299 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fast.c - small steps the ranks run themselves (DvFast in wire.h). A rank whose input fits
+ * in its slot copies it there too; the last rank to arrive plans the step with the code
+ * devald runs and writes the result into the group's control segment, so a small collective
+ * costs no wake-up of devald. Only the plain case runs here: whatever is unusual (an op the
+ * ranks cannot run, an input that does not fit, ranks that disagree, a malformed request)
+ * goes to devald's worker, which checks it as always and names what was wrong.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "client.h"
+#include "dtype.h"
+#include "fault.h"
+#include "kernel_plan.h"
+#include "plan.h"
+#include "util.h"
+
+/* May end bytes of this rank's input go to its inline bytes? */
+bool dv_fast_inline_ok(const deval_group *g, uint64_t end) {
+        return g->rank_steps && g->device < 0 && g->inl_size && end <= g->inl_size;
+}
+
+/* Ops the ranks run; a gather for metrics only outside an eval pass, where it is a gather. */
+static bool fast_op(const DvFast *f, uint32_t op) {
+        switch (op) {
+        case DV_OP_GATHER:
+        case DV_OP_REDUCE:
+        case DV_OP_BROADCAST:
+        case DV_OP_BARRIER:
+                return true;
+        case DV_OP_GATHER_METRICS:
+                return atomic_load_explicit(&f->pass_open, memory_order_relaxed) == 0;
+        default:
+                return false;
+        }
+}
+
+/* Every rank's request, copied out once; false when one cannot run here. */
+static bool fast_requests(deval_group *g, uint32_t seq, DvRequest *reqs) {
+        for (int k = 0; k < g->world; k++) {
+                const DvSlot *s = &g->hdr->slots[k];
+                if (atomic_load_explicit(&s->arrived_seq, memory_order_acquire) != seq)
+                        return false;
+                DvRequest *q = &reqs[k];
+                /* up to why: the rest of the header is for a failed stage, never run here */
+                memcpy(q, &s->req, offsetof(DvRequest, why));
+                if (q->seq != seq || !(q->flags & DV_REQ_INLINE) || q->status != 0 ||
+                    q->ntensors > DEVAL_MAX_TENSORS || q->op != reqs[0].op ||
+                    !fast_op(&g->hdr->fast, q->op))
+                        return false;
+                memcpy(q->t, s->req.t, q->ntensors * sizeof(DvTensorDesc));
+                for (uint32_t i = 0; i < q->ntensors; i++)
+                        if (dv_desc_check(&q->t[i], g->inl_size, true) != DV_DESC_OK)
+                                return false;
+        }
+        return true;
+}
+
+static bool same_shape(const DvTensorDesc *a, const DvTensorDesc *b) {
+        if (a->dtype != b->dtype || a->ndim != b->ndim)
+                return false;
+        for (int d = 0; d < a->ndim; d++)
+                if (a->shape[d] != b->shape[d])
+                        return false;
+        return true;
+}
+
+static void fast_desc(DvTensorDesc *t, const DvShape *sh, uint64_t off, uint64_t nbytes) {
+        memset(t, 0, sizeof(*t));
+        t->dtype = sh->dtype;
+        t->ndim = sh->ndim;
+        memcpy(t->shape, sh->shape, sizeof(t->shape));
+        t->offset = off;
+        t->nbytes = nbytes;
+}
+
+static const uint8_t *inl_of(const deval_group *g, int k, const DvTensorDesc *t) {
+        return g->inl_all + (uint64_t)k * g->inl_size + t->offset;
+}
+
+/* Buffer i of the group's scratch, of bytes at least: kept from step to step. */
+static void *scratch(deval_group *g, int i, size_t bytes) {
+        if (g->scratch_size[i] < bytes) {
+                void *p = realloc(g->scratch[i], bytes);
+                if (!p)
+                        return NULL;
+                g->scratch[i] = p;
+                g->scratch_size[i] = bytes;
+        }
+        return g->scratch[i];
+}
+
+static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
+        int W = g->world, n = (int)q[0].ntensors;
+        if (n < 1)
+                return false;
+        for (int k = 1; k < W; k++)
+                if (q[k].ntensors != q[0].ntensors || q[k].pad_first != q[0].pad_first ||
+                    q[k].keep_rows != q[0].keep_rows || q[k].root != q[0].root ||
+                    q[k].order != q[0].order ||
+                    memcmp(&q[k].pad_value, &q[0].pad_value, sizeof(double)) != 0)
+                        return false;
+        if (q[0].root < -1 || q[0].root >= W ||
+            (q[0].order != DEVAL_ORDER_RANK && q[0].order != DEVAL_ORDER_STRIDED))
+                return false;
+
+        size_t nsrc = (size_t)W * (size_t)n;
+        DvShape *shapes = scratch(g, 0, nsrc * sizeof(DvShape));
+        int64_t *valid = scratch(g, 1, (size_t)W * sizeof(int64_t));
+        const uint8_t **srcs = scratch(g, 2, nsrc * sizeof(*srcs));
+        DvKernelSeg *segs;
+        uint64_t *starts;
+        DvPlan *p = &g->plan;
+
+        dv_plan_reset(p);
+        if (!shapes || !valid || !srcs)
+                return false;
+        for (int k = 0; k < W; k++) {
+                for (int i = 0; i < n; i++) {
+                        const DvTensorDesc *t = &q[k].t[i];
+                        shapes[k * n + i] = (DvShape){.dtype = t->dtype, .ndim = t->ndim};
+                        memcpy(shapes[k * n + i].shape, t->shape, sizeof(t->shape));
+                        srcs[k * n + i] = inl_of(g, k, t);
+                }
+                valid[k] = q[k].valid_rows;
+        }
+        DvPlanInput in = {.world = W,
+                          .ntensors = n,
+                          .in = shapes,
+                          .valid_rows = valid,
+                          .keep_rows = q[0].keep_rows,
+                          .order = q[0].order,
+                          .pad_first = q[0].pad_first != 0,
+                          .pad_value = q[0].pad_value,
+                          .max_out = g->fast_out_size};
+        if (dv_plan_gather(&in, p) < 0 || p->out_end > g->fast_out_size)
+                return false;
+        segs = scratch(g, 3, (p->nsegs + 1) * sizeof(*segs));
+        starts = scratch(g, 4, (p->nsegs + 1) * sizeof(*starts));
+        if (!segs || !starts)
+                return false;
+        dv_kernel_plan(p, n, false, segs, starts);
+        dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast_out, srcs);
+        res->ntensors = (uint32_t)n;
+        for (int i = 0; i < n; i++)
+                fast_desc(&res->t[i], &p->out[i], p->out_offset[i], p->out_nbytes[i]);
+        *moved = p->out_end;
+        return true;
+}
+
+#define REDUCE_CHUNK 1024
+
+static bool fast_reduce(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
+        const DvTensorDesc *t = &q[0].t[0];
+        int op = q[0].reduce_op;
+        if (q[0].ntensors != 1 || op < DEVAL_SUM || op > DEVAL_PROD ||
+            (op == DEVAL_MEAN && !dv_dtype_is_float(t->dtype)) || t->nbytes > g->fast_out_size)
+                return false;
+        for (int k = 1; k < g->world; k++)
+                if (q[k].ntensors != 1 || q[k].reduce_op != op || !same_shape(&q[k].t[0], t))
+                        return false;
+        size_t es = dv_dtype_size(t->dtype);
+        uint64_t numel = t->nbytes / es;
+        double acc[REDUCE_CHUNK]; /* an accumulator is 8 bytes at most */
+        for (uint64_t e = 0; e < numel; e += REDUCE_CHUNK) {
+                size_t n = (size_t)DV_MIN((uint64_t)REDUCE_CHUNK, numel - e);
+                dv_reduce_init(t->dtype, acc, inl_of(g, 0, &q[0].t[0]) + e * es, n);
+                for (int k = 1; k < g->world; k++)
+                        dv_reduce_accumulate(t->dtype, op, acc, inl_of(g, k, &q[k].t[0]) + e * es,
+                                             n);
+                dv_reduce_finish(t->dtype, op, g->world, acc, g->fast_out + e * es, n);
+        }
+        res->ntensors = 1;
+        DvShape sh = {.dtype = t->dtype, .ndim = t->ndim};
+        memcpy(sh.shape, t->shape, sizeof(sh.shape));
+        fast_desc(&res->t[0], &sh, 0, t->nbytes);
+        *moved = t->nbytes;
+        return true;
+}
+
+static bool fast_broadcast(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
+        int root = q[0].root;
+        if (root < 0 || root >= g->world)
+                return false;
+        const DvTensorDesc *t = &q[root].t[0];
+        for (int k = 0; k < g->world; k++)
+                if (q[k].ntensors != 1 || q[k].root != root || !same_shape(&q[k].t[0], t))
+                        return false;
+        if (t->nbytes > g->fast_out_size)
+                return false;
+        memcpy(g->fast_out, inl_of(g, root, t), t->nbytes);
+        res->ntensors = 1;
+        DvShape sh = {.dtype = t->dtype, .ndim = t->ndim};
+        memcpy(sh.shape, t->shape, sizeof(sh.shape));
+        fast_desc(&res->t[0], &sh, 0, t->nbytes);
+        *moved = t->nbytes;
+        return true;
+}
+
+/* Who arrived last and when, from the ranks' own clock readings (figures only). */
+static void fast_stat(deval_group *g, uint32_t seq) {
+        uint64_t first = UINT64_MAX, lastt = 0, now = dv_now_ns();
+        int last = 0;
+        for (int k = 0; k < g->world; k++) {
+                uint64_t t = g->hdr->slots[k].arrived_ns;
+                first = DV_MIN(first, t);
+                if (t > lastt) {
+                        lastt = t;
+                        last = k;
+                }
+        }
+        DvFastStat *st = &g->hdr->fast.stats[seq % DV_FAST_STATS];
+        st->last = last;
+        st->late_us = (uint32_t)DV_MIN((lastt - first) / 1000, (uint64_t)UINT32_MAX);
+        st->lat_us = (uint32_t)DV_MIN((now - first) / 1000, (uint64_t)UINT32_MAX);
+        st->seq = seq;
+}
+
+/* Run step seq here; false leaves it to devald. */
+static bool fast_run(deval_group *g, uint32_t seq) {
+        DvRequest *q = g->fast_reqs;
+        DvResult res;
+        uint64_t moved = 0;
+        bool ok;
+
+        if (!fast_requests(g, seq, q))
+                return false;
+        memset(&res, 0, offsetof(DvResult, t));
+        switch (q[0].op) {
+        case DV_OP_GATHER:
+        case DV_OP_GATHER_METRICS:
+                ok = fast_gather(g, q, &res, &moved);
+                break;
+        case DV_OP_REDUCE:
+                ok = fast_reduce(g, q, &res, &moved);
+                break;
+        case DV_OP_BROADCAST:
+                ok = fast_broadcast(g, q, &res, &moved);
+                break;
+        default: /* a barrier: every rank is here */
+                ok = true;
+                break;
+        }
+        if (!ok)
+                return false;
+        res.op = q[0].op;
+        res.site = q[0].site;
+        res.batch = q[0].batch;
+        DvFast *f = &g->hdr->fast;
+        memcpy(&f->res, &res, offsetof(DvResult, t) + res.ntensors * sizeof(DvTensorDesc));
+        f->executor = g->rank;
+        atomic_fetch_add_explicit(&f->bytes_moved, moved, memory_order_relaxed);
+        fast_stat(g, seq);
+        return true;
+}
+
+/*
+ * dv_fast_arrive() - count this rank in at step seq (its slot is complete and arrived_seq
+ * stored). The last rank to arrive runs the step, or hands it to devald.
+ */
+void dv_fast_arrive(deval_group *g, uint32_t seq) {
+        DvFast *f = &g->hdr->fast;
+        uint32_t n = atomic_fetch_add_explicit(&f->count, 1, memory_order_acq_rel) + 1;
+        if (n != (uint32_t)g->world)
+                return; /* not the last; or a count some rank broke, which devald's timeout ends */
+        /* nobody arrives at the next step before this one is published */
+        atomic_store_explicit(&f->count, 0, memory_order_relaxed);
+        f->runner = g->rank; /* for devald's words, should this rank stop here */
+        DV_FAULT("fast_run", seq);
+        /* with devald gone, nobody would notice a rank dying: then the step is devald's, and
+         * the ranks find it gone. Asked at most once a millisecond: a system call. */
+        uint64_t now = dv_now_ns();
+        bool alive = true;
+        if (now - g->alive_ns > 1000000) {
+                alive = dv_daemon_alive(g);
+                g->alive_ns = now;
+        }
+        if (alive && fast_run(g, seq)) {
+                DV_FAULT("fast_publish", seq);
+                if (DV_FAULT_SAYS("fast_publish", seq, "garbage"))
+                        memset(&f->res, 0xa5, sizeof(f->res));
+                /* seq_cst with the sleepers' count: a rank going to sleep sees done_seq, or
+                 * is seen here and woken */
+                atomic_store_explicit(&f->done_seq, seq, memory_order_seq_cst);
+                atomic_fetch_add_explicit(&f->wake, 1, memory_order_seq_cst);
+                if (atomic_load_explicit(&f->sleepers, memory_order_seq_cst))
+                        dv_futex_wake(&f->wake);
+                return;
+        }
+        /* release: the reset count and every slot are visible to the worker, and through
+         * its publication, to the ranks at the next step */
+        atomic_store_explicit(&f->handoff_seq, seq, memory_order_release);
+        atomic_fetch_add_explicit(&g->hdr->arrive, 1, memory_order_release);
+        dv_futex_wake(&g->hdr->arrive);
+}
