@@ -1,17 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * deval-bench - latency and bandwidth of deval's collectives, against memcpy as the limit.
+ * deval-bench - latency and bandwidth of deval's collectives, against memcpy as the limit
+ * and against Open MPI as the peer.
  *
  * For 2, 4 and 8 ranks and 64 B to 64 MiB per rank it times a ragged gather (f32, the last
  * dim one element shorter on odd ranks so it is padded, and the last rank's last row
- * trimmed with valid_rows), then an 8-byte reduce and a barrier on 2 ranks. Every figure is
- * printed next to memcpy of the same output size on one thread, measured in the same run,
- * and their ratio, because the machine is shared and noisy.
+ * trimmed with valid_rows), then a 16-byte reduce and a barrier. Every figure is the slowest
+ * rank's time in each iteration (p50 and p99 over the iterations), printed next to a
+ * two-thread memcpy of the same output, measured in the same run, and, with --mpi FILE
+ * (what deval-mpi-bench printed just before), next to MPI doing the same: ratios, because
+ * the machine is shared and noisy.
  *
- *   deval-bench [--devald PATH | --socket PATH] [--quick] [--max-world N]
+ *   deval-bench [--devald PATH | --socket PATH] [--quick] [--min-world N] [--max-world N]
+ *               [--size BYTES] [--zero-copy] [--mpi FILE]
  */
 #define _GNU_SOURCE
 #include <getopt.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +41,9 @@ static int arg_max_world = 8;
 static int arg_min_world = 2;
 static int arg_zero_copy;
 static size_t arg_only_size;
+static const char *arg_mpi;
+
+#define MAX_WORLD 8
 
 static double now_s(void) {
         struct timespec ts;
@@ -54,7 +62,20 @@ static double quantile(double *v, int n, double q) {
         return v[i];
 }
 
-/* Median time of memcpy of bytes on one thread, buffers touched first. */
+typedef struct {
+        char *dst;
+        const char *src;
+        size_t n;
+} Half;
+
+static void *copy_half(void *arg) {
+        Half *h = arg;
+        memcpy(h->dst, h->src, h->n);
+        return NULL;
+}
+
+/* Median time of memcpy of bytes on two threads (half each), buffers touched first: what
+ * the machine's memory does, the limit of any gather of that output. */
 static double memcpy_time(size_t bytes, int iters) {
         char *a = malloc(bytes), *b = malloc(bytes);
         double t[64];
@@ -62,9 +83,18 @@ static double memcpy_time(size_t bytes, int iters) {
         memset(b, 2, bytes);
         if (iters > 64)
                 iters = 64;
+        size_t half = bytes / 2 / 64 * 64;
         for (int i = 0; i < iters; i++) {
+                Half h = {b + half, a + half, bytes - half};
+                pthread_t th;
                 double t0 = now_s();
-                memcpy(b, a, bytes);
+                int threaded = half && pthread_create(&th, NULL, copy_half, &h) == 0;
+                if (threaded) {
+                        memcpy(b, a, half);
+                        pthread_join(th, NULL);
+                } else {
+                        memcpy(b, a, bytes);
+                }
                 t[i] = now_s() - t0;
                 a[i % bytes] = (char)i; /* keep the copy from being elided */
         }
@@ -75,13 +105,43 @@ static double memcpy_time(size_t bytes, int iters) {
         return quantile(t, iters, 0.5);
 }
 
+/* What deval-mpi-bench measured for a case: its p50 and p99 in us; false when it has none. */
+static bool mpi_figure(const char *kind, int world, size_t bytes, double *p50, double *p99) {
+        FILE *f = arg_mpi ? fopen(arg_mpi, "r") : NULL;
+        char k[32];
+        int w;
+        size_t b;
+        double x, y;
+        bool found = false;
+        if (!f)
+                return false;
+        while (!found && fscanf(f, "%31s %d %zu %lf %lf", k, &w, &b, &x, &y) == 5)
+                if (strcmp(k, kind) == 0 && w == world && b == bytes) {
+                        *p50 = x;
+                        *p99 = y;
+                        found = true;
+                }
+        fclose(f);
+        return found;
+}
+
+/* The slowest rank's time of each iteration. */
+static void slowest(const double *lat, int world, int iters, double *ret) {
+        for (int it = 0; it < iters; it++) {
+                ret[it] = 0;
+                for (int k = 0; k < world; k++)
+                        if (lat[k * MAX_ITERS + it] > ret[it])
+                                ret[it] = lat[k * MAX_ITERS + it];
+        }
+}
+
 typedef struct {
         int kind; /* 0 gather, 1 reduce, 2 barrier */
         int world;
         size_t bytes;
         int iters;
         char group[48];
-        double *lat; /* shared, rank 0's latencies */
+        double *lat; /* shared, [rank * MAX_ITERS + iteration] */
         double *out_bytes;
         int *failed;
 } Job;
@@ -117,15 +177,14 @@ static int rank_main(const Job *j, int rank) {
                            .shape = {rows, cols},
                            .device = -1},
                      out;
-        double v = rank;
-        deval_tensor red = {.data = &v, .dtype = DEVAL_F64, .ndim = 1, .shape = {1}, .device = -1};
+        double v[2] = {rank, 1};
+        deval_tensor red = {.data = v, .dtype = DEVAL_F64, .ndim = 1, .shape = {2}, .device = -1};
         deval_gather_opts go = DEVAL_GATHER_OPTS_INIT;
         if (rank == j->world - 1)
                 go.valid_rows = rows - 1;
         int warm = j->iters / 10 + 2;
         for (int it = -warm; it < j->iters && !r; it++) {
-                if (j->kind == 0)
-                        r = deval_barrier(g);
+                r = deval_barrier(g);
                 if (!r && j->kind == 0 && arg_zero_copy) {
                         /* the producer writes its output straight into the arena */
                         void *buf;
@@ -143,8 +202,8 @@ static int rank_main(const Job *j, int rank) {
                 else if (!r)
                         r = deval_barrier(g);
                 double t = now_s() - t0;
-                if (rank == 0 && it >= 0)
-                        j->lat[it] = t;
+                if (it >= 0)
+                        j->lat[rank * MAX_ITERS + it] = t;
                 if (rank == 0 && !r && j->kind == 0)
                         *j->out_bytes = (double)(out.shape[0] * out.shape[1]) * sizeof(float);
         }
@@ -157,7 +216,7 @@ static int rank_main(const Job *j, int rank) {
 
 static int run_job(Job *j) {
         static int seq;
-        pid_t pids[8];
+        pid_t pids[MAX_WORLD];
         snprintf(j->group, sizeof(j->group), "bench-%d-%d", (int)getpid(), seq++);
         *j->failed = 0;
         fflush(NULL);
@@ -193,6 +252,7 @@ int main(int argc, char **argv) {
                 {"min-world", required_argument, NULL, 'm'},
                 {"size", required_argument, NULL, 'z'},
                 {"zero-copy", no_argument, NULL, 'Z'},
+                {"mpi", required_argument, NULL, 'M'},
                 {"help", no_argument, NULL, 'h'},
                 {},
         };
@@ -200,7 +260,7 @@ int main(int argc, char **argv) {
         int c;
         pid_t daemon = 0;
 
-        while ((c = getopt_long(argc, argv, "s:d:qw:m:z:Zh", opts, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "s:d:qw:m:z:ZM:h", opts, NULL)) >= 0) {
                 switch (c) {
                 case 's':
                         arg_socket = optarg;
@@ -223,13 +283,21 @@ int main(int argc, char **argv) {
                 case 'z':
                         arg_only_size = strtoull(optarg, NULL, 10);
                         break;
+                case 'M':
+                        arg_mpi = optarg;
+                        break;
                 case 'h':
                         printf("Usage: deval-bench [--devald PATH | --socket PATH] [--quick] "
-                               "[--min-world N] [--max-world N] [--size BYTES] [--zero-copy]\n");
+                               "[--min-world N] [--max-world N] [--size BYTES] [--zero-copy] "
+                               "[--mpi FILE]\n");
                         return 0;
                 default:
                         return 2;
                 }
+        }
+        if (arg_max_world > MAX_WORLD || arg_min_world < 1) {
+                fprintf(stderr, "deval-bench: 1 to %d ranks\n", MAX_WORLD);
+                return 2;
         }
         if (arg_devald) {
                 daemon = spawn_devald(arg_devald, sock, sizeof(sock));
@@ -240,17 +308,22 @@ int main(int argc, char **argv) {
                 arg_socket = sock;
         }
 
-        double *lat = mmap(NULL, sizeof(double) * (MAX_ITERS + 2), PROT_READ | PROT_WRITE,
-                           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-        int *failed = (int *)(lat + MAX_ITERS + 1);
-        double *out_bytes = lat + MAX_ITERS;
+        double *lat = mmap(NULL, sizeof(double) * (MAX_WORLD * MAX_ITERS + 2),
+                           PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        double *out_bytes = lat + MAX_WORLD * MAX_ITERS;
+        int *failed = (int *)(out_bytes + 1);
+        static double worst[MAX_ITERS];
         static const size_t sizes[] = {64, 4 << 10, 256 << 10, 4 << 20, 64 << 20};
         int rc = 0;
+        double m50, m99;
 
-        printf("ragged gather, f32, pad dim 1, last row of the last rank trimmed%s\n",
+        printf("ragged gather, f32, pad dim 1, last row of the last rank trimmed%s;\n"
+               "the slowest rank's time per call; vs MPI: MPI's p50 / deval's (> 1: deval is "
+               "faster);\nvs memcpy: a two-thread memcpy of the output / deval's p50 (1: the "
+               "memory's limit)\n",
                arg_zero_copy ? ", inputs written into deval_input_buffer()" : "");
-        printf("%5s %9s %11s %11s %11s %11s %11s %8s\n", "ranks", "per rank", "output", "p50 us",
-               "p99 us", "GB/s", "memcpy GB/s", "ratio");
+        printf("%5s %9s %9s %10s %10s %10s %8s %8s %9s\n", "ranks", "per rank", "output", "p50 us",
+               "p99 us", "MPI p50", "vs MPI", "GB/s", "vs memcpy");
         for (int world = arg_min_world; world <= arg_max_world; world *= 2) {
                 for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
                         size_t bytes = sizes[s];
@@ -271,35 +344,55 @@ int main(int argc, char **argv) {
                                 rc = 1;
                                 continue;
                         }
-                        double p50 = quantile(lat, iters, 0.5), p99 = quantile(lat, iters, 0.99);
-                        double mc = memcpy_time((size_t)*out_bytes, iters);
-                        char a[16], b[16];
+                        slowest(lat, world, iters, worst);
+                        double p50 = quantile(worst, iters, 0.5) * 1e6;
+                        double p99 = quantile(worst, iters, 0.99) * 1e6;
+                        double mc = memcpy_time((size_t)*out_bytes, iters) * 1e6;
+                        char a[16], b[16], m[16] = "-", v[16] = "-";
                         human((double)bytes, a, sizeof(a));
                         human(*out_bytes, b, sizeof(b));
-                        printf("%5d %9s %11s %11.1f %11.1f %11.2f %11.2f %7.2fx\n", world, a, b,
-                               p50 * 1e6, p99 * 1e6, *out_bytes / p50 / 1e9, *out_bytes / mc / 1e9,
-                               mc / p50);
+                        if (mpi_figure("gather", world, bytes, &m50, &m99)) {
+                                snprintf(m, sizeof(m), "%.1f", m50);
+                                snprintf(v, sizeof(v), "%.2fx", m50 / p50);
+                        }
+                        printf("%5d %9s %9s %10.1f %10.1f %10s %8s %8.2f %8.2fx\n", world, a, b,
+                               p50, p99, m, v, *out_bytes / p50 / 1e3, mc / p50);
                         fflush(stdout);
                 }
         }
 
-        const char *names[] = {"8-byte reduce", "barrier"};
-        printf("\n%-14s %5s %11s %11s\n", "collective", "ranks", "p50 us", "p99 us");
+        const char *names[] = {"16-byte reduce", "barrier"};
+        const char *mpi_names[] = {"reduce", "barrier"};
+        printf("\n%-15s %5s %10s %10s %10s %10s %8s\n", "collective", "ranks", "p50 us", "p99 us",
+               "MPI p50", "MPI p99", "vs MPI");
         for (int kind = 1; kind <= 2; kind++) {
-                int iters = arg_quick ? 500 : MAX_ITERS;
-                Job j = {.kind = kind,
-                         .world = 2,
-                         .bytes = 8,
-                         .iters = iters,
-                         .lat = lat,
-                         .out_bytes = out_bytes,
-                         .failed = failed};
-                if (run_job(&j)) {
-                        rc = 1;
-                        continue;
+                for (int world = arg_min_world; world <= arg_max_world; world *= 2) {
+                        int iters = arg_quick ? 500 : MAX_ITERS;
+                        Job j = {.kind = kind,
+                                 .world = world,
+                                 .bytes = 16,
+                                 .iters = iters,
+                                 .lat = lat,
+                                 .out_bytes = out_bytes,
+                                 .failed = failed};
+                        if (run_job(&j)) {
+                                rc = 1;
+                                continue;
+                        }
+                        slowest(lat, world, iters, worst);
+                        double p50 = quantile(worst, iters, 0.5) * 1e6;
+                        double p99 = quantile(worst, iters, 0.99) * 1e6;
+                        char m[16] = "-", n[16] = "-", v[16] = "-";
+                        if (mpi_figure(mpi_names[kind - 1], world, kind == 1 ? 16 : 0, &m50,
+                                       &m99)) {
+                                snprintf(m, sizeof(m), "%.1f", m50);
+                                snprintf(n, sizeof(n), "%.1f", m99);
+                                snprintf(v, sizeof(v), "%.2fx", m50 / p50);
+                        }
+                        printf("%-15s %5d %10.1f %10.1f %10s %10s %8s\n", names[kind - 1], world,
+                               p50, p99, m, n, v);
+                        fflush(stdout);
                 }
-                printf("%-14s %5d %11.1f %11.1f\n", names[kind - 1], 2,
-                       quantile(lat, iters, 0.5) * 1e6, quantile(lat, iters, 0.99) * 1e6);
         }
         if (daemon > 0)
                 stop_devald(daemon, sock);

@@ -1,0 +1,173 @@
+# SPDX-License-Identifier: MIT
+"""The Python table of tools/dev bench: what an evaluation loop pays per batch.
+
+1. The binding's own cost: gather_for_metrics((logits, preds, labels)) (and 1 and 8
+   tensors) from Python on a one-rank group, minus the same C call made through ctypes with
+   its structures built once: what deval's Python layer adds to each call.
+2. Per batch, the way a loop calls it: W ranks (processes), each gathering the logits,
+   predictions and labels of a 16-sample batch once per batch, through deval and through
+   Accelerate's gather_for_metrics over gloo (when torch and accelerate are installed), in
+   the same run. The figure is the slowest rank's mean time per batch.
+
+Timings are medians of several repeats; the machine is shared, so the ratios are what
+carry over. No figure here is a test: nothing fails on a slow run.
+"""
+
+import ctypes
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import deval
+
+BATCHES = 400
+REPEATS = 5
+
+
+def per_call(fn, n):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def median_us(fn, n=2000):
+    for _ in range(200):
+        fn()
+    return statistics.median(per_call(fn, n) for _ in range(REPEATS))
+
+
+def binding_cost():
+    torch = sys.modules.get("torch")
+    rows = []
+    with deval.join("pybench-%d" % os.getpid(), 0, 1, timeout=30) as g:
+        logits = np.random.rand(16, 10).astype(np.float32)
+        labels = np.arange(16, dtype=np.int64)
+        cases = [("numpy, 1 tensor", (logits,)), ("numpy, 3 tensors", (logits, labels, labels)),
+                 ("numpy, 8 tensors", tuple([logits] * 8))]
+        if torch is not None:
+            tl, tt = torch.from_numpy(logits), torch.from_numpy(labels)
+            cases += [("torch, 3 tensors", (tl, tt, tt)),
+                      ("torch, 8 in a dict", {str(i): tl for i in range(8)})]
+        for name, x in cases:
+            py = median_us(lambda: g.gather_for_metrics(x))
+            # the floor: the C call alone, structures built once
+            leaves = []
+            deval._flatten(x, leaves)
+            ins = (deval._Tensor * len(leaves))()
+            outs = (deval._Tensor * len(leaves))()
+            for leaf, t in zip(leaves, ins):
+                leaf.fill(t)
+            opts, h, fn = g._opts(), g._h, deval._lib.deval_gather_for_metrics
+            ref = ctypes.byref(opts)
+            c = median_us(lambda: fn(h, len(leaves), ins, ref, outs))
+            rows.append((name, py, c))
+    print("binding cost: gather_for_metrics from Python vs the same C call, one rank")
+    print("%-20s %10s %10s %12s" % ("inputs", "Python us", "C us", "binding us"))
+    for name, py, c in rows:
+        print("%-20s %10.1f %10.1f %12.1f" % (name, py, c, py - c))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def batches(rank, use_torch):
+    gen = np.random.default_rng(rank)
+    out = []
+    for _ in range(BATCHES):
+        lo = gen.random((16, 10), dtype=np.float32)
+        la = gen.integers(0, 10, 16)
+        out.append((lo, lo.argmax(1), la))
+    if use_torch:
+        import torch
+        out = [tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in b) for b in out]
+    return out
+
+
+def deval_rank(rank, world, name, use_torch, q):
+    if use_torch:
+        import torch  # noqa: F401 - the inputs are torch tensors
+    data = batches(rank, use_torch)
+    with deval.join(name, rank, world, timeout=60) as g:
+        times = []
+        for _ in range(REPEATS):
+            g.barrier()
+            t0 = time.perf_counter()
+            for b in data:
+                g.gather_for_metrics(b)
+            times.append((time.perf_counter() - t0) / BATCHES * 1e6)
+    q.put((rank, times))
+
+
+def accelerate_rank(rank, world, port, q):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    import torch
+    import torch.distributed as dist
+    from accelerate import Accelerator
+    torch.set_num_threads(1)
+    acc = Accelerator(cpu=True)
+    data = batches(rank, True)
+    times = []
+    for _ in range(REPEATS):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for b in data:
+            acc.gather_for_metrics(b)
+        times.append((time.perf_counter() - t0) / BATCHES * 1e6)
+    q.put((rank, times))
+    dist.destroy_process_group()
+
+
+def run(world, target, args):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=target, args=(r, world) + args + (q,)) for r in range(world)]
+    for p in ps:
+        p.start()
+    got = [q.get(timeout=600) for _ in ps]
+    for p in ps:
+        p.join(60)
+    # the slowest rank of each repeat, then the median over repeats
+    per_repeat = [max(t[i] for _, t in got) for i in range(REPEATS)]
+    return statistics.median(per_repeat)
+
+
+def per_batch():
+    try:
+        import accelerate  # noqa: F401
+        import torch  # noqa: F401
+        have = True
+    except ImportError:
+        have = False
+    print("\nper batch: gather_for_metrics((logits[16, 10], preds[16], labels[16])), the "
+          "slowest rank's mean")
+    print("%5s %14s %14s %16s %8s" % ("ranks", "deval numpy us", "deval torch us",
+                                      "Accelerate us", "ratio"))
+    for world in (2, 4):
+        tag = "pybench-%d-%d" % (os.getpid(), world)
+        dn = run(world, deval_rank, (tag + "n", False))
+        dt = run(world, deval_rank, (tag + "t", True)) if have else float("nan")
+        if have:
+            ac = run(world, accelerate_rank, (free_port(),))
+            print("%5d %14.1f %14.1f %16.1f %7.1fx" % (world, dn, dt, ac, ac / dt))
+        else:
+            print("%5d %14.1f %14s %16s %8s" % (world, dn, "-", "(no torch)", "-"))
+
+
+if __name__ == "__main__":
+    try:
+        import torch  # noqa: F401 - measured when installed
+    except ImportError:
+        pass
+    binding_cost()
+    per_batch()
