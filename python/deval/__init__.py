@@ -28,6 +28,8 @@ import ctypes.util
 import math
 import os
 import pickle
+import struct
+import sys
 
 import numpy as np
 
@@ -231,14 +233,130 @@ if _BF16 is not None:
 _DEVAL_TO_NP = {v: k for k, v in _NP_TO_DEVAL.items()}
 _DEVAL_TO_NP[8] = np.dtype(np.uint16) if _BF16 is None else _BF16  # raw bits without ml_dtypes
 _FLOATS = {7, 8, 9, 10}
+_SIZES = {1: 1, 2: 1, 3: 1, 4: 2, 5: 4, 6: 8, 7: 2, 8: 2, 9: 4, 10: 8}
+_DEVAL_TO_NP_RAW = dict(_DEVAL_TO_NP)
+_DEVAL_TO_NP_RAW[8] = np.dtype(np.int16)  # bfloat16's bits, for torch to view
+
+# deval_tensor as bytes: data, dtype, ndim, shape[8], device, reserved (88 bytes)
+_TENSOR = struct.Struct("@Pii8qii")
+_MODULES = sys.modules
+_ZEROS = (0,) * 8
+_TORCH_CODES = None  # torch dtype -> deval dtype, once torch is imported
+
+
+def _torch_codes(torch):
+    global _TORCH_CODES
+    if _TORCH_CODES is None:
+        codes = {torch.bfloat16: 8}
+        for d in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                  torch.float16, torch.float32, torch.float64):
+            codes[d] = _NP_TO_DEVAL[torch.empty(0, dtype=d).numpy().dtype]
+        _TORCH_CODES = codes
+    return _TORCH_CODES
+
+
+class _Fast:
+    """The plain gather, without the general path's per-call cost: CPU torch tensors and
+    numpy arrays, C-contiguous, alone or in one flat tuple, list or dict. Its descriptors are
+    packed into ctypes arrays kept for the group, and each result is copied once, from
+    shared memory into a new tensor of the input's kind. Anything else returns None, for
+    the general path (which also names what is wrong with an input)."""
+
+    __slots__ = ("ins", "outs", "inb", "outb")
+
+    def __init__(self):
+        self.ins = (_Tensor * MAX_TENSORS)()
+        self.outs = (_Tensor * MAX_TENSORS)()
+        self.inb = memoryview(self.ins).cast("B")
+        self.outb = memoryview(self.outs).cast("B")
+
+    def leaves(self, x):
+        """The inputs of one call, and how to rebuild its structure; None: not plain."""
+        if isinstance(x, (tuple, list)) and type(x) in (tuple, list):
+            return list(x), type(x)
+        if type(x) is dict:
+            return list(x.values()), x
+        return [x], None
+
+    def describe(self, leaves, per_sample):
+        """Pack each leaf's descriptor; None when one is not plain."""
+        n = len(leaves)
+        if n == 0 or n > MAX_TENSORS:
+            return None
+        torch = _torch()
+        codes = _torch_codes(torch) if torch is not None else None
+        rows = None
+        kinds = []
+        for i, v in enumerate(leaves):
+            if codes is not None and isinstance(v, torch.Tensor):
+                if not v.is_cpu or not v.is_contiguous() or v.dim() > MAX_DIMS:
+                    return None
+                code = codes.get(v.dtype)
+                shape = tuple(v.shape)
+                ptr = v.data_ptr()
+                kinds.append((v.dtype, code))
+            elif type(v) is np.ndarray:
+                if not v.flags.c_contiguous or v.ndim > MAX_DIMS:
+                    return None
+                code = _NP_TO_DEVAL.get(v.dtype)
+                shape = v.shape
+                try:  # (cheaper than v.ctypes.data, for a writable array)
+                    ptr = ctypes.addressof(ctypes.c_char.from_buffer(v)) if v.nbytes else 0
+                except (TypeError, ValueError):
+                    ptr = v.ctypes.data
+                kinds.append((v.dtype, code))
+            else:
+                return None
+            if code is None or (per_sample and (not shape or rows not in (None, shape[0]))):
+                return None
+            if per_sample:
+                rows = shape[0]
+            _TENSOR.pack_into(self.inb, i * 88, ptr if ptr else 0, code, len(shape),
+                              *(shape + _ZEROS[len(shape):]), -1, 0)
+        return kinds
+
+    def results(self, n, kinds):
+        """Each result copied once out of shared memory, in its input's kind."""
+        torch = _torch()
+        fs = []
+        lo, hi = None, 0
+        for i in range(n):
+            f = _TENSOR.unpack_from(self.outb, i * 88)
+            ptr, code, ndim = f[0], f[1], f[2]
+            kind, want = kinds[i]
+            if code != want:  # a gather keeps the dtype: the sizes below rely on it
+                raise ProtocolError("deval: a malformed result (dtype %d for %d)"
+                                    % (code, want), -9)
+            shape = f[3:3 + ndim]
+            nbytes = math.prod(shape) * _SIZES[code]
+            fs.append((ptr, shape, nbytes))
+            if nbytes and ptr:
+                lo = ptr if lo is None else min(lo, ptr)
+                hi = max(hi, ptr + nbytes)
+        # one buffer over every result, sliced: a ctypes object per call, not per tensor
+        mv = memoryview((ctypes.c_char * (hi - lo)).from_address(lo)).cast("B") if lo else None
+        out = []
+        for (ptr, shape, nbytes), (kind, code) in zip(fs, kinds):
+            numpy = isinstance(kind, np.dtype)
+            npd = kind if numpy else _DEVAL_TO_NP_RAW[code]
+            if nbytes and ptr:
+                a = np.frombuffer(mv[ptr - lo:ptr - lo + nbytes], dtype=npd).reshape(shape).copy()
+            else:
+                a = np.empty(shape, dtype=npd)
+            if not numpy:
+                a = torch.from_numpy(a)
+                if code == 8:
+                    a = a.view(torch.bfloat16)
+            out.append(a)
+        return out
+
 
 _REDUCTIONS = {"sum": 0, "mean": 1, "max": 2, "min": 3, "prod": 4}
 _ORDERS = {"rank": 0, "strided": 1}
 
 
 def _torch():
-    import sys
-    return sys.modules.get("torch")
+    return _MODULES.get("torch")
 
 
 class DeviceView:
@@ -626,6 +744,8 @@ class Group:
         self.num_processes = world_size  # Accelerate's name
         self.process_index = rank
         self._in_pass = False
+        self._fast = _Fast() if device is None else None
+        self._opts_cache = {}
 
     # -- plumbing
 
@@ -662,6 +782,19 @@ class Group:
 
     def _gather(self, fn, x, copy, opts, per_sample=False):
         h = self._handle()
+        fast = self._fast
+        if fast is not None and copy:
+            leaves, how = fast.leaves(x)
+            kinds = fast.describe(leaves, per_sample)
+            if kinds is not None:
+                n = len(leaves)
+                self._check(fn(h, n, fast.ins, ctypes.byref(opts), fast.outs))
+                res = fast.results(n, kinds)
+                if how is None:
+                    return res[0]
+                if type(how) is dict:
+                    return dict(zip(how.keys(), res))
+                return how(res)
         leaves = []
         template = _flatten(x, leaves, self.device is not None)
         n = len(leaves)
@@ -680,9 +813,26 @@ class Group:
         results = [_result(leaf, t, copy) for leaf, t in zip(leaves, outs)]
         return _rebuild(template, results)
 
+    def _opts(self, pad_value=0.0, pad_first=False, valid_rows=None, keep_rows=None,
+              order="rank", root=None):
+        key = (pad_value, pad_first, valid_rows, keep_rows, order, root)
+        try:
+            o = self._opts_cache.get(key)
+        except TypeError:  # an argument that is not hashable: checked below
+            o = None
+        if o is not None:
+            return o
+        o = self._make_opts(pad_value, pad_first, valid_rows, keep_rows, order, root)
+        if len(self._opts_cache) < 64:
+            try:
+                self._opts_cache[key] = o
+            except TypeError:
+                pass
+        return o
+
     @staticmethod
-    def _opts(pad_value=0.0, pad_first=False, valid_rows=None, keep_rows=None, order="rank",
-              root=None):
+    def _make_opts(pad_value=0.0, pad_first=False, valid_rows=None, keep_rows=None,
+                   order="rank", root=None):
         order = _order_code(order)
         o = _GatherOpts()
         o.pad_value = float(pad_value)
