@@ -306,10 +306,10 @@ typedef struct {
 typedef struct {
         alignas(64) _Atomic uint32_t count;    /* ranks arrived at the step in progress */
         alignas(64) _Atomic uint32_t done_seq; /* last step a rank ran; stored (release) last */
-        _Atomic uint32_t wake;           /* bumped by whoever finishes a step; ranks sleep on it */
-        _Atomic uint32_t sleepers;       /* ranks asleep on wake: the finisher wakes them */
-        _Atomic uint32_t handoff_seq;    /* last step handed to devald (release) */
-        _Atomic uint32_t pass_open;      /* written by devald: an eval pass is open */
+        _Atomic uint32_t wake;        /* bumped by whoever finishes a step; ranks sleep on it */
+        _Atomic uint32_t sleepers;    /* ranks asleep on wake: the finisher wakes them */
+        _Atomic uint32_t handoff_seq; /* last step handed to devald (release) */
+        uint32_t reserved2;
         int32_t executor;                /* the rank that ran done_seq */
         int32_t runner;                  /* the rank running the step in progress */
         _Atomic uint64_t bytes_moved;    /* by the steps the ranks ran, for devald's figures */
@@ -374,9 +374,27 @@ static inline uint64_t dv_ctl_size(int world_size) {
         return sizeof(DvCtlHeader) + (uint64_t)world_size * sizeof(DvSlot);
 }
 
+/*
+ * The counters of the group's eval pass, in the control segment after the output area: the
+ * samples each call site (stream) of a batch gathered so far, rank by rank. Between steps
+ * they are the truth: devald loads them before a step it runs and stores them after it; a
+ * rank that runs a gather for metrics plans it with them and adds what it gathered. devald
+ * checks them when it loads them (they are rank-writable).
+ */
+#define DV_PASS_STREAMS (2 * DV_PASS_SITES)
+typedef struct {
+        _Atomic uint32_t open; /* a pass is open (written by devald) */
+        int32_t order;
+        int64_t num_samples;
+        uint32_t used; /* bit per stream that gathered in this pass */
+        uint32_t reserved;
+        int64_t total[DV_PASS_STREAMS];
+        int64_t rows[]; /* [stream * world_size + rank] */
+} DvPassShared;
+
 typedef struct {
         uint32_t inline_size;
-        uint64_t inl_off, out_off, out_size, total;
+        uint64_t inl_off, out_off, out_size, pass_off, total;
 } DvCtlLayout;
 
 /* Where the inline inputs and the output area of a group's control segment lie. */
@@ -387,7 +405,9 @@ static inline DvCtlLayout dv_ctl_layout(int world_size, uint32_t inline_size) {
         l.out_size = (uint64_t)world_size * inline_size;
         if (l.out_size < DV_FAST_OUT_MIN)
                 l.out_size = DV_FAST_OUT_MIN;
-        l.total = l.out_off + l.out_size;
+        l.pass_off = l.out_off + l.out_size;
+        l.total = l.pass_off + sizeof(DvPassShared) +
+                  (uint64_t)DV_PASS_STREAMS * (uint64_t)world_size * sizeof(int64_t);
         return l;
 }
 

@@ -107,7 +107,7 @@ typedef struct {
  * collective of the others for it with an empty contribution (the rank keeps what they got,
  * to replay), and releases it when the last rank ends the pass.
  */
-#define PASS_STREAMS (2 * DV_PASS_SITES)
+#define PASS_STREAMS DV_PASS_STREAMS
 typedef struct {
         int active;
         int order;
@@ -167,6 +167,7 @@ struct Group {
 
         /* worker's */
         EvalPass pass;
+        int64_t *pass_load; /* [PASS_STREAMS * world]: the ranks' counters, being checked */
         DvRequest *reqs;
         uint64_t *arrivals; /* [world], for the recorder */
         void *pool;

@@ -206,6 +206,7 @@ static void group_free(Group *g) {
         arena_deinit(&g->out);
         exec_pool_free(g->pool);
         free(g->pass.rows);
+        free(g->pass_load);
         free(g->pass.parked);
         free(g->reqs);
         free(g->arrivals);
@@ -380,8 +381,9 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
         g->reqs = calloc((size_t)g->world, sizeof(*g->reqs));
         g->arrivals = calloc((size_t)g->world, sizeof(*g->arrivals));
         g->pass.rows = calloc((size_t)PASS_STREAMS * (size_t)g->world, sizeof(int64_t));
+        g->pass_load = calloc((size_t)PASS_STREAMS * (size_t)g->world, sizeof(int64_t));
         g->pass.parked = calloc((size_t)g->world, sizeof(bool));
-        if (!g->reqs || !g->arrivals || !g->pass.rows || !g->pass.parked) {
+        if (!g->reqs || !g->arrivals || !g->pass.rows || !g->pass_load || !g->pass.parked) {
                 r = DEVAL_ENOMEM;
                 goto fail;
         }

@@ -233,6 +233,61 @@ static int64_t pass_kept(const EvalPass *ps, int stream, int world) {
         return kept;
 }
 
+static DvPassShared *pass_shared(const Group *g) {
+        return (DvPassShared *)(g->ctl.map + g->layout.pass_off);
+}
+
+/*
+ * Before a step of an open pass: its counters as the ranks left them (they run the gathers
+ * for metrics they can, fast.c), copied out once and checked, since ranks can write them.
+ */
+static int pass_load(Step *s) {
+        Group *g = s->g;
+        EvalPass *ps = &g->pass;
+        const DvPassShared *sh = pass_shared(g);
+        size_t n = (size_t)PASS_STREAMS * (size_t)g->world;
+
+        if (!ps->active)
+                return 0;
+        int64_t total[PASS_STREAMS];
+        uint32_t used = sh->used;
+        memcpy(total, sh->total, sizeof(total));
+        int64_t *rows = g->pass_load;
+        memcpy(rows, sh->rows, n * sizeof(*rows));
+        for (int st = 0; st < PASS_STREAMS; st++) {
+                int64_t sum = 0;
+                bool ok = total[st] >= 0 && total[st] <= (1ll << 50);
+                for (int k = 0; ok && k < g->world; k++) {
+                        int64_t r = rows[st * g->world + k];
+                        ok = r >= 0 && r <= total[st];
+                        sum += ok ? r : 0;
+                }
+                if (!ok || sum != total[st] || (total[st] && !(used & (1u << st))))
+                        return step_fail(s, DEVAL_EPROTO,
+                                         "collective #%u: the eval pass's counters in the "
+                                         "group's control segment are corrupt (a rank "
+                                         "overwrote them)",
+                                         s->seq);
+        }
+        ps->used = used;
+        memcpy(ps->total, total, sizeof(total));
+        memcpy(ps->rows, rows, n * sizeof(*rows));
+        return 0;
+}
+
+/* After every step: the pass's state, for the ranks that run the next gathers for metrics. */
+static void pass_store(Group *g) {
+        const EvalPass *ps = &g->pass;
+        DvPassShared *sh = pass_shared(g);
+        sh->order = ps->order;
+        sh->num_samples = ps->num_samples;
+        sh->used = ps->used;
+        memcpy(sh->total, ps->total, sizeof(ps->total));
+        memcpy(sh->rows, ps->rows, (size_t)PASS_STREAMS * (size_t)g->world * sizeof(int64_t));
+        /* published with the step (done_seq, release) */
+        atomic_store_explicit(&sh->open, ps->active ? 1u : 0u, memory_order_relaxed);
+}
+
 static void pass_reset(EvalPass *ps, int world) {
         ps->active = 0;
         ps->used = 0;
@@ -782,8 +837,10 @@ static int step_dispatch(Step *s) {
                                          "malformed request from rank %d (pid %d): unknown op %u",
                                          k, (int)s->g->members[k].pid, q[k].op);
         }
-        int r = pass_park(s);
+        int r = pass_load(s);
         if (r < 0)
+                return r;
+        if ((r = pass_park(s)) < 0)
                 return r;
         for (int k = 0; k < s->g->world; k++) {
                 if (q[k].status == 0)
@@ -884,5 +941,6 @@ int step_run(Group *g, uint32_t seq) {
                 log_debug("group '%s': %s", g->name, s.msg);
         }
         memcpy(g->dhdr->msg, s.msg, sizeof(s.msg));
+        pass_store(g);
         return r;
 }

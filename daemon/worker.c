@@ -369,9 +369,6 @@ void *worker_main(void *arg) {
                 /* release: res and msg are written before a rank parked in eval_end sees it */
                 if (g->pass.released)
                         atomic_store_explicit(&g->dhdr->pass_end_seq, seq, memory_order_release);
-                /* which gathers for metrics the ranks may run: none while a pass is open */
-                atomic_store_explicit(&g->hdr->fast.pass_open, g->pass.active,
-                                      memory_order_relaxed);
                 /* release: every slot's res and msg are written before done_seq says so */
                 atomic_store_explicit(&g->dhdr->done_seq, seq, memory_order_release);
                 worker_wake_ranks(g);

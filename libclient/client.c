@@ -578,6 +578,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         g->inl_all = (uint8_t *)g->hdr + l.inl_off;
         g->fast_out = (uint8_t *)g->hdr + l.out_off;
         g->fast_out_size = l.out_size;
+        g->pass_sh = (DvPassShared *)((uint8_t *)g->hdr + l.pass_off);
         uint32_t a = atomic_load_explicit(&g->done->done_seq, memory_order_acquire);
         uint32_t b = atomic_load_explicit(&g->hdr->fast.done_seq, memory_order_acquire);
         g->seq = (int32_t)(b - a) > 0 ? b : a;

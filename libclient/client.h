@@ -55,14 +55,15 @@ struct deval_group {
         uint64_t alive_ns;    /* when this rank last saw devald alive, before running a step */
         DvRequest *fast_reqs; /* [world]: the requests of a step this rank runs (fast.c) */
         DvPlan plan;          /* of a step this rank runs, and what it plans with (fast.c) */
-        void *scratch[5];
-        size_t scratch_size[5];
+        void *scratch[6];
+        size_t scratch_size[6];
         uint8_t *inl;      /* this rank's inline input bytes in the control segment */
         uint8_t *inl_all;  /* rank k's at inl_all + k * inl_size */
         uint32_t inl_size; /* 0: none (a device group) */
         uint8_t *fast_out; /* the output area of the steps the ranks run */
         uint64_t fast_out_size;
-        DvResult fast_res; /* this rank's copy of the result of a step a rank ran */
+        DvPassShared *pass_sh; /* the eval pass's counters (wire.h) */
+        DvResult fast_res;     /* this rank's copy of the result of a step a rank ran */
         deval_bytes *items;
         size_t items_cap;
         char errmsg[DV_MSG_MAX + 128];

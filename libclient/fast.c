@@ -24,16 +24,15 @@ bool dv_fast_inline_ok(const deval_group *g, uint64_t end) {
         return g->rank_steps && g->device < 0 && g->inl_size && end <= g->inl_size;
 }
 
-/* Ops the ranks run; a gather for metrics only outside an eval pass, where it is a gather. */
-static bool fast_op(const DvFast *f, uint32_t op) {
+/* Ops the ranks run. */
+static bool fast_op(uint32_t op) {
         switch (op) {
         case DV_OP_GATHER:
+        case DV_OP_GATHER_METRICS:
         case DV_OP_REDUCE:
         case DV_OP_BROADCAST:
         case DV_OP_BARRIER:
                 return true;
-        case DV_OP_GATHER_METRICS:
-                return atomic_load_explicit(&f->pass_open, memory_order_relaxed) == 0;
         default:
                 return false;
         }
@@ -49,8 +48,7 @@ static bool fast_requests(deval_group *g, uint32_t seq, DvRequest *reqs) {
                 /* up to why: the rest of the header is for a failed stage, never run here */
                 memcpy(q, &s->req, offsetof(DvRequest, why));
                 if (q->seq != seq || !(q->flags & DV_REQ_INLINE) || q->status != 0 ||
-                    q->ntensors > DEVAL_MAX_TENSORS || q->op != reqs[0].op ||
-                    !fast_op(&g->hdr->fast, q->op))
+                    q->ntensors > DEVAL_MAX_TENSORS || q->op != reqs[0].op || !fast_op(q->op))
                         return false;
                 memcpy(q->t, s->req.t, q->ntensors * sizeof(DvTensorDesc));
                 for (uint32_t i = 0; i < q->ntensors; i++)
@@ -128,6 +126,35 @@ static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint6
                 }
                 valid[k] = q[k].valid_rows;
         }
+        /* a gather for metrics in an open pass: planned with the pass's counters (wire.h),
+         * copied out and checked, since ranks write them */
+        DvPassShared *sh = g->pass_sh;
+        int stream = -1;
+        if (q[0].op == DV_OP_GATHER_METRICS &&
+            atomic_load_explicit(&sh->open, memory_order_relaxed)) {
+                stream = (int)q[0].site;
+                for (int k = 0; k < W; k++)
+                        if (q[k].site != q[0].site)
+                                return false;
+                if (stream >= DV_PASS_SITES || sh->num_samples < 0 ||
+                    (sh->order != DEVAL_ORDER_RANK && sh->order != DEVAL_ORDER_STRIDED))
+                        return false;
+        }
+        int64_t *rows = scratch(g, 5, (size_t)W * sizeof(int64_t)), total = 0;
+        if (!rows)
+                return false;
+        if (stream >= 0) {
+                total = sh->total[stream];
+                memcpy(rows, &sh->rows[(size_t)stream * (size_t)W], (size_t)W * sizeof(*rows));
+                int64_t sum = 0;
+                for (int k = 0; k < W; k++) {
+                        if (rows[k] < 0 || rows[k] > (1ll << 50))
+                                return false;
+                        sum += rows[k];
+                }
+                if (sum != total)
+                        return false;
+        }
         DvPlanInput in = {.world = W,
                           .ntensors = n,
                           .in = shapes,
@@ -136,7 +163,13 @@ static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint6
                           .order = q[0].order,
                           .pad_first = q[0].pad_first != 0,
                           .pad_value = q[0].pad_value,
-                          .max_out = g->fast_out_size};
+                          .max_out = g->fast_out_size,
+                          .in_pass = stream >= 0,
+                          .num_samples = stream >= 0 ? sh->num_samples : 0,
+                          .pass_total = total,
+                          .pass_rows = rows};
+        if (stream >= 0)
+                in.order = sh->order;
         if (dv_plan_gather(&in, p) < 0 || p->out_end > g->fast_out_size)
                 return false;
         segs = scratch(g, 3, (p->nsegs + 1) * sizeof(*segs));
@@ -145,6 +178,13 @@ static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint6
                 return false;
         dv_kernel_plan(p, n, false, segs, starts);
         dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast_out, srcs);
+        if (stream >= 0) { /* what the pass gathered, as devald's pass_advance() counts it */
+                sh->used |= 1u << stream;
+                for (int k = 0; k < W; k++) {
+                        sh->rows[(size_t)stream * (size_t)W + (size_t)k] += p->contributed[k];
+                        sh->total[stream] += p->contributed[k];
+                }
+        }
         res->ntensors = (uint32_t)n;
         for (int i = 0; i < n; i++)
                 fast_desc(&res->t[i], &p->out[i], p->out_offset[i], p->out_nbytes[i]);

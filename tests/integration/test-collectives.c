@@ -357,6 +357,62 @@ static void test_inline_and_arena_inputs(void **state) {
         assert_int_equal(harness_run(&H, 3, rank_mixed, NULL, 60), 0);
 }
 
+/*
+ * An eval pass whose gathers for metrics the ranks run themselves, with the pass's counters
+ * in shared memory: 3 ranks, 3 batches of 2 and a last of 1 on ranks 0 and 1 (the sampler's
+ * padding on rank 2), 2 calls per batch. Every sample exactly once, in dataset order, from
+ * both calls; the steps ran on the ranks (the dump says so); the close checks the counts.
+ */
+static int rank_pass(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        char name[64], args[128], out[16384];
+        snprintf(name, sizeof(name), "pass-%d", (int)getppid());
+        CHECK_OK(harness_join(h, "pass", rank, world, 20000, &g), NULL);
+        const int64_t n = 3 * 3 * 2 - 1; /* 17 samples: rank 2's last is a duplicate */
+        CHECK_OK(deval_eval_begin(g, n, DEVAL_ORDER_STRIDED), g);
+        int64_t got[2] = {0, 0};
+        for (int b = 0; b < 3; b++) {
+                CHECK_OK(deval_eval_batch(g), g);
+                int64_t idx[2];
+                for (int j = 0; j < 2; j++) /* DistributedSampler: sample (b*2+j)*world+rank */
+                        idx[j] = ((int64_t)(b * 2 + j) * world + rank) % n;
+                for (int call = 0; call < 2; call++) {
+                        int64_t v[2] = {idx[0] * 10 + call, idx[1] * 10 + call};
+                        deval_tensor in = {.data = v,
+                                           .dtype = DEVAL_I64,
+                                           .ndim = 1,
+                                           .shape = {2},
+                                           .device = -1},
+                                     o;
+                        CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &o), g);
+                        const int64_t *r = o.data;
+                        for (int64_t i = 0; i < o.shape[0]; i++)
+                                CHECK(r[i] == (got[call] + i) * 10 + call,
+                                      "batch %d call %d: row %lld is %lld", b, call, (long long)i,
+                                      (long long)r[i]);
+                        got[call] += o.shape[0];
+                }
+        }
+        CHECK(got[0] == n && got[1] == n, "%lld and %lld samples, not %lld", (long long)got[0],
+              (long long)got[1], (long long)n);
+        if (rank == 0 && !getenv("DEVAL_RANK_STEPS")) {
+                snprintf(args, sizeof(args), "dump %s", name);
+                CHECK(harness_ctl(h, args, out, sizeof(out)) == 0, "dump: %s", out);
+                CHECK(strstr(out, "ran on the ranks") &&
+                              strstr(out, "\"op\":\"gather_for_metrics\""),
+                      "the gathers for metrics did not run on the ranks:\n%s", out);
+        }
+        CHECK_OK(deval_eval_complete(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_pass_on_the_ranks(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_pass, NULL, 60), 0);
+}
+
 static int rank_objects(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g;
@@ -610,6 +666,7 @@ int main(void) {
                 cmocka_unit_test(test_scalars_and_empty),
                 cmocka_unit_test(test_arena_growth),
                 cmocka_unit_test(test_inline_and_arena_inputs),
+                cmocka_unit_test(test_pass_on_the_ranks),
                 cmocka_unit_test(test_objects),
                 cmocka_unit_test(test_reduce_all),
                 cmocka_unit_test(test_broadcast_and_barrier),

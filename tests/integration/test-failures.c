@@ -607,6 +607,32 @@ static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
         return 0;
 }
 
+/* A rank overwrites the eval pass's counters in shared memory: the next gather for metrics
+ * fails on every rank with EPROTO saying so, whoever runs it. */
+static int rank_pass_forged(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "forged", rank, world, 10000, &g), NULL);
+        int64_t v[2] = {rank, rank};
+        deval_tensor t = {.data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1},
+                     out;
+        CHECK_OK(deval_eval_begin(g, 100, DEVAL_ORDER_RANK), g);
+        CHECK_OK(deval_gather_for_metrics(g, 1, &t, NULL, &out), g);
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == 1)
+                g->pass_sh->total[0] = -5;
+        int r = deval_gather_for_metrics(g, 1, &t, NULL, &out);
+        CHECK(r == DEVAL_EPROTO && strstr(deval_errmsg(g), "counters"), "got %s: %s",
+              deval_strerror(r), deval_errmsg(g));
+        deval_leave(g);
+        return 0;
+}
+
+static void test_pass_counters_forged(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 2, rank_pass_forged, NULL, 20), 0);
+}
+
 /*
  * A hostile rank at full speed: a thread rewrites its slot's request, its input arena and
  * inline bytes, and the result of the steps the ranks run, with garbage without pause
@@ -815,6 +841,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_daemon_survives, before, after),
                 cmocka_unit_test_setup_teardown(test_quota, before, after),
                 cmocka_unit_test_setup_teardown(test_hostile_client, before, after),
+                cmocka_unit_test_setup_teardown(test_pass_counters_forged, before, after),
                 cmocka_unit_test_setup_teardown(test_unexpected_fds, before, after),
                 cmocka_unit_test_setup_teardown(test_hostile_full_speed, before, after),
                 cmocka_unit_test_setup_teardown(test_forked_child, before, after),
