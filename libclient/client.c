@@ -332,9 +332,10 @@ static void group_freep(deval_group **g) {
 }
 
 /*
- * Spinning before sleeping saves a sleep and a wake-up (microseconds each) when every rank
- * has a core of its own: the last rank to arrive runs a small step itself, so a spinning
- * rank sees it done at once. With more ranks than cores the spinners would take the core the
+ * Spinning before sleeping saves a sleep and a wake-up (tens of microseconds on a busy
+ * machine) when every rank has a core of its own: the last rank to arrive runs a small step
+ * itself, so a spinning rank sees it done at once, and a step of a few hundred KiB is done
+ * within 200 us. A step handed to devald is waited for asleep. With more ranks than cores the spinners would take the core the
  * last rank (or devald's worker) needs. $DEVAL_SPIN_US overrides.
  */
 static uint64_t default_spin_ns(int world_size) {
@@ -342,7 +343,7 @@ static uint64_t default_spin_ns(int world_size) {
         if (env && *env)
                 return strtoull(env, NULL, 10) * 1000;
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        return ncpu >= world_size ? 50000 : 0;
+        return ncpu >= world_size ? 200000 : 0;
 }
 
 /*
