@@ -54,6 +54,21 @@ static int plan_fail(DvPlan *p, int status, const char *fmt, ...) {
         return status;
 }
 
+DvShape dv_shape_of(const DvTensorDesc *t) {
+        DvShape sh = {.dtype = t->dtype, .ndim = t->ndim};
+        memcpy(sh.shape, t->shape, sizeof(sh.shape));
+        return sh;
+}
+
+void dv_desc_of(const DvShape *sh, uint64_t offset, uint64_t nbytes, DvTensorDesc *t) {
+        memset(t, 0, sizeof(*t));
+        t->dtype = sh->dtype;
+        t->ndim = sh->ndim;
+        memcpy(t->shape, sh->shape, sizeof(t->shape));
+        t->offset = offset;
+        t->nbytes = nbytes;
+}
+
 bool dv_shape_numel(const DvShape *s, int64_t *ret) {
         int64_t n = 1;
         for (int d = 0; d < s->ndim; d++)

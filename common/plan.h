@@ -93,5 +93,8 @@ void dv_plan_reset(DvPlan *p);
 int dv_plan_gather(const DvPlanInput *in, DvPlan *p);
 int dv_plan_pad(int world, const DvShape *in, int dim, bool pad_first, double pad_value,
                 uint64_t out_base, uint64_t max_out, DvPlan *p);
+/* A descriptor's shape, and a descriptor of shape at offset. */
+DvShape dv_shape_of(const DvTensorDesc *t);
+void dv_desc_of(const DvShape *sh, uint64_t offset, uint64_t nbytes, DvTensorDesc *t);
 /* Bytes of one sample (row) of shape, and its element count; false on overflow. */
 bool dv_shape_numel(const DvShape *s, int64_t *ret);

@@ -392,6 +392,10 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                 goto fail;
         }
         g->worker_started = true;
+        /* the ranks may run their first steps without it: deval-ctl shows it from the start
+         * (its thread id comes from the thread itself, within microseconds) */
+        for (int i = 0; i < 10000 && !atomic_load(&g->worker_tid); i++)
+                usleep(100);
         if (topo_bind_thread(g->worker, g->numa, g->worker_cpus, sizeof(g->worker_cpus)) == 0)
                 log_debug("group '%s': worker on NUMA node %d (cpus %s)", g->name, g->numa,
                           g->worker_cpus);

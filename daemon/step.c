@@ -109,21 +109,6 @@ static int check_ntensors(Step *s, uint32_t lo, uint32_t hi) {
         return 0;
 }
 
-static DvShape shape_of(const DvTensorDesc *t) {
-        DvShape sh = {.dtype = t->dtype, .ndim = t->ndim};
-        memcpy(sh.shape, t->shape, sizeof(sh.shape));
-        return sh;
-}
-
-static void desc_of(const DvShape *sh, uint64_t offset, uint64_t nbytes, DvTensorDesc *t) {
-        memset(t, 0, sizeof(*t));
-        t->dtype = sh->dtype;
-        t->ndim = sh->ndim;
-        memcpy(t->shape, sh->shape, sizeof(t->shape));
-        t->offset = offset;
-        t->nbytes = nbytes;
-}
-
 typedef struct {
         Group *g;
         const DvRequest *reqs;
@@ -483,7 +468,7 @@ static int step_gather(Step *s) {
                 for (int i = 0; i < n; i++) {
                         if ((r = check_desc(s, k, i, true)) < 0)
                                 return r;
-                        shapes[k * n + i] = shape_of(&s->reqs[k].t[i]);
+                        shapes[k * n + i] = dv_shape_of(&s->reqs[k].t[i]);
                 }
                 valid[k] = s->reqs[k].valid_rows;
         }
@@ -511,7 +496,7 @@ static int step_gather(Step *s) {
                 DvResult *res = res_of(s, k);
                 res->ntensors = (uint32_t)n;
                 for (int i = 0; i < n; i++)
-                        desc_of(&p.out[i], p.out_offset[i], p.out_nbytes[i], &res->t[i]);
+                        dv_desc_of(&p.out[i], p.out_offset[i], p.out_nbytes[i], &res->t[i]);
                 result_root_only(s, k, res);
         }
         dv_plan_deinit(&p);
@@ -571,7 +556,7 @@ static int step_objects(Step *s) {
                                       k, (int)g->members[k].pid, (long long)blob->shape[0]);
                         goto out;
                 }
-                shapes[k] = shape_of(lens);
+                shapes[k] = dv_shape_of(lens);
                 valid[k] = s->reqs[k].valid_rows;
         }
 
@@ -619,8 +604,8 @@ static int step_objects(Step *s) {
                 DvShape ls = {.dtype = DEVAL_I64, .ndim = 1, .shape = {p.samples}};
                 DvShape bs = {.dtype = DEVAL_U8, .ndim = 1, .shape = {(int64_t)blob_bytes}};
                 res->ntensors = 2;
-                desc_of(&ls, lens_off, lens_bytes, &res->t[0]);
-                desc_of(&bs, blob_off, blob_bytes, &res->t[1]);
+                dv_desc_of(&ls, lens_off, lens_bytes, &res->t[0]);
+                dv_desc_of(&bs, blob_off, blob_bytes, &res->t[1]);
                 result_root_only(s, k, res);
         }
         dv_plan_deinit(&p);
@@ -648,7 +633,7 @@ static int step_pad(Step *s) {
         for (int k = 0; k < W; k++) {
                 if ((r = check_desc(s, k, 0, true)) < 0)
                         return r;
-                shapes[k] = shape_of(&s->reqs[k].t[0]);
+                shapes[k] = dv_shape_of(&s->reqs[k].t[0]);
         }
         SAME_ON_ALL(s, t[0].ndim, "%d", "ndim");
         if (s->reqs[0].dim < 0 || s->reqs[0].dim >= s->reqs[0].t[0].ndim)
@@ -676,7 +661,7 @@ static int step_pad(Step *s) {
         for (int k = 0; k < W; k++) {
                 DvResult *res = res_of(s, k);
                 res->ntensors = 1;
-                desc_of(&p.out[k], p.out_offset[k], p.out_nbytes[k], &res->t[0]);
+                dv_desc_of(&p.out[k], p.out_offset[k], p.out_nbytes[k], &res->t[0]);
         }
 out:
         dv_plan_deinit(&p);
@@ -722,11 +707,11 @@ static int step_reduce(Step *s) {
                 dv_reduce_finish(t->dtype, op, W, acc, g->out.map + e * es, n);
         }
         atomic_fetch_add_explicit(&g->bytes_moved, t->nbytes, memory_order_relaxed);
-        DvShape sh = shape_of(t);
+        DvShape sh = dv_shape_of(t);
         for (int k = 0; k < W; k++) {
                 DvResult *res = res_of(s, k);
                 res->ntensors = 1;
-                desc_of(&sh, 0, t->nbytes, &res->t[0]);
+                dv_desc_of(&sh, 0, t->nbytes, &res->t[0]);
         }
         return 0;
 }
@@ -758,11 +743,11 @@ static int step_broadcast(Step *s, bool bytes) {
                 return r;
         memcpy(g->out.map, in_base(g, &s->reqs[root]) + t->offset, t->nbytes);
         atomic_fetch_add_explicit(&g->bytes_moved, t->nbytes, memory_order_relaxed);
-        DvShape sh = shape_of(t);
+        DvShape sh = dv_shape_of(t);
         for (int k = 0; k < W; k++) {
                 DvResult *res = res_of(s, k);
                 res->ntensors = 1;
-                desc_of(&sh, 0, t->nbytes, &res->t[0]);
+                dv_desc_of(&sh, 0, t->nbytes, &res->t[0]);
         }
         return 0;
 }

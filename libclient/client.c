@@ -331,32 +331,25 @@ static void group_freep(deval_group **g) {
         group_free(*g);
 }
 
+/* $name in microseconds, as nanoseconds; dflt_ns when it is not set. */
+static uint64_t env_us(const char *name, uint64_t dflt_ns) {
+        const char *env = getenv(name);
+        return env && *env ? strtoull(env, NULL, 10) * 1000 : dflt_ns;
+}
+
 /*
  * Spinning before sleeping saves a sleep and a wake-up (tens of microseconds on a busy
  * machine) when every rank has a core of its own: the last rank to arrive runs a small step
  * itself, so a spinning rank sees it done at once, and a step of a few hundred KiB is done
- * within 200 us. A step handed to devald is waited for asleep. With more ranks than cores the spinners would take the core the
- * last rank (or devald's worker) needs. $DEVAL_SPIN_US overrides.
+ * within 200 us. A step handed to devald is waited for asleep. With more ranks than cores,
+ * spinners would take the core the last rank needs: a waiting rank yields its core for 1 ms
+ * instead, so that the ranks still to arrive run at once. $DEVAL_SPIN_US and $DEVAL_YIELD_US
+ * override.
  */
-static uint64_t default_spin_ns(int world_size) {
-        const char *env = getenv("DEVAL_SPIN_US");
-        if (env && *env)
-                return strtoull(env, NULL, 10) * 1000;
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        return ncpu >= world_size ? 200000 : 0;
-}
-
-/*
- * With more ranks than cores, a waiting rank yields its core for a while before it sleeps:
- * the ranks still to arrive run at once, and the last one's result is seen without a wake-up.
- * $DEVAL_YIELD_US overrides.
- */
-static uint64_t default_yield_ns(int world_size) {
-        const char *env = getenv("DEVAL_YIELD_US");
-        if (env && *env)
-                return strtoull(env, NULL, 10) * 1000;
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        return ncpu >= world_size ? 0 : 1000000;
+static void wait_policy(deval_group *g, int world_size) {
+        bool own_cores = sysconf(_SC_NPROCESSORS_ONLN) >= world_size;
+        g->spin_ns = env_us("DEVAL_SPIN_US", own_cores ? 200000 : 0);
+        g->yield_ns = env_us("DEVAL_YIELD_US", own_cores ? 0 : 1000000);
 }
 
 /* Start a devald when nothing answers? The join option, else $DEVAL_AUTOSTART (on). */
@@ -466,8 +459,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         g->rank = rank;
         g->world = world_size;
         g->debug = getenv("DEVAL_DEBUG") != NULL;
-        g->spin_ns = default_spin_ns(world_size);
-        g->yield_ns = default_yield_ns(world_size);
+        wait_policy(g, world_size);
         const char *rs = getenv("DEVAL_RANK_STEPS");
         g->rank_steps = !(rs && (strcmp(rs, "0") == 0 || strcmp(rs, "no") == 0));
         g->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;

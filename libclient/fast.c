@@ -67,15 +67,6 @@ static bool same_shape(const DvTensorDesc *a, const DvTensorDesc *b) {
         return true;
 }
 
-static void fast_desc(DvTensorDesc *t, const DvShape *sh, uint64_t off, uint64_t nbytes) {
-        memset(t, 0, sizeof(*t));
-        t->dtype = sh->dtype;
-        t->ndim = sh->ndim;
-        memcpy(t->shape, sh->shape, sizeof(t->shape));
-        t->offset = off;
-        t->nbytes = nbytes;
-}
-
 static const uint8_t *inl_of(const deval_group *g, int k, const DvTensorDesc *t) {
         return g->inl_all + (uint64_t)k * g->inl_size + t->offset;
 }
@@ -120,8 +111,7 @@ static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint6
         for (int k = 0; k < W; k++) {
                 for (int i = 0; i < n; i++) {
                         const DvTensorDesc *t = &q[k].t[i];
-                        shapes[k * n + i] = (DvShape){.dtype = t->dtype, .ndim = t->ndim};
-                        memcpy(shapes[k * n + i].shape, t->shape, sizeof(t->shape));
+                        shapes[k * n + i] = dv_shape_of(t);
                         srcs[k * n + i] = inl_of(g, k, t);
                 }
                 valid[k] = q[k].valid_rows;
@@ -187,7 +177,7 @@ static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint6
         }
         res->ntensors = (uint32_t)n;
         for (int i = 0; i < n; i++)
-                fast_desc(&res->t[i], &p->out[i], p->out_offset[i], p->out_nbytes[i]);
+                dv_desc_of(&p->out[i], p->out_offset[i], p->out_nbytes[i], &res->t[i]);
         *moved = p->out_end;
         return true;
 }
@@ -215,9 +205,8 @@ static bool fast_reduce(deval_group *g, const DvRequest *q, DvResult *res, uint6
                 dv_reduce_finish(t->dtype, op, g->world, acc, g->fast_out + e * es, n);
         }
         res->ntensors = 1;
-        DvShape sh = {.dtype = t->dtype, .ndim = t->ndim};
-        memcpy(sh.shape, t->shape, sizeof(sh.shape));
-        fast_desc(&res->t[0], &sh, 0, t->nbytes);
+        DvShape sh = dv_shape_of(t);
+        dv_desc_of(&sh, 0, t->nbytes, &res->t[0]);
         *moved = t->nbytes;
         return true;
 }
@@ -234,9 +223,8 @@ static bool fast_broadcast(deval_group *g, const DvRequest *q, DvResult *res, ui
                 return false;
         memcpy(g->fast_out, inl_of(g, root, t), t->nbytes);
         res->ntensors = 1;
-        DvShape sh = {.dtype = t->dtype, .ndim = t->ndim};
-        memcpy(sh.shape, t->shape, sizeof(sh.shape));
-        fast_desc(&res->t[0], &sh, 0, t->nbytes);
+        DvShape sh = dv_shape_of(t);
+        dv_desc_of(&sh, 0, t->nbytes, &res->t[0]);
         *moved = t->nbytes;
         return true;
 }

@@ -215,6 +215,27 @@ static int rank_main(const Job *j, int rank) {
         return r != 0;
 }
 
+static int run_job(Job *j);
+
+/* Run one case on world ranks: the slowest rank's p50 and p99 per call, in us. */
+static int measure(int kind, int world, size_t bytes, int iters, double *lat, double *out_bytes,
+                   int *failed, double *p50, double *p99) {
+        static double worst[MAX_ITERS];
+        Job j = {.kind = kind,
+                 .world = world,
+                 .bytes = bytes,
+                 .iters = iters,
+                 .lat = lat,
+                 .out_bytes = out_bytes,
+                 .failed = failed};
+        if (run_job(&j))
+                return -1;
+        slowest(lat, world, iters, worst);
+        *p50 = quantile(worst, iters, 0.5) * 1e6;
+        *p99 = quantile(worst, iters, 0.99) * 1e6;
+        return 0;
+}
+
 static int run_job(Job *j) {
         static int seq;
         pid_t pids[MAX_WORLD];
@@ -313,7 +334,6 @@ int main(int argc, char **argv) {
                            PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         double *out_bytes = lat + MAX_WORLD * MAX_ITERS;
         int *failed = (int *)(out_bytes + 1);
-        static double worst[MAX_ITERS];
         static const size_t sizes[] = {64, 4 << 10, 256 << 10, 4 << 20, 64 << 20};
         int rc = 0;
         double m50, m99;
@@ -334,20 +354,11 @@ int main(int argc, char **argv) {
                         int iters = bytes >= (64u << 20) ? 10 : bytes >= (4u << 20) ? 40 : 1000;
                         if (arg_quick)
                                 iters = iters > 200 ? 200 : iters;
-                        Job j = {.kind = 0,
-                                 .world = world,
-                                 .bytes = bytes,
-                                 .iters = iters,
-                                 .lat = lat,
-                                 .out_bytes = out_bytes,
-                                 .failed = failed};
-                        if (run_job(&j)) {
+                        double p50, p99;
+                        if (measure(0, world, bytes, iters, lat, out_bytes, failed, &p50, &p99)) {
                                 rc = 1;
                                 continue;
                         }
-                        slowest(lat, world, iters, worst);
-                        double p50 = quantile(worst, iters, 0.5) * 1e6;
-                        double p99 = quantile(worst, iters, 0.99) * 1e6;
                         double mc = memcpy_time((size_t)*out_bytes, iters) * 1e6;
                         char a[16], b[16], m[16] = "-", v[16] = "-";
                         human((double)bytes, a, sizeof(a));
@@ -369,20 +380,11 @@ int main(int argc, char **argv) {
         for (int kind = 1; kind <= 2; kind++) {
                 for (int world = arg_min_world; world <= arg_max_world; world *= 2) {
                         int iters = arg_quick ? 500 : MAX_ITERS;
-                        Job j = {.kind = kind,
-                                 .world = world,
-                                 .bytes = 16,
-                                 .iters = iters,
-                                 .lat = lat,
-                                 .out_bytes = out_bytes,
-                                 .failed = failed};
-                        if (run_job(&j)) {
+                        double p50, p99;
+                        if (measure(kind, world, 16, iters, lat, out_bytes, failed, &p50, &p99)) {
                                 rc = 1;
                                 continue;
                         }
-                        slowest(lat, world, iters, worst);
-                        double p50 = quantile(worst, iters, 0.5) * 1e6;
-                        double p99 = quantile(worst, iters, 0.99) * 1e6;
                         char m[16] = "-", n[16] = "-", v[16] = "-";
                         if (mpi_figure(mpi_names[kind - 1], world, kind == 1 ? 16 : 0, &m50,
                                        &m99)) {
