@@ -188,7 +188,7 @@ static int worker_wait(Group *g, uint32_t *seq) {
                         continue;
                 }
                 int arrived = 0;
-                uint64_t now = dv_now_ns();
+                uint64_t now = dv_now_ns(), earliest = now;
                 for (int k = 0; k < g->world; k++) {
                         /* acquire pairs with the client's release store after it filled req */
                         if (atomic_load_explicit(&h->slots[k].arrived_seq, memory_order_acquire) ==
@@ -200,15 +200,18 @@ static int worker_wait(Group *g, uint32_t *seq) {
                                 if (!g->members[k].arrived_ns)
                                         g->members[k].arrived_ns =
                                                 t && t <= now && now - t < 1000000000ull ? t : now;
+                                earliest = DV_MIN(earliest, g->members[k].arrived_ns);
                         }
                 }
                 uint32_t handoff = atomic_load_explicit(&h->fast.handoff_seq, memory_order_acquire);
                 if (arrived == g->world && handoff == *seq)
                         return 0;
+                /* the deadline runs from the first arrival, as the ranks' clocks saw it: the
+                 * worker may see it late, when the ranks ran the steps before */
                 if (arrived && !first_ns) {
-                        first_ns = now;
+                        first_ns = earliest;
                         pthread_mutex_lock(&g->lock);
-                        g->waiting_since_ns = now;
+                        g->waiting_since_ns = earliest;
                         pthread_mutex_unlock(&g->lock);
                 }
                 int64_t wait_ns = SLICE_NS;
