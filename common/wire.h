@@ -276,7 +276,11 @@ typedef struct {
         alignas(64) _Atomic uint32_t arrived_seq;
         uint32_t reserved;
         uint64_t arrived_ns; /* CLOCK_MONOTONIC at the arrival, for devald's figures only */
-        uint32_t reserved1[12];
+        /* a pad the ranks ran (DvFast): where this rank's padded tensor lies in the output
+         * area, and its length along the padded dim */
+        uint64_t pad_off;
+        int64_t pad_len;
+        uint32_t reserved1[8];
         DvRequest req;
 } DvSlot;
 

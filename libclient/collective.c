@@ -242,6 +242,26 @@ static int fast_result(deval_group *g, const char *fn, bool pass_end, const DvRe
                                   "%s: rank %d wrote a malformed result of collective #%u", fn,
                                   f->executor, g->seq);
         memcpy(res->t, f->res.t, res->ntensors * sizeof(DvTensorDesc));
+        if (q->op == DV_OP_PAD) { /* this rank's own: its shape, the length the runner wrote */
+                const DvSlot *slot = &g->hdr->slots[g->rank];
+                DvTensorDesc *t = &res->t[0];
+                int64_t numel = 1;
+                *t = q->t[0];
+                if (res->ntensors != 1 || q->dim < 0 || q->dim >= t->ndim)
+                        return dv_set_err(g, DEVAL_EPROTO,
+                                          "%s: rank %d wrote a malformed result of collective #%u",
+                                          fn, f->executor, g->seq);
+                t->shape[q->dim] = slot->pad_len;
+                for (int d = 0; d < t->ndim; d++)
+                        if (t->shape[d] < 0 || !dv_mul_ok(numel, t->shape[d], &numel) ||
+                            numel > INT64_MAX / 16)
+                                return dv_set_err(g, DEVAL_EPROTO,
+                                                  "%s: rank %d wrote a malformed result of "
+                                                  "collective #%u",
+                                                  fn, f->executor, g->seq);
+                t->offset = slot->pad_off;
+                t->nbytes = (uint64_t)numel * dv_dtype_size(t->dtype);
+        }
         bool gather = q->op == DV_OP_GATHER || q->op == DV_OP_GATHER_METRICS;
         for (uint32_t i = 0; gather && q->root >= 0 && q->root != g->rank && i < res->ntensors;
              i++) {

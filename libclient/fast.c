@@ -29,6 +29,7 @@ static bool fast_op(uint32_t op) {
         switch (op) {
         case DV_OP_GATHER:
         case DV_OP_GATHER_METRICS:
+        case DV_OP_PAD:
         case DV_OP_REDUCE:
         case DV_OP_BROADCAST:
         case DV_OP_BARRIER:
@@ -182,6 +183,48 @@ static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint6
         return true;
 }
 
+/* pad_across_processes: each rank's tensor padded along dim to the longest; every rank's
+ * result is its own, so where it lies goes into its slot (pad_off, pad_len) */
+static bool fast_pad(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
+        int W = g->world, dim = q[0].dim;
+        const DvTensorDesc *t0 = &q[0].t[0];
+        if (q[0].ntensors != 1 || dim < 0 || dim >= t0->ndim)
+                return false;
+        for (int k = 1; k < W; k++)
+                if (q[k].ntensors != 1 || q[k].dim != dim || q[k].pad_first != q[0].pad_first ||
+                    q[k].t[0].ndim != t0->ndim ||
+                    memcmp(&q[k].pad_value, &q[0].pad_value, sizeof(double)) != 0)
+                        return false;
+        DvShape *shapes = scratch(g, 0, (size_t)W * sizeof(DvShape));
+        const uint8_t **srcs = scratch(g, 2, (size_t)W * sizeof(*srcs));
+        DvPlan *p = &g->plan;
+        if (!shapes || !srcs)
+                return false;
+        for (int k = 0; k < W; k++) {
+                shapes[k] = dv_shape_of(&q[k].t[0]);
+                srcs[k] = inl_of(g, k, &q[k].t[0]);
+        }
+        dv_plan_reset(p);
+        if (dv_plan_pad(W, shapes, dim, q[0].pad_first != 0, q[0].pad_value, 0, g->fast_out_size,
+                        p) < 0 ||
+            p->out_end > g->fast_out_size)
+                return false;
+        DvKernelSeg *segs = scratch(g, 3, (p->nsegs + 1) * sizeof(*segs));
+        uint64_t *starts = scratch(g, 4, (p->nsegs + 1) * sizeof(*starts));
+        if (!segs || !starts)
+                return false;
+        dv_kernel_plan(p, 1, true, segs, starts);
+        dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast_out, srcs);
+        for (int k = 0; k < W; k++) {
+                g->hdr->slots[k].pad_off = p->out_offset[k];
+                g->hdr->slots[k].pad_len = p->out[k].shape[dim];
+        }
+        res->ntensors = 1;
+        dv_desc_of(&p->out[0], p->out_offset[0], p->out_nbytes[0], &res->t[0]);
+        *moved = p->out_end;
+        return true;
+}
+
 #define REDUCE_CHUNK 1024
 
 static bool fast_reduce(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
@@ -262,6 +305,9 @@ static bool fast_run(deval_group *g, uint32_t seq) {
         case DV_OP_GATHER:
         case DV_OP_GATHER_METRICS:
                 ok = fast_gather(g, q, &res, &moved);
+                break;
+        case DV_OP_PAD:
+                ok = fast_pad(g, q, &res, &moved);
                 break;
         case DV_OP_REDUCE:
                 ok = fast_reduce(g, q, &res, &moved);
