@@ -27,6 +27,7 @@
 
 #include "cuda_abi.h"
 #include "util.h"
+#include "wire.h"
 
 static __thread char gpu_err[256];
 static __thread int gpu_sticky;
@@ -159,7 +160,7 @@ typedef void *CUcontext;
 typedef void *CUmodule;
 typedef void *CUfunction;
 
-#define MAX_DEVICES 64
+#define MAX_DEVICES DV_MAX_GPUS
 
 typedef DvCuMemHandle CUmemGenericAllocationHandle;
 typedef DvCuMemAllocationProp CUmemAllocationProp;

@@ -157,7 +157,17 @@ typedef struct {
         DvRankInfo ranks[];
 } DvGroupReply;
 
+/*
+ * The machine's limits, one constant each: GPUs devald drives (a peer mask is a uint64_t),
+ * NUMA nodes it places memory on (an mbind mask of one unsigned long per 64), and NUMA nodes a
+ * topology reply lists.
+ */
+#define DV_MAX_GPUS       64
+#define DV_MAX_NUMA       64
 #define DV_TOPO_MAX_NODES 16
+_Static_assert(DV_MAX_GPUS <= 64, "a GPU's peers are the bits of a uint64_t");
+_Static_assert(DV_TOPO_MAX_NODES <= DV_MAX_NUMA, "the reply lists nodes devald places on");
+
 typedef struct {
         int32_t os_index;
         uint32_t reserved;
@@ -169,9 +179,10 @@ typedef struct {
         uint8_t uuid[16];
         char busid[16]; /* PCI "0000:17:00.0", empty when unknown */
         int32_t numa;   /* the NUMA node nearest to it; -1 when unknown */
-        uint32_t p2p;   /* bit k: its copy kernel reads GPU k's memory directly (a test copy
+        uint32_t reserved;
+        uint64_t p2p;  /* bit k: its copy kernel reads GPU k's memory directly (a test copy
                            proved it); the others' inputs are staged through host memory */
-        char cpus[64];  /* the cores nearest to it */
+        char cpus[64]; /* the cores nearest to it */
 } DvTopoGpu;
 
 typedef struct {
@@ -183,7 +194,7 @@ typedef struct {
         uint32_t nnodes;
         uint32_t ngpus;
         DvTopoNode nodes[DV_TOPO_MAX_NODES];
-        DvTopoGpu gpus[16];
+        DvTopoGpu gpus[DV_MAX_GPUS];
 } DvTopoReply;
 
 /* ---- data plane: the control segment of one group ----------------------------------------- */

@@ -71,7 +71,6 @@ typedef struct DevArena {
 } DevArena;
 
 #define DEV_ARENA_NULL ((DevArena){.device = -1, .fd = -1})
-#define DV_MAX_GPUS    64
 
 int dev_arena_new(int device, uint64_t size, DevArena *ret);
 void dev_arena_deinit(DevArena *a);

@@ -769,7 +769,7 @@ int gpuw_main(int sock, int device, int no_p2p) {
                 rep.status = gw.api->device_count(&n);
         if (rep.status == 0 && (device < 0 || device >= n))
                 rep.status = dv_gpu_fail(DEVAL_EINVAL, "no GPU %d (%d visible)", device, n);
-        for (int k = 0; rep.status == 0 && !no_p2p && k < n && k < 64; k++)
+        for (int k = 0; rep.status == 0 && !no_p2p && k < n && k < DV_MAX_GPUS; k++)
                 if (k != device && gw_probe_peer(&gw, k))
                         gw.p2p |= 1ull << k;
         if (rep.status < 0)

@@ -304,13 +304,14 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
          * and the output where most ranks are, or, for a device group, near the first GPU
          * that receives (the worker there mostly drives that GPU).
          */
-        int votes[64] = {0};
+        int votes[DV_MAX_NUMA] = {0};
         g->numa = -1;
         for (int k = 0; k < g->world; k++) {
                 Member *m = &g->members[k];
                 m->numa = topo_node_of_pid(m->pid);
-                if (m->numa >= 0 && m->numa < 64 &&
-                    ++votes[m->numa] > (g->numa >= 0 ? votes[g->numa] : 0))
+                if (m->numa >= DV_MAX_NUMA)
+                        m->numa = -1; /* a node devald cannot place on */
+                if (m->numa >= 0 && ++votes[m->numa] > (g->numa >= 0 ? votes[g->numa] : 0))
                         g->numa = m->numa;
         }
         for (int k = 0; g->device_group && k < g->world; k++) {

@@ -69,11 +69,11 @@ void topo_describe(Daemon *d, DvTopoReply *r) {
                 n->memory = o->attr ? o->attr->numanode.local_memory : 0;
                 cpulist(o->cpuset, n->cpus, sizeof(n->cpus));
         }
-        for (int k = 0; d->gpu && k < d->ngpus && r->ngpus < 16; k++) {
+        for (int k = 0; d->gpu && k < d->ngpus && r->ngpus < DV_MAX_GPUS; k++) {
                 DvTopoGpu *g = &r->gpus[r->ngpus++];
                 memcpy(g->uuid, d->gpu_uuid[k], 16);
                 g->numa = -1;
-                g->p2p = (uint32_t)gpuw_p2p(k);
+                g->p2p = gpuw_p2p(k);
                 snprintf(g->cpus, sizeof(g->cpus), "?");
                 if (d->gpu->device_busid(k, g->busid, sizeof(g->busid)) < 0)
                         continue;
@@ -173,10 +173,10 @@ int topo_bind_thread(pthread_t t, int node, char *cpus, size_t len) {
 void topo_describe(Daemon *d, DvTopoReply *r) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         r->cores = r->pus = n > 0 ? (uint32_t)n : 0;
-        for (int k = 0; d->gpu && k < d->ngpus && r->ngpus < 16; k++) {
+        for (int k = 0; d->gpu && k < d->ngpus && r->ngpus < DV_MAX_GPUS; k++) {
                 memcpy(r->gpus[r->ngpus].uuid, d->gpu_uuid[k], 16);
                 r->gpus[r->ngpus].numa = -1;
-                r->gpus[r->ngpus].p2p = (uint32_t)gpuw_p2p(k);
+                r->gpus[r->ngpus].p2p = gpuw_p2p(k);
                 r->ngpus++;
         }
 }
@@ -188,9 +188,10 @@ void topo_describe(Daemon *d, DvTopoReply *r) {
  * writing its input), and elsewhere rather than fail when node is full.
  */
 int topo_prefer_memory(void *addr, size_t len, int node) {
-        if (node < 0 || node >= 63 || !addr || !len)
+        if (node < 0 || node >= DV_MAX_NUMA || !addr || !len)
                 return -1;
-        unsigned long mask = 1ul << node;
-        /* 1: MPOL_PREFERRED */
-        return (int)syscall(SYS_mbind, addr, len, 1, &mask, 64ul, 0u);
+        unsigned long mask[DV_MAX_NUMA / 64 + 1] = {0};
+        mask[node / 64] = 1ul << (node % 64);
+        /* 1: MPOL_PREFERRED; the kernel reads maxnode - 1 bits of the mask */
+        return (int)syscall(SYS_mbind, addr, len, 1, mask, (unsigned long)DV_MAX_NUMA + 1, 0u);
 }

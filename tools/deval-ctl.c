@@ -396,7 +396,7 @@ static int cmd_topo(void) {
         if (n < 0 || ctl_failed(r, n))
                 return 1;
         if ((size_t)n != sizeof(*r) || r->hdr.type != DV_MSG_TOPO ||
-            r->nnodes > DV_TOPO_MAX_NODES || r->ngpus > 16) {
+            r->nnodes > DV_TOPO_MAX_NODES || r->ngpus > DV_MAX_GPUS) {
                 fprintf(stderr, "deval-ctl: devald sent a malformed answer\n");
                 return 1;
         }

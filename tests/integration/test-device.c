@@ -403,6 +403,30 @@ static int rank_sticky(const Harness *h, int rank, int world, void *arg) {
         return 0;
 }
 
+/*
+ * More GPUs than a topology reply once held (16) and than a 32-bit peer mask covers: 40
+ * fake ones. deval-ctl topo lists every one, and GPU 39 reads GPU 38 and GPU 0.
+ */
+static void test_forty_gpus(void **state) {
+        (void)state;
+        static char out[65536];
+        harness_stop(&H);
+        setenv("DEVAL_GPU_FAKE", "40", 1);
+        const char *extra[] = {"--backend", "cuda", NULL};
+        harness_start(&H, extra);
+        int rc = harness_ctl(&H, "topo --json", out, sizeof(out));
+        after_cuda(state);
+        assert_int_equal(rc, 0);
+        int n = 0;
+        for (const char *p = out; (p = strstr(p, "\"uuid\"")); p++)
+                n++;
+        if (n != 40)
+                fail_msg("deval-ctl topo lists %d GPUs, not 40:\n%.2000s", n, out);
+        const char *last = strrchr(out, '{');
+        if (!last || !strstr(last, "\"p2p\":[0,") || !strstr(last, ",38]"))
+                fail_msg("GPU 39's peers are not 0..38: %s", last ? last : out);
+}
+
 static void touch(const char *path) {
         FILE *f = fopen(path, "w");
         assert_non_null(f);
@@ -483,6 +507,7 @@ int main(void) {
                                                 after_cuda),
                 cmocka_unit_test(test_device_out_of_memory),
                 cmocka_unit_test(test_device_group_without_p2p),
+                cmocka_unit_test(test_forty_gpus),
                 cmocka_unit_test(test_device_group_legacy_ipc),
                 cmocka_unit_test(test_sticky_error_contained),
         };
