@@ -75,15 +75,24 @@ typedef struct {
         size_t len;
 } deval_bytes;
 
+/*
+ * Options structs begin with their size, so that later versions can add fields: initialise
+ * them with DEVAL_JOIN_OPTS_INIT / DEVAL_GATHER_OPTS_INIT (libdeval refuses a size of 0, and
+ * fields it does not know that are set).
+ */
 typedef struct {
-        const char *socket_path; /* NULL: $DEVAL_SOCKET, else the default path */
+        uint32_t size;           /* sizeof(deval_join_opts) */
         int32_t timeout_ms;      /* join and every collective; 0: default (300 s); < 0: forever */
+        const char *socket_path; /* NULL: $DEVAL_SOCKET, else the default path */
         int32_t on_device;       /* bool: a device group; this rank's tensors live on the CUDA
                                     device below (devald --backend cuda; every rank alike) */
         int32_t device;          /* the CUDA device ordinal, as this process sees it */
         int32_t autostart;       /* when nothing answers at an unnamed socket, start a private
                                     devald: 0: unless $DEVAL_AUTOSTART=0; > 0: yes; < 0: no */
+        int32_t reserved;
 } deval_join_opts;
+/* the first member, for an initialiser: deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, ...}; */
+#define DEVAL_JOIN_OPTS_INIT .size = sizeof(deval_join_opts)
 
 typedef enum {
         DEVAL_ORDER_RANK = 0,
@@ -91,16 +100,17 @@ typedef enum {
 } deval_order;
 
 typedef struct {
-        double pad_value;   /* converted to each tensor's dtype */
+        uint32_t size;      /* sizeof(deval_gather_opts) */
         int32_t pad_first;  /* bool: pad at the start of a dim instead of the end */
+        double pad_value;   /* converted to each tensor's dtype */
         int64_t valid_rows; /* this rank's real rows; < 0: all */
         int64_t keep_rows;  /* keep only the first rows of the result; < 0: all */
         int32_t order;      /* deval_order; inside an eval pass, the pass's order wins */
         int32_t root;       /* only this rank receives the result; -1: every rank */
 } deval_gather_opts;
-/* positional, in field order: pad_value, pad_first, valid_rows, keep_rows, order, root */
+/* positional, in field order: size, pad_first, pad_value, valid_rows, keep_rows, order, root */
 #define DEVAL_GATHER_OPTS_INIT \
-        { 0.0, 0, -1, -1, DEVAL_ORDER_RANK, -1 }
+        { sizeof(deval_gather_opts), 0, 0.0, -1, -1, DEVAL_ORDER_RANK, -1 }
 
 typedef enum {
         DEVAL_SUM = 0,

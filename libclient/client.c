@@ -54,6 +54,39 @@ unsigned dv_forks(void) {
         return atomic_load_explicit(&forks, memory_order_relaxed);
 }
 
+/*
+ * dv_opts_copy() - an options struct that begins with its size, into known (its layout in
+ * this libdeval, of known_size bytes): a size of 0 is an uninitialised struct; a smaller one
+ * an older layout (the missing fields stay 0: there is none yet); a larger one a newer
+ * deval.h, accepted when the fields this libdeval does not know are all 0.
+ * Return: 0, or -1 with why.
+ */
+int dv_opts_copy(void *known, size_t known_size, const void *opts, uint32_t size, const char *what,
+                 char *why, size_t len) {
+        const unsigned char *p = opts;
+        if (size == 0 || size > 4096 || size < sizeof(uint32_t)) {
+                snprintf(why, len,
+                         "%s.size is %u; initialise the options with %s, which sets it to "
+                         "sizeof(%s)",
+                         what, size,
+                         strcmp(what, "deval_join_opts") == 0 ? "DEVAL_JOIN_OPTS_INIT"
+                                                              : "DEVAL_GATHER_OPTS_INIT",
+                         what);
+                return -1;
+        }
+        for (uint32_t i = (uint32_t)known_size; i < size; i++)
+                if (p[i]) {
+                        snprintf(why, len,
+                                 "%s comes from a newer deval.h (%u bytes, this libdeval %s "
+                                 "knows %zu) and sets a field this libdeval does not have",
+                                 what, size, deval_version(), known_size);
+                        return -1;
+                }
+        memset(known, 0, known_size);
+        memcpy(known, opts, DV_MIN((size_t)size, known_size));
+        return 0;
+}
+
 const char *deval_version(void) {
         return DV_VERSION_STRING;
 }
@@ -414,6 +447,14 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
 
         if (!out)
                 return join_err(DEVAL_EINVAL, "deval_join: out is NULL");
+        deval_join_opts own;
+        if (opts) {
+                char why[256];
+                if (dv_opts_copy(&own, sizeof(own), opts, opts->size, "deval_join_opts", why,
+                                 sizeof(why)) < 0)
+                        return join_err(DEVAL_EINVAL, "deval_join: %s", why);
+                opts = &own;
+        }
         if (!group || rank < 0 || world_size < 0) {
                 char why[640];
                 if ((r = dv_job_from_env(&job, why, sizeof(why))) < 0 && !group)

@@ -79,6 +79,8 @@ int dv_refresh_dev_output(deval_group *g);
 
 bool dv_daemon_alive(const deval_group *g);
 unsigned dv_forks(void);
+int dv_opts_copy(void *known, size_t known_size, const void *opts, uint32_t size, const char *what,
+                 char *why, size_t len);
 bool dv_fast_inline_ok(const deval_group *g, uint64_t end);
 void dv_fast_arrive(deval_group *g, uint32_t seq);
 

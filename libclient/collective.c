@@ -371,6 +371,16 @@ static int view_of(deval_group *g, const char *fn, const DvTensorDesc *d, deval_
 
 static const deval_gather_opts default_opts = DEVAL_GATHER_OPTS_INIT;
 
+/* The caller's options, through their size (dv_opts_copy()), into *own. */
+static int take_opts(deval_group *g, const char *fn, const deval_gather_opts *opts,
+                     deval_gather_opts *own) {
+        char why[256];
+        if (dv_opts_copy(own, sizeof(*own), opts, opts->size, "deval_gather_opts", why,
+                         sizeof(why)) < 0)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: %s", fn, why);
+        return 0;
+}
+
 static int check_opts(deval_group *g, const char *fn, const deval_gather_opts *o) {
         if (o->order != DEVAL_ORDER_RANK && o->order != DEVAL_ORDER_STRIDED)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: unknown order %d", fn, o->order);
@@ -553,8 +563,13 @@ static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
                                   DEVAL_MAX_TENSORS);
         if (!in || !out)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: in or out is NULL", fn);
+        deval_gather_opts own;
         if (!opts)
                 opts = &default_opts;
+        else if ((r = take_opts(g, fn, opts, &own)) < 0)
+                return r;
+        else
+                opts = &own;
         if ((r = check_opts(g, fn, opts)) < 0)
                 return r;
         DvRequest *q;
@@ -763,8 +778,13 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
                 return dv_set_err(g, DEVAL_EINVAL, "%s: items, out_n or out_items is NULL", fn);
         if (n > (size_t)INT64_MAX / 16)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: too many items", fn);
+        deval_gather_opts own;
         if (!opts)
                 opts = &default_opts;
+        else if ((r = take_opts(g, fn, opts, &own)) < 0)
+                return r;
+        else
+                opts = &own;
         if ((r = check_opts(g, fn, opts)) < 0)
                 return r;
         uint64_t total = 0;

@@ -160,7 +160,7 @@ static void shape_for(size_t bytes, int rank, int64_t *rows, int64_t *cols) {
 }
 
 static int rank_main(const Job *j, int rank) {
-        deval_join_opts o = {.socket_path = arg_socket, .timeout_ms = 120000};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = arg_socket, .timeout_ms = 120000};
         deval_group *g;
         int r = deval_join(j->group, rank, j->world, &o, &g);
         if (r) {

@@ -74,7 +74,7 @@ static int rank_batches(int r, int64_t (*out)[64], int *lens) {
 }
 
 static int rank_main(Shared *s, int rank) {
-        deval_join_opts o = {.socket_path = arg_socket, .timeout_ms = 30000};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = arg_socket, .timeout_ms = 30000};
         deval_group *g;
         char group[64];
         snprintf(group, sizeof(group), "demo-%d", (int)getppid());

@@ -78,7 +78,7 @@ static int fds_of(pid_t pid) {
 }
 
 static int run_rank(const char *sock, int rank, RankOut *out) {
-        deval_join_opts o = {.socket_path = sock, .timeout_ms = 10000};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = sock, .timeout_ms = 10000};
         deval_group *g;
         int r = deval_join("soak", rank, arg_ranks, &o, &g);
         if (r < 0) {

@@ -120,15 +120,25 @@ class _Bytes(ctypes.Structure):
 
 
 class _JoinOpts(ctypes.Structure):
-    _fields_ = [("socket_path", ctypes.c_char_p), ("timeout_ms", ctypes.c_int32),
-                ("on_device", ctypes.c_int32), ("device", ctypes.c_int32),
-                ("autostart", ctypes.c_int32)]
+    _fields_ = [("size", ctypes.c_uint32), ("timeout_ms", ctypes.c_int32),
+                ("socket_path", ctypes.c_char_p), ("on_device", ctypes.c_int32),
+                ("device", ctypes.c_int32), ("autostart", ctypes.c_int32),
+                ("reserved", ctypes.c_int32)]
+
+    def __init__(self):
+        super().__init__()
+        self.size = ctypes.sizeof(self)  # what DEVAL_JOIN_OPTS_INIT sets
 
 
 class _GatherOpts(ctypes.Structure):
-    _fields_ = [("pad_value", ctypes.c_double), ("pad_first", ctypes.c_int32),
-                ("valid_rows", ctypes.c_int64), ("keep_rows", ctypes.c_int64),
-                ("order", ctypes.c_int32), ("root", ctypes.c_int32)]
+    _fields_ = [("size", ctypes.c_uint32), ("pad_first", ctypes.c_int32),
+                ("pad_value", ctypes.c_double), ("valid_rows", ctypes.c_int64),
+                ("keep_rows", ctypes.c_int64), ("order", ctypes.c_int32),
+                ("root", ctypes.c_int32)]
+
+    def __init__(self):
+        super().__init__()
+        self.size = ctypes.sizeof(self)  # what DEVAL_GATHER_OPTS_INIT sets
 
 
 def _candidates():

@@ -175,7 +175,7 @@ static int staged_rank(const char *sock, int rank) {
         int count = 0;
         if (gpu->init() < 0 || gpu->device_count(&count) < 0 || count == 0)
                 return 77;
-        deval_join_opts o = {.socket_path = sock, .timeout_ms = 20000};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = sock, .timeout_ms = 20000};
         deval_group *g;
         if (deval_join("gpu-staged", rank, 2, &o, &g) != 0) {
                 fprintf(stderr, "rank %d: %s\n", rank, deval_errmsg(NULL));
@@ -301,7 +301,8 @@ static int device_rank(const char *sock, int rank, int world, void *arg) {
         int count = 0;
         if (gpu->init() < 0 || gpu->device_count(&count) < 0 || count == 0)
                 return 77;
-        deval_join_opts o = {.socket_path = sock, .timeout_ms = 30000, .on_device = 1, .device = 0};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = sock, .timeout_ms = 30000,
+                             .on_device = 1, .device = 0};
         deval_group *g;
         if (deval_join("gpu-device-group", rank, world, &o, &g) != 0) {
                 fprintf(stderr, "rank %d: %s\n", rank, deval_errmsg(NULL));
@@ -366,7 +367,8 @@ static int bench_rank(const char *sock, int rank, int world, void *arg) {
         int count = 0;
         if (gpu->init() < 0 || gpu->device_count(&count) < 0 || count == 0)
                 return 77;
-        deval_join_opts o = {.socket_path = sock, .timeout_ms = 60000, .on_device = 1, .device = 0};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = sock, .timeout_ms = 60000,
+                             .on_device = 1, .device = 0};
         deval_group *g;
         char name[64];
         snprintf(name, sizeof(name), "gpu-bench-%d", world);

@@ -180,7 +180,8 @@ int harness_run(const Harness *h, int world, RankFn fn, void *arg, int timeout_s
 int harness_join(const Harness *h, const char *group, int rank, int world, int timeout_ms,
                  deval_group **g) {
         char name[64];
-        deval_join_opts o = {.socket_path = h->socket, .timeout_ms = timeout_ms};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = h->socket,
+                             .timeout_ms = timeout_ms};
         snprintf(name, sizeof(name), "%s-%d", group, (int)getppid());
         return deval_join(name, rank, world, &o, g);
 }

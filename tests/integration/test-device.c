@@ -153,8 +153,8 @@ static int after_cuda(void **state) {
 static int join_on(const Harness *h, const char *group, int rank, int world, int device,
                    deval_group **g) {
         char name[64];
-        deval_join_opts o = {
-                .socket_path = h->socket, .timeout_ms = 10000, .on_device = 1, .device = device};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = h->socket, .timeout_ms = 10000,
+                             .on_device = 1, .device = device};
         snprintf(name, sizeof(name), "%s-%d", group, (int)getppid());
         return deval_join(name, rank, world, &o, g);
 }

@@ -364,6 +364,27 @@ static int rank_bad_args(const Harness *h, int rank, int world, void *arg) {
         o = (deval_gather_opts)DEVAL_GATHER_OPTS_INIT;
         o.order = 7;
         CHECK(deval_gather(g, 1, &ok, &o, &out) == DEVAL_EINVAL, "order 7");
+        /* options carry their size: 0 is a struct nobody initialised; a larger one, from a
+         * newer deval.h, is fine while the fields this libdeval lacks are 0 */
+        deval_gather_opts zero = {0};
+        CHECK(deval_gather(g, 1, &ok, &zero, &out) == DEVAL_EINVAL, "size 0");
+        CHECK(strstr(deval_errmsg(g), "DEVAL_GATHER_OPTS_INIT"), "'%s'", deval_errmsg(g));
+        struct {
+                deval_gather_opts o;
+                uint64_t later;
+        } newer = {DEVAL_GATHER_OPTS_INIT, 1};
+        newer.o.size = sizeof(newer);
+        CHECK(deval_gather(g, 1, &ok, &newer.o, &out) == DEVAL_EINVAL, "an unknown field set");
+        CHECK(strstr(deval_errmsg(g), "newer deval.h"), "'%s'", deval_errmsg(g));
+        newer.later = 0;
+        newer.o.keep_rows = 1;
+        CHECK_OK(deval_gather(g, 1, &ok, &newer.o, &out), g);
+        CHECK(out.shape[0] == 1, "keep_rows through a larger struct: %lld rows",
+              (long long)out.shape[0]);
+        deval_join_opts jz = {0};
+        deval_group *g2 = NULL;
+        CHECK(deval_join("never", 0, 1, &jz, &g2) == DEVAL_EINVAL && !g2, "join opts size 0");
+        CHECK(strstr(deval_errmsg(NULL), "DEVAL_JOIN_OPTS_INIT"), "'%s'", deval_errmsg(NULL));
         int32_t iv = 3;
         deval_tensor it = {.data = &iv, .dtype = DEVAL_I32, .ndim = 0, .device = -1};
         CHECK(deval_reduce(g, &it, DEVAL_MEAN) == DEVAL_EINVAL, "mean of i32");

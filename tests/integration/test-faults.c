@@ -92,7 +92,8 @@ static int gather(deval_group *g, int rank) {
 
 static void run_rank(const Case *c, int rank) {
         deval_group *g;
-        deval_join_opts o = {.socket_path = H.socket, .timeout_ms = c->timeout_ms};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = H.socket,
+                             .timeout_ms = c->timeout_ms};
         Outcome *me = &S->out[rank];
         me->status = deval_join(c->name, rank, c->world, &o, &g);
         if (me->status < 0) {
@@ -239,7 +240,7 @@ static void test_rank_stops(void **state) {
 static int rank_watched(const Harness *h, int rank, int world, void *arg) {
         const char *name = arg;
         deval_group *g;
-        deval_join_opts o = {.socket_path = h->socket, .timeout_ms = 3000};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = h->socket, .timeout_ms = 3000};
         CHECK_OK(deval_join(name, rank, world, &o, &g), NULL);
         CHECK_OK(gather(g, rank), g);
         if (rank == 1) {
@@ -424,7 +425,7 @@ static void test_runner_writes_garbage(void **state) {
 static int rank_aborted(const Harness *h, int rank, int world, void *arg) {
         const char *name = arg;
         deval_group *g;
-        deval_join_opts o = {.socket_path = h->socket, .timeout_ms = 10000};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = h->socket, .timeout_ms = 10000};
         CHECK_OK(deval_join(name, rank, world, &o, &g), NULL);
         int r = 0;
         for (int i = 0; i < 100000 && r == 0; i++)
@@ -462,7 +463,7 @@ static int rank_two_groups(const Harness *h, int rank, int world, void *arg) {
         int which = rank / 2, r2 = rank % 2;
         snprintf(name, sizeof(name), "%s-%c", base, which ? 'b' : 'a');
         deval_group *g;
-        deval_join_opts o = {.socket_path = h->socket, .timeout_ms = 10000};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = h->socket, .timeout_ms = 10000};
         CHECK_OK(deval_join(name, r2, 2, &o, &g), NULL);
         if (which == 1) { /* group b: rank 1 dies in its 10th gather */
                 for (int i = 0; i < 9; i++)
@@ -534,7 +535,7 @@ static long rss_kib(void) {
 }
 
 static void restart_rank(Restarts *R, const char *sock, int rank) {
-        deval_join_opts o = {.socket_path = sock, .timeout_ms = 10000};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = sock, .timeout_ms = 10000};
         for (int done = 0; !R->stop;) {
                 deval_group *g = NULL;
                 if (R->cycle <= done || deval_join("restart", rank, RESTART_RANKS, &o, &g) < 0) {

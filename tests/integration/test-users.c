@@ -59,7 +59,7 @@ static int become(uid_t uid) {
 }
 
 static int join(const Harness *h, const char *name, int rank, int world, deval_group **g) {
-        deval_join_opts o = {.socket_path = h->socket, .timeout_ms = 10000};
+        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = h->socket, .timeout_ms = 10000};
         return deval_join(name, rank, world, &o, g);
 }
 
@@ -331,7 +331,8 @@ static int rank_idle(const Harness *h, int rank, int world, void *arg) {
         CHECK(become(ALICE) == 0, "setresuid");
         if (rank == 2) {
                 snprintf(name, sizeof(name), "%s-lonely", base);
-                deval_join_opts o = {.socket_path = h->socket, .timeout_ms = -1};
+                deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = h->socket,
+                                     .timeout_ms = -1};
                 double t0 = harness_now();
                 int r = deval_join(name, 0, 2, &o, &g);
                 double dt = harness_now() - t0;

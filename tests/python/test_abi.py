@@ -19,9 +19,9 @@ from conftest import ROOT
 STRUCTS = {
     "deval_tensor": (deval._Tensor, ["data", "dtype", "ndim", "shape", "device", "reserved"]),
     "deval_bytes": (deval._Bytes, ["data", "len"]),
-    "deval_join_opts": (deval._JoinOpts, ["socket_path", "timeout_ms", "on_device", "device",
-                                          "autostart"]),
-    "deval_gather_opts": (deval._GatherOpts, ["pad_value", "pad_first", "valid_rows",
+    "deval_join_opts": (deval._JoinOpts, ["size", "timeout_ms", "socket_path", "on_device",
+                                          "device", "autostart", "reserved"]),
+    "deval_gather_opts": (deval._GatherOpts, ["size", "pad_first", "pad_value", "valid_rows",
                                               "keep_rows", "order", "root"]),
 }
 CONSTANTS = ["DEVAL_EINVAL", "DEVAL_EMISMATCH", "DEVAL_EPEER", "DEVAL_EDAEMON",
@@ -41,7 +41,7 @@ def header(tmp_path_factory):
     lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "deval.h"',
              "int main(void) {", 'printf("{");']
     for name, (_, fields) in STRUCTS.items():
-        lines.append('printf("\\"%s\\": {\\"size\\": %%zu", sizeof(%s));' % (name, name))
+        lines.append('printf("\\"%s\\": {\\"sizeof\\": %%zu", sizeof(%s));' % (name, name))
         for f in fields:
             lines.append('printf(", \\"%s\\": %%zu", offsetof(%s, %s));' % (f, name, f))
         lines.append('printf("}, ");')
@@ -60,7 +60,7 @@ def header(tmp_path_factory):
 @pytest.mark.parametrize("name", list(STRUCTS))
 def test_struct_layouts(header, name):
     cls, fields = STRUCTS[name]
-    assert ctypes.sizeof(cls) == header[name]["size"], name
+    assert ctypes.sizeof(cls) == header[name]["sizeof"], name
     declared = [f[0] for f in cls._fields_]
     assert declared == fields, "%s: the binding declares %s" % (name, declared)
     for f in fields:
