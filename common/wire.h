@@ -285,8 +285,8 @@ typedef struct {
 typedef struct {
         /* Bumped (release) by the client once req is complete; read (acquire) by the worker. */
         alignas(64) _Atomic uint32_t arrived_seq;
-        uint32_t reserved;
-        uint64_t arrived_ns; /* CLOCK_MONOTONIC at the arrival, for devald's figures only */
+        _Atomic uint32_t shared_seq; /* the last step whose share of the copy it did (DvShare) */
+        uint64_t arrived_ns;         /* CLOCK_MONOTONIC at the arrival, for devald's figures only */
         /* a pad the ranks ran (DvFast): where this rank's padded tensor lies in the output
          * area, and its length along the padded dim */
         uint64_t pad_off;
@@ -324,6 +324,12 @@ typedef struct {
         _Atomic uint32_t wake;        /* bumped by whoever finishes a step; ranks sleep on it */
         _Atomic uint32_t sleepers;    /* ranks asleep on wake: the finisher wakes them */
         _Atomic uint32_t handoff_seq; /* last step handed to devald (release) */
+        /* a large step the ranks run: the runner publishes its plan (DvShare) at share_seq,
+         * every rank copies its share of the output and counts itself in shared; the last
+         * publishes done_seq. share_bad: a rank found the plan malformed. */
+        _Atomic uint32_t share_seq;
+        _Atomic uint32_t shared;
+        _Atomic uint32_t share_bad;
         uint32_t reserved2;
         int32_t executor;                /* the rank that ran done_seq */
         int32_t runner;                  /* the rank running the step in progress */
@@ -390,6 +396,22 @@ static inline uint64_t dv_ctl_size(int world_size) {
 }
 
 /*
+ * The plan of a large step the ranks run, for every rank to copy its share of the output:
+ * the copy kernel's segments (kernel_body.h) and, for each source, its offset in the inline
+ * inputs. Written by the runner; every rank checks every segment against the output area
+ * and the inline inputs before it copies a byte.
+ */
+#define DV_SHARE_SEGS 1024
+typedef struct {
+        uint32_t nsegs;
+        uint32_t nsrcs;
+        uint64_t total;                  /* bytes of output the segments write */
+        uint8_t segs[DV_SHARE_SEGS][72]; /* DvKernelSeg, whose layout wire.h does not own */
+        uint64_t starts[DV_SHARE_SEGS + 1];
+        uint64_t src_off[]; /* [nsrcs], from the start of the inline inputs */
+} DvShare;
+
+/*
  * The counters of the group's eval pass, in the control segment after the output area: the
  * samples each call site (stream) of a batch gathered so far, rank by rank. Between steps
  * they are the truth: devald loads them before a step it runs and stores them after it; a
@@ -409,7 +431,7 @@ typedef struct {
 
 typedef struct {
         uint32_t inline_size;
-        uint64_t inl_off, out_off, out_size, pass_off, total;
+        uint64_t inl_off, out_off, out_size, pass_off, share_off, total;
 } DvCtlLayout;
 
 /* Where the inline inputs and the output area of a group's control segment lie. */
@@ -421,8 +443,10 @@ static inline DvCtlLayout dv_ctl_layout(int world_size, uint32_t inline_size) {
         if (l.out_size < DV_FAST_OUT_MIN)
                 l.out_size = DV_FAST_OUT_MIN;
         l.pass_off = l.out_off + l.out_size;
-        l.total = l.pass_off + sizeof(DvPassShared) +
-                  (uint64_t)DV_PASS_STREAMS * (uint64_t)world_size * sizeof(int64_t);
+        l.share_off = l.pass_off + sizeof(DvPassShared) +
+                      (uint64_t)DV_PASS_STREAMS * (uint64_t)world_size * sizeof(int64_t);
+        l.total = l.share_off + sizeof(DvShare) +
+                  (uint64_t)world_size * DEVAL_MAX_TENSORS * sizeof(uint64_t);
         return l;
 }
 

@@ -71,7 +71,20 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
         for (int k = 0; k < g->world; k++)
                 all &= atomic_load_explicit(&g->hdr->slots[k].arrived_seq, memory_order_acquire) ==
                        seq;
-        if (all && runner >= 0 && runner < g->world && n < (int)sizeof(msg) - 128) {
+        bool shared = atomic_load_explicit(&g->hdr->fast.share_seq, memory_order_acquire) == seq;
+        if (all && shared) { /* planned: who has not copied its share */
+                n += snprintf(msg + n, sizeof(msg) - (size_t)n, " every rank arrived;");
+                for (int k = 0; k < g->world && n < (int)sizeof(msg) - 128; k++) {
+                        if (atomic_load_explicit(&g->hdr->slots[k].shared_seq,
+                                                 memory_order_acquire) == seq)
+                                continue;
+                        char how[96];
+                        proc_state(g->members[k].pid, how, sizeof(how));
+                        n += snprintf(msg + n, sizeof(msg) - (size_t)n,
+                                      " rank %d (pid %d%s%s) had not copied its share;", k,
+                                      (int)g->members[k].pid, how[0] ? "," : "", how);
+                }
+        } else if (all && runner >= 0 && runner < g->world && n < (int)sizeof(msg) - 128) {
                 char how[96];
                 proc_state(g->members[runner].pid, how, sizeof(how));
                 n += snprintf(msg + n, sizeof(msg) - (size_t)n,

@@ -383,6 +383,10 @@ static void wait_policy(deval_group *g, int world_size) {
         bool own_cores = sysconf(_SC_NPROCESSORS_ONLN) >= world_size;
         g->spin_ns = env_us("DEVAL_SPIN_US", own_cores ? 200000 : 0);
         g->yield_ns = env_us("DEVAL_YIELD_US", own_cores ? 0 : 1000000);
+        /* a large step the ranks run is copied by all of them where each has a core of its
+         * own; $DEVAL_SHARE_MIN (bytes of output) overrides, cores or not */
+        const char *env = getenv("DEVAL_SHARE_MIN");
+        g->share_min = env && *env ? strtoull(env, NULL, 10) : own_cores ? 256u << 10 : UINT64_MAX;
 }
 
 /* Start a devald when nothing answers? The join option, else $DEVAL_AUTOSTART (on). */
@@ -613,6 +617,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         g->fast_out = (uint8_t *)g->hdr + l.out_off;
         g->fast_out_size = l.out_size;
         g->pass_sh = (DvPassShared *)((uint8_t *)g->hdr + l.pass_off);
+        g->share = (DvShare *)((uint8_t *)g->hdr + l.share_off);
         uint32_t a = atomic_load_explicit(&g->done->done_seq, memory_order_acquire);
         uint32_t b = atomic_load_explicit(&g->hdr->fast.done_seq, memory_order_acquire);
         g->seq = (int32_t)(b - a) > 0 ? b : a;

@@ -63,6 +63,9 @@ struct deval_group {
         uint8_t *fast_out; /* the output area of the steps the ranks run */
         uint64_t fast_out_size;
         DvPassShared *pass_sh; /* the eval pass's counters (wire.h) */
+        DvShare *share;        /* the plan of a step every rank copies a share of */
+        uint64_t share_min;    /* outputs from this size up are copied by every rank */
+        uint32_t share_did;    /* the last step this rank copied its share of */
         DvResult fast_res;     /* this rank's copy of the result of a step a rank ran */
         deval_bytes *items;
         size_t items_cap;
@@ -83,6 +86,8 @@ int dv_opts_copy(void *known, size_t known_size, const void *opts, uint32_t size
                  char *why, size_t len);
 bool dv_fast_inline_ok(const deval_group *g, uint64_t end);
 void dv_fast_arrive(deval_group *g, uint32_t seq);
+void dv_fast_share(deval_group *g, uint32_t seq);
+bool dv_fast_share_due(const deval_group *g, uint32_t seq);
 
 void dv_replay_clear(deval_group *g);
 int dv_replay_keep(deval_group *g, const char *fn, const DvResult *res);

@@ -192,6 +192,10 @@ static int coll_arrive(deval_group *g, const char *fn, bool *fast) {
                 int s = atomic_load_explicit(&d->abort_status, memory_order_acquire);
                 if (s)
                         return group_fail_local(g, s, d->abort_msg);
+                if (dv_fast_share_due(g, seq)) { /* the runner's plan: copy a share of it */
+                        dv_fast_share(g, seq);
+                        continue;
+                }
                 uint64_t now = dv_now_ns();
                 /* a step handed to devald needs its worker on a core: no spinning then */
                 bool handed = atomic_load_explicit(&f->handoff_seq, memory_order_relaxed) == seq;
@@ -237,6 +241,11 @@ static int fast_result(deval_group *g, const char *fn, bool pass_end, const DvRe
         DvResult *res = &g->fast_res;
 
         memcpy(res, &f->res, offsetof(DvResult, t));
+        if (atomic_load_explicit(&f->share_seq, memory_order_acquire) == g->seq &&
+            atomic_load_explicit(&f->share_bad, memory_order_relaxed))
+                return dv_set_err(g, DEVAL_EPROTO,
+                                  "%s: rank %d published a malformed plan of collective #%u", fn,
+                                  f->executor, g->seq);
         if (pass_end || res->status != 0 || res->ntensors > DEVAL_MAX_TENSORS || res->op != q->op)
                 return dv_set_err(g, DEVAL_EPROTO,
                                   "%s: rank %d wrote a malformed result of collective #%u", fn,

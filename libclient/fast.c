@@ -84,7 +84,8 @@ static void *scratch(deval_group *g, int i, size_t bytes) {
         return g->scratch[i];
 }
 
-static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
+static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved,
+                        bool *shared) {
         int W = g->world, n = (int)q[0].ntensors;
         if (n < 1)
                 return false;
@@ -168,7 +169,25 @@ static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint6
         if (!segs || !starts)
                 return false;
         dv_kernel_plan(p, n, false, segs, starts);
-        dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast_out, srcs);
+        if (W > 1 && p->nsegs > 0 && p->out_end >= g->share_min && p->nsegs <= DV_SHARE_SEGS) {
+                /* every rank copies a share of it (dv_fast_share()) */
+                DvShare *sh = g->share;
+                sh->nsegs = (uint32_t)p->nsegs;
+                sh->nsrcs = (uint32_t)nsrc;
+                sh->total = starts[p->nsegs];
+                memcpy(sh->segs, segs, p->nsegs * sizeof(*segs));
+                memcpy(sh->starts, starts, (p->nsegs + 1) * sizeof(*starts));
+                for (int k = 0; k < W; k++)
+                        for (int i = 0; i < n; i++)
+                                sh->src_off[k * n + i] =
+                                        (uint64_t)k * g->inl_size + q[k].t[i].offset;
+                if (DV_FAULT_SAYS("fast_plan", q[0].seq, "garbage"))
+                        memset(sh->segs, 0xa5, sizeof(sh->segs[0]));
+                *shared = true;
+        } else {
+                dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast_out,
+                             srcs);
+        }
         if (stream >= 0) { /* what the pass gathered, as devald's pass_advance() counts it */
                 sh->used |= 1u << stream;
                 for (int k = 0; k < W; k++) {
@@ -291,20 +310,28 @@ static void fast_stat(deval_group *g, uint32_t seq) {
         st->seq = seq;
 }
 
-/* Run step seq here; false leaves it to devald. */
-static bool fast_run(deval_group *g, uint32_t seq) {
+_Static_assert(sizeof(DvKernelSeg) == sizeof(((DvShare *)0)->segs[0]), "DvShare holds segments");
+
+enum {
+        RUN_DEVALD, /* hand it to devald */
+        RUN_DONE,   /* done here */
+        RUN_SHARED  /* planned here; every rank copies its share */
+};
+
+/* Run step seq here, or plan it for every rank to copy a share of, or leave it to devald. */
+static int fast_run(deval_group *g, uint32_t seq) {
         DvRequest *q = g->fast_reqs;
         DvResult res;
         uint64_t moved = 0;
-        bool ok;
+        bool ok, shared = false;
 
         if (!fast_requests(g, seq, q))
-                return false;
+                return RUN_DEVALD;
         memset(&res, 0, offsetof(DvResult, t));
         switch (q[0].op) {
         case DV_OP_GATHER:
         case DV_OP_GATHER_METRICS:
-                ok = fast_gather(g, q, &res, &moved);
+                ok = fast_gather(g, q, &res, &moved, &shared);
                 break;
         case DV_OP_PAD:
                 ok = fast_pad(g, q, &res, &moved);
@@ -320,7 +347,7 @@ static bool fast_run(deval_group *g, uint32_t seq) {
                 break;
         }
         if (!ok)
-                return false;
+                return RUN_DEVALD;
         res.op = q[0].op;
         res.site = q[0].site;
         res.batch = q[0].batch;
@@ -329,12 +356,124 @@ static bool fast_run(deval_group *g, uint32_t seq) {
         f->executor = g->rank;
         atomic_fetch_add_explicit(&f->bytes_moved, moved, memory_order_relaxed);
         fast_stat(g, seq);
-        return true;
+        return shared ? RUN_SHARED : RUN_DONE;
+}
+
+/* Step seq is done: publish it. seq_cst with the sleepers' count: a rank going to sleep
+ * sees done_seq, or is seen here and woken. */
+static void fast_publish(deval_group *g, uint32_t seq) {
+        DvFast *f = &g->hdr->fast;
+        atomic_store_explicit(&f->done_seq, seq, memory_order_seq_cst);
+        atomic_fetch_add_explicit(&f->wake, 1, memory_order_seq_cst);
+        if (atomic_load_explicit(&f->sleepers, memory_order_seq_cst))
+                dv_futex_wake(&f->wake);
+}
+
+static bool add_ok(uint64_t a, uint64_t b, uint64_t *ret) {
+        return !__builtin_add_overflow(a, b, ret);
+}
+
+static bool mul_ok(uint64_t a, uint64_t b, uint64_t *ret) {
+        return !__builtin_mul_overflow(a, b, ret);
+}
+
+/* Does piece count - 1 of len bytes at base + (count - 1) * stride end within size? */
+static bool pieces_fit(uint64_t base, uint64_t stride, uint64_t count, uint64_t len,
+                       uint64_t size) {
+        uint64_t last, end;
+        return mul_ok(count - 1, stride, &last) && add_ok(base, last, &end) &&
+               add_ok(end, len, &end) && end <= size;
+}
+
+/*
+ * The runner's plan, copied out and checked segment by segment against the output area and
+ * the inline inputs (the runner is another process: its plan is not trusted further than
+ * its data). Return: the segment count, or -1.
+ */
+static int share_plan(deval_group *g, DvKernelSeg **ret_segs, uint64_t **ret_starts,
+                      const uint8_t ***ret_srcs, uint64_t *ret_total) {
+        const DvShare *sh = g->share;
+        uint32_t nsegs = sh->nsegs, nsrcs = sh->nsrcs;
+        uint64_t total = sh->total, inl_all = (uint64_t)g->world * g->inl_size;
+        if (nsegs == 0 || nsegs > DV_SHARE_SEGS || nsrcs > (uint32_t)g->world * DEVAL_MAX_TENSORS ||
+            total > g->fast_out_size)
+                return -1;
+        DvKernelSeg *segs = scratch(g, 3, nsegs * sizeof(*segs));
+        uint64_t *starts = scratch(g, 4, (nsegs + 1) * sizeof(*starts));
+        const uint8_t **srcs = scratch(g, 2, (nsrcs + 1) * sizeof(*srcs));
+        uint64_t *off = scratch(g, 1, (nsrcs + 1) * sizeof(*off));
+        if (!segs || !starts || !srcs || !off)
+                return -1;
+        memcpy(segs, sh->segs, nsegs * sizeof(*segs));
+        memcpy(starts, sh->starts, (nsegs + 1) * sizeof(*starts));
+        memcpy(off, sh->src_off, nsrcs * sizeof(*off));
+        if (starts[0] != 0 || starts[nsegs] != total)
+                return -1;
+        for (uint32_t k = 0; k < nsegs; k++) {
+                const DvKernelSeg *s = &segs[k];
+                uint64_t bytes, next;
+                if ((s->kind != DV_KSEG_COPY && s->kind != DV_KSEG_FILL) || !s->len || !s->count ||
+                    !mul_ok(s->len, s->count, &bytes) || !add_ok(starts[k], bytes, &next) ||
+                    next != starts[k + 1] ||
+                    !pieces_fit(s->dst, s->dst_stride, s->count, s->len, g->fast_out_size))
+                        return -1;
+                if (s->kind == DV_KSEG_FILL && (s->elem < 1 || s->elem > 8))
+                        return -1;
+                if (s->kind == DV_KSEG_COPY && (s->src >= nsrcs || off[s->src] > inl_all ||
+                                                !pieces_fit(off[s->src] + s->src_off, s->src_stride,
+                                                            s->count, s->len, inl_all) ||
+                                                s->src_off > inl_all))
+                        return -1;
+        }
+        for (uint32_t j = 0; j < nsrcs; j++)
+                srcs[j] = g->inl_all + off[j];
+        *ret_segs = segs;
+        *ret_starts = starts;
+        *ret_srcs = srcs;
+        *ret_total = total;
+        return (int)nsegs;
+}
+
+/*
+ * dv_fast_share() - this rank's share of step seq's copy, planned by its runner: bytes
+ * [rank * total / world, (rank + 1) * total / world) of the flattened plan, after checking
+ * the plan. Then it counts itself in; the last rank to do so publishes the step. A plan
+ * that does not check out is copied by nobody here and fails the step on every rank.
+ */
+void dv_fast_share(deval_group *g, uint32_t seq) {
+        DvFast *f = &g->hdr->fast;
+        DvKernelSeg *segs;
+        uint64_t *starts, total;
+        const uint8_t **srcs;
+
+        g->share_did = seq;
+        DV_FAULT("fast_share", seq);
+        int n = share_plan(g, &segs, &starts, &srcs, &total);
+        if (n < 0) {
+                atomic_store_explicit(&f->share_bad, 1, memory_order_relaxed);
+        } else {
+                uint64_t lo = total / (uint64_t)g->world * (uint64_t)g->rank;
+                uint64_t hi = g->rank == g->world - 1
+                                      ? total
+                                      : total / (uint64_t)g->world * (uint64_t)(g->rank + 1);
+                dv_kplan_run(segs, starts, (uint32_t)n, lo, hi - lo, g->fast_out, srcs);
+        }
+        atomic_store_explicit(&g->hdr->slots[g->rank].shared_seq, seq, memory_order_relaxed);
+        uint32_t done = atomic_fetch_add_explicit(&f->shared, 1, memory_order_acq_rel) + 1;
+        if (done == (uint32_t)g->world)
+                fast_publish(g, seq);
+}
+
+/* Has the runner of step seq published a plan this rank has not copied its share of? */
+bool dv_fast_share_due(const deval_group *g, uint32_t seq) {
+        return g->share_did != seq &&
+               atomic_load_explicit(&g->hdr->fast.share_seq, memory_order_acquire) == seq;
 }
 
 /*
  * dv_fast_arrive() - count this rank in at step seq (its slot is complete and arrived_seq
- * stored). The last rank to arrive runs the step, or hands it to devald.
+ * stored). The last rank to arrive runs the step, or plans it for every rank to copy a
+ * share of, or hands it to devald.
  */
 void dv_fast_arrive(deval_group *g, uint32_t seq) {
         DvFast *f = &g->hdr->fast;
@@ -353,16 +492,23 @@ void dv_fast_arrive(deval_group *g, uint32_t seq) {
                 alive = dv_daemon_alive(g);
                 g->alive_ns = now;
         }
-        if (alive && fast_run(g, seq)) {
+        int how = alive ? fast_run(g, seq) : RUN_DEVALD;
+        if (how == RUN_DONE) {
                 DV_FAULT("fast_publish", seq);
                 if (DV_FAULT_SAYS("fast_publish", seq, "garbage"))
                         memset(&f->res, 0xa5, sizeof(f->res));
-                /* seq_cst with the sleepers' count: a rank going to sleep sees done_seq, or
-                 * is seen here and woken */
-                atomic_store_explicit(&f->done_seq, seq, memory_order_seq_cst);
+                fast_publish(g, seq);
+                return;
+        }
+        if (how == RUN_SHARED) {
+                atomic_store_explicit(&f->share_bad, 0, memory_order_relaxed);
+                atomic_store_explicit(&f->shared, 0, memory_order_relaxed);
+                /* seq_cst, as fast_publish(): the plan, res and the resets before share_seq */
+                atomic_store_explicit(&f->share_seq, seq, memory_order_seq_cst);
                 atomic_fetch_add_explicit(&f->wake, 1, memory_order_seq_cst);
                 if (atomic_load_explicit(&f->sleepers, memory_order_seq_cst))
                         dv_futex_wake(&f->wake);
+                dv_fast_share(g, seq);
                 return;
         }
         /* release: the reset count and every slot are visible to the worker, and through

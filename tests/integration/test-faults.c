@@ -128,6 +128,12 @@ failed:
 /* Fork the ranks; wait for the survivors, and only then reap the victim. */
 static void run_case(const Case *c) {
         memset(S, 0, sizeof(*S));
+        /* fast_share is reached when every rank copies a share of each step (the ranks
+         * inherit it) */
+        if (c->phase && strcmp(c->phase, "fast_share") == 0)
+                setenv("DEVAL_SHARE_MIN", "0", 1);
+        else
+                unsetenv("DEVAL_SHARE_MIN");
         for (int k = 0; k < c->world; k++) {
                 pid_t pid = fork();
                 assert_true(pid >= 0);
@@ -135,6 +141,7 @@ static void run_case(const Case *c) {
                         run_rank(c, k);
                 S->pid[k] = pid;
         }
+        unsetenv("DEVAL_SHARE_MIN"); /* the ranks have it */
         for (int k = 0; k < c->world; k++) {
                 if (k == c->victim)
                         continue;
@@ -181,7 +188,7 @@ static void test_rank_faults(void **state) {
         if (!FAULTS_BUILT)
                 skip();
         static const char *const phases[] = {"before_write", "before_arrive", "after_arrive",
-                                             "fast_run", "fast_publish"};
+                                             "fast_run",     "fast_publish",  "fast_share"};
         static const char *const deaths[] = {"exit", "abort", "sigkill"};
         static const int worlds[] = {2, 5, 8};
         int n = 0;
@@ -202,7 +209,7 @@ static void test_rank_faults(void **state) {
                                          (int)S->pid[c.victim], how_it_ended(c.action));
                                 check_survivors(&c, DEVAL_EPEER, 0.0, 1.0, say);
                         }
-        printf("rank deaths: %d cases (5 points x exit/abort/SIGKILL x 2, 5, 8 ranks)\n", n);
+        printf("rank deaths: %d cases (6 points x exit/abort/SIGKILL x 2, 5, 8 ranks)\n", n);
 }
 
 static void test_rank_stops(void **state) {
@@ -210,7 +217,7 @@ static void test_rank_stops(void **state) {
         if (!FAULTS_BUILT)
                 skip();
         static const char *const phases[] = {"before_write", "before_arrive", "after_arrive",
-                                             "fast_run", "fast_publish"};
+                                             "fast_run",     "fast_publish",  "fast_share"};
         static const char *const stops[] = {"sigstop", "sleep"};
         static const int worlds[] = {2, 8};
         int n = 0;
@@ -233,7 +240,7 @@ static void test_rank_stops(void **state) {
                                         check_survivors(&c, DEVAL_ETIMEDOUT, 0.9, 2.5,
                                                         "is stopped");
                         }
-        printf("rank stops: %d cases (5 points x SIGSTOP/sleep x 2, 8 ranks)\n", n);
+        printf("rank stops: %d cases (6 points x SIGSTOP/sleep x 2, 8 ranks)\n", n);
 }
 
 /* One stopped rank, watched through deval-ctl before the deadline. */
@@ -385,21 +392,23 @@ static void test_flight_recorder(void **state) {
 }
 
 /*
- * The rank that runs a small step writes junk where the result goes: every rank gets
- * DEVAL_EPROTO naming it, nobody crashes or hangs, and the next step is exact.
+ * The rank that runs a small step writes junk where the result goes, or into the plan every
+ * rank copies a share of: every rank gets DEVAL_EPROTO naming it, nobody crashes or hangs,
+ * and the next step is exact.
  */
 static int rank_garbage(const Harness *h, int rank, int world, void *arg) {
-        (void)arg;
+        const char *spec = arg;
         deval_group *g;
         CHECK_OK(harness_join(h, "garbage", rank, world, 5000, &g), NULL);
         CHECK_OK(gather(g, rank), g);
         if (rank == world - 1) {
-                setenv("DEVAL_FAULT", "fast_publish:garbage@2", 1);
+                setenv("DEVAL_FAULT", spec, 1);
                 usleep(200000); /* the last to arrive runs #2 */
         }
         int r = gather(g, rank);
         char want[32];
-        snprintf(want, sizeof(want), "rank %d wrote", world - 1);
+        snprintf(want, sizeof(want), "rank %d %s", world - 1,
+                 strstr(spec, "plan") ? "published" : "wrote");
         CHECK(r == DEVAL_EPROTO && strstr(deval_errmsg(g), want), "#2: %s: %s", deval_strerror(r),
               deval_errmsg(g));
         unsetenv("DEVAL_FAULT");
@@ -418,7 +427,12 @@ static void test_runner_writes_garbage(void **state) {
         (void)state;
         if (!FAULTS_BUILT)
                 skip();
-        assert_int_equal(harness_run(&H, 3, rank_garbage, NULL, 20), 0);
+        assert_int_equal(harness_run(&H, 3, rank_garbage, (void *)"fast_publish:garbage@2", 20), 0);
+        /* a plan for every rank to copy a share of, with a segment of junk */
+        setenv("DEVAL_SHARE_MIN", "0", 1);
+        int r = harness_run(&H, 3, rank_garbage, (void *)"fast_plan:garbage@2", 20);
+        unsetenv("DEVAL_SHARE_MIN");
+        assert_int_equal(r, 0);
 }
 
 /* An aborted group: every later call fails at once. */
