@@ -54,6 +54,18 @@ static int plan_fail(DvPlan *p, int status, const char *fmt, ...) {
         return status;
 }
 
+bool dv_pass_counts_ok(const int64_t *rows, int world, int64_t total) {
+        if (total < 0 || total > (1ll << 50))
+                return false;
+        int64_t sum = 0;
+        for (int k = 0; k < world; k++) {
+                if (rows[k] < 0 || rows[k] > total)
+                        return false;
+                sum += rows[k];
+        }
+        return sum == total;
+}
+
 DvShape dv_shape_of(const DvTensorDesc *t) {
         DvShape sh = {.dtype = t->dtype, .ndim = t->ndim};
         memcpy(sh.shape, t->shape, sizeof(sh.shape));

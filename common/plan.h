@@ -93,6 +93,9 @@ void dv_plan_reset(DvPlan *p);
 int dv_plan_gather(const DvPlanInput *in, DvPlan *p);
 int dv_plan_pad(int world, const DvShape *in, int dim, bool pad_first, double pad_value,
                 uint64_t out_base, uint64_t max_out, DvPlan *p);
+/* One stream's counters of an eval pass, as a rank left them in shared memory: each rank's
+ * count within 0..total, their sum the total, the total within 0..2^50. */
+bool dv_pass_counts_ok(const int64_t *rows, int world, int64_t total);
 /* A descriptor's shape, and a descriptor of shape at offset. */
 DvShape dv_shape_of(const DvTensorDesc *t);
 void dv_desc_of(const DvShape *sh, uint64_t offset, uint64_t nbytes, DvTensorDesc *t);

@@ -240,14 +240,8 @@ static int pass_load(Step *s) {
         int64_t *rows = g->pass_load;
         memcpy(rows, sh->rows, n * sizeof(*rows));
         for (int st = 0; st < PASS_STREAMS; st++) {
-                int64_t sum = 0;
-                bool ok = total[st] >= 0 && total[st] <= (1ll << 50);
-                for (int k = 0; ok && k < g->world; k++) {
-                        int64_t r = rows[st * g->world + k];
-                        ok = r >= 0 && r <= total[st];
-                        sum += ok ? r : 0;
-                }
-                if (!ok || sum != total[st] || (total[st] && !(used & (1u << st))))
+                if (!dv_pass_counts_ok(&rows[st * g->world], g->world, total[st]) ||
+                    (total[st] && !(used & (1u << st))))
                         return step_fail(s, DEVAL_EPROTO,
                                          "collective #%u: the eval pass's counters in the "
                                          "group's control segment are corrupt (a rank "

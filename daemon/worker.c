@@ -66,7 +66,8 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
                         n += snprintf(msg + n, sizeof(msg) - (size_t)n,
                                       " never arrived at its first collective;");
         }
-        /* every rank came: the last one was running the step itself and never finished */
+        /* every rank came: the last one was running the step itself and never finished, or,
+         * for a step it planned for all to copy a share of, some rank did not copy its own */
         int runner = g->hdr->fast.runner, all = 1;
         for (int k = 0; k < g->world; k++)
                 all &= atomic_load_explicit(&g->hdr->slots[k].arrived_seq, memory_order_acquire) ==
@@ -114,6 +115,14 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
         free(arrived);
         log_info("group '%s': %s", g->name, msg);
         group_flight_dump(g, "timed out");
+}
+
+/* The worker waits for step seq now, for deval-ctl: nobody has arrived yet. */
+static void worker_waiting(Group *g, uint32_t seq) {
+        pthread_mutex_lock(&g->lock);
+        g->waiting_seq = seq;
+        g->waiting_since_ns = 0;
+        pthread_mutex_unlock(&g->lock);
 }
 
 /*
@@ -194,10 +203,7 @@ static int worker_wait(Group *g, uint32_t *seq) {
                         worker_fast_done(g, *seq, done);
                         *seq = done + 1;
                         first_ns = 0;
-                        pthread_mutex_lock(&g->lock);
-                        g->waiting_seq = *seq;
-                        g->waiting_since_ns = 0;
-                        pthread_mutex_unlock(&g->lock);
+                        worker_waiting(g, *seq);
                         continue;
                 }
                 int arrived = 0;
@@ -349,10 +355,7 @@ void *worker_main(void *arg) {
         atomic_store(&g->worker_tid, (int)syscall(SYS_gettid));
 
         for (uint32_t seq = 1;; seq++) {
-                pthread_mutex_lock(&g->lock);
-                g->waiting_seq = seq;
-                g->waiting_since_ns = 0;
-                pthread_mutex_unlock(&g->lock);
+                worker_waiting(g, seq);
                 if (worker_wait(g, &seq) != 0)
                         break;
                 worker_take_inputs(g);

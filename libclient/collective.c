@@ -261,13 +261,12 @@ static int fast_result(deval_group *g, const char *fn, bool pass_end, const DvRe
                                           "%s: rank %d wrote a malformed result of collective #%u",
                                           fn, f->executor, g->seq);
                 t->shape[q->dim] = slot->pad_len;
-                for (int d = 0; d < t->ndim; d++)
-                        if (t->shape[d] < 0 || !dv_mul_ok(numel, t->shape[d], &numel) ||
-                            numel > INT64_MAX / 16)
-                                return dv_set_err(g, DEVAL_EPROTO,
-                                                  "%s: rank %d wrote a malformed result of "
-                                                  "collective #%u",
-                                                  fn, f->executor, g->seq);
+                DvShape sh = dv_shape_of(t);
+                if (t->shape[q->dim] < 0 || !dv_shape_numel(&sh, &numel) || numel > INT64_MAX / 16)
+                        return dv_set_err(g, DEVAL_EPROTO,
+                                          "%s: rank %d wrote a malformed result of "
+                                          "collective #%u",
+                                          fn, f->executor, g->seq);
                 t->offset = slot->pad_off;
                 t->nbytes = (uint64_t)numel * dv_dtype_size(t->dtype);
         }

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fast.c - small steps the ranks run themselves (DvFast in wire.h). A rank whose input fits
- * in its slot copies it there too; the last rank to arrive plans the step with the code
- * devald runs and writes the result into the group's control segment, so a small collective
+ * fast.c - steps the ranks run themselves (DvFast in wire.h). A rank whose input fits in its
+ * inline bytes writes it there instead of its input arena; the last rank to arrive plans the
+ * step with the code devald runs and writes the result into the group's control segment (or,
+ * for a large one, publishes the plan for every rank to copy a share of), so a collective
  * costs no wake-up of devald. Only the plain case runs here: whatever is unusual (an op the
  * ranks cannot run, an input that does not fit, ranks that disagree, a malformed request)
  * goes to devald's worker, which checks it as always and names what was wrong.
@@ -84,6 +85,17 @@ static void *scratch(deval_group *g, int i, size_t bytes) {
         return g->scratch[i];
 }
 
+/* p as the copy kernel's segments (kernel_plan.h), in the group's scratch. */
+static bool kernel_segs(deval_group *g, const DvPlan *p, int per_rank, bool first_tensor,
+                        DvKernelSeg **segs, uint64_t **starts) {
+        *segs = scratch(g, 3, (p->nsegs + 1) * sizeof(**segs));
+        *starts = scratch(g, 4, (p->nsegs + 1) * sizeof(**starts));
+        if (!*segs || !*starts)
+                return false;
+        dv_kernel_plan(p, per_rank, first_tensor, *segs, *starts);
+        return true;
+}
+
 static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved,
                         bool *shared) {
         int W = g->world, n = (int)q[0].ntensors;
@@ -138,13 +150,7 @@ static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint6
         if (stream >= 0) {
                 total = sh->total[stream];
                 memcpy(rows, &sh->rows[(size_t)stream * (size_t)W], (size_t)W * sizeof(*rows));
-                int64_t sum = 0;
-                for (int k = 0; k < W; k++) {
-                        if (rows[k] < 0 || rows[k] > (1ll << 50))
-                                return false;
-                        sum += rows[k];
-                }
-                if (sum != total)
+                if (!dv_pass_counts_ok(rows, W, total))
                         return false;
         }
         DvPlanInput in = {.world = W,
@@ -164,11 +170,8 @@ static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint6
                 in.order = sh->order;
         if (dv_plan_gather(&in, p) < 0 || p->out_end > g->fast_out_size)
                 return false;
-        segs = scratch(g, 3, (p->nsegs + 1) * sizeof(*segs));
-        starts = scratch(g, 4, (p->nsegs + 1) * sizeof(*starts));
-        if (!segs || !starts)
+        if (!kernel_segs(g, p, n, false, &segs, &starts))
                 return false;
-        dv_kernel_plan(p, n, false, segs, starts);
         if (W > 1 && p->nsegs > 0 && p->out_end >= g->share_min && p->nsegs <= DV_SHARE_SEGS) {
                 /* every rank copies a share of it (dv_fast_share()) */
                 DvShare *sh = g->share;
@@ -228,11 +231,10 @@ static bool fast_pad(deval_group *g, const DvRequest *q, DvResult *res, uint64_t
                         p) < 0 ||
             p->out_end > g->fast_out_size)
                 return false;
-        DvKernelSeg *segs = scratch(g, 3, (p->nsegs + 1) * sizeof(*segs));
-        uint64_t *starts = scratch(g, 4, (p->nsegs + 1) * sizeof(*starts));
-        if (!segs || !starts)
+        DvKernelSeg *segs;
+        uint64_t *starts;
+        if (!kernel_segs(g, p, 1, true, &segs, &starts))
                 return false;
-        dv_kernel_plan(p, 1, true, segs, starts);
         dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast_out, srcs);
         for (int k = 0; k < W; k++) {
                 g->hdr->slots[k].pad_off = p->out_offset[k];
@@ -359,14 +361,19 @@ static int fast_run(deval_group *g, uint32_t seq) {
         return shared ? RUN_SHARED : RUN_DONE;
 }
 
-/* Step seq is done: publish it. seq_cst with the sleepers' count: a rank going to sleep
- * sees done_seq, or is seen here and woken. */
-static void fast_publish(deval_group *g, uint32_t seq) {
+/* Store seq into word (done_seq, share_seq) and wake the ranks asleep. seq_cst with the
+ * sleepers' count: a rank going to sleep sees the word, or is seen here and woken. */
+static void fast_announce(deval_group *g, _Atomic uint32_t *word, uint32_t seq) {
         DvFast *f = &g->hdr->fast;
-        atomic_store_explicit(&f->done_seq, seq, memory_order_seq_cst);
+        atomic_store_explicit(word, seq, memory_order_seq_cst);
         atomic_fetch_add_explicit(&f->wake, 1, memory_order_seq_cst);
         if (atomic_load_explicit(&f->sleepers, memory_order_seq_cst))
                 dv_futex_wake(&f->wake);
+}
+
+/* Step seq is done: publish it. */
+static void fast_publish(deval_group *g, uint32_t seq) {
+        fast_announce(g, &g->hdr->fast.done_seq, seq);
 }
 
 static bool add_ok(uint64_t a, uint64_t b, uint64_t *ret) {
@@ -503,11 +510,8 @@ void dv_fast_arrive(deval_group *g, uint32_t seq) {
         if (how == RUN_SHARED) {
                 atomic_store_explicit(&f->share_bad, 0, memory_order_relaxed);
                 atomic_store_explicit(&f->shared, 0, memory_order_relaxed);
-                /* seq_cst, as fast_publish(): the plan, res and the resets before share_seq */
-                atomic_store_explicit(&f->share_seq, seq, memory_order_seq_cst);
-                atomic_fetch_add_explicit(&f->wake, 1, memory_order_seq_cst);
-                if (atomic_load_explicit(&f->sleepers, memory_order_seq_cst))
-                        dv_futex_wake(&f->wake);
+                /* the plan, res and the resets are written before share_seq says so */
+                fast_announce(g, &f->share_seq, seq);
                 dv_fast_share(g, seq);
                 return;
         }

@@ -92,18 +92,24 @@ def batches(rank, use_torch):
     return out
 
 
+def per_batch_us(barrier, gather, data):
+    """Each repeat's mean time per batch, the ranks lined up by barrier first."""
+    times = []
+    for _ in range(REPEATS):
+        barrier()
+        t0 = time.perf_counter()
+        for b in data:
+            gather(b)
+        times.append((time.perf_counter() - t0) / BATCHES * 1e6)
+    return times
+
+
 def deval_rank(rank, world, name, use_torch, q):
     if use_torch:
         import torch  # noqa: F401 - the inputs are torch tensors
     data = batches(rank, use_torch)
     with deval.join(name, rank, world, timeout=60) as g:
-        times = []
-        for _ in range(REPEATS):
-            g.barrier()
-            t0 = time.perf_counter()
-            for b in data:
-                g.gather_for_metrics(b)
-            times.append((time.perf_counter() - t0) / BATCHES * 1e6)
+        times = per_batch_us(g.barrier, g.gather_for_metrics, data)
     q.put((rank, times))
 
 
@@ -116,14 +122,7 @@ def accelerate_rank(rank, world, port, q):
     from accelerate import Accelerator
     torch.set_num_threads(1)
     acc = Accelerator(cpu=True)
-    data = batches(rank, True)
-    times = []
-    for _ in range(REPEATS):
-        dist.barrier()
-        t0 = time.perf_counter()
-        for b in data:
-            acc.gather_for_metrics(b)
-        times.append((time.perf_counter() - t0) / BATCHES * 1e6)
+    times = per_batch_us(dist.barrier, acc.gather_for_metrics, batches(rank, True))
     q.put((rank, times))
     dist.destroy_process_group()
 

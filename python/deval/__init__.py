@@ -119,26 +119,26 @@ class _Bytes(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-class _JoinOpts(ctypes.Structure):
+class _Sized(ctypes.Structure):
+    """An options struct that begins with its size, set as DEVAL_*_OPTS_INIT set it."""
+
+    def __init__(self):
+        super().__init__()
+        self.size = ctypes.sizeof(self)
+
+
+class _JoinOpts(_Sized):
     _fields_ = [("size", ctypes.c_uint32), ("timeout_ms", ctypes.c_int32),
                 ("socket_path", ctypes.c_char_p), ("on_device", ctypes.c_int32),
                 ("device", ctypes.c_int32), ("autostart", ctypes.c_int32),
                 ("reserved", ctypes.c_int32)]
 
-    def __init__(self):
-        super().__init__()
-        self.size = ctypes.sizeof(self)  # what DEVAL_JOIN_OPTS_INIT sets
 
-
-class _GatherOpts(ctypes.Structure):
+class _GatherOpts(_Sized):
     _fields_ = [("size", ctypes.c_uint32), ("pad_first", ctypes.c_int32),
                 ("pad_value", ctypes.c_double), ("valid_rows", ctypes.c_int64),
                 ("keep_rows", ctypes.c_int64), ("order", ctypes.c_int32),
                 ("root", ctypes.c_int32)]
-
-    def __init__(self):
-        super().__init__()
-        self.size = ctypes.sizeof(self)  # what DEVAL_GATHER_OPTS_INIT sets
 
 
 def _candidates():
@@ -282,7 +282,7 @@ class _Fast:
 
     def leaves(self, x):
         """The inputs of one call, and how to rebuild its structure; None: not plain."""
-        if isinstance(x, (tuple, list)) and type(x) in (tuple, list):
+        if type(x) in (tuple, list):
             return list(x), type(x)
         if type(x) is dict:
             return list(x.values()), x
