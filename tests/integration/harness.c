@@ -61,6 +61,10 @@ static void shm_list(char *buf, size_t len) {
 }
 
 void harness_start(Harness *h, const char *const *extra) {
+        harness_start_within(h, extra, 5);
+}
+
+void harness_start_within(Harness *h, const char *const *extra, int seconds) {
         if (!shm_before[0]) { /* "-" ends it, so that an empty /dev/shm is taken once */
                 shm_list(shm_before, sizeof(shm_before) - 1);
                 strcat(shm_before, "-");
@@ -87,7 +91,7 @@ void harness_start(Harness *h, const char *const *extra) {
                 execv(devald, (char *const *)argv);
                 _exit(127);
         }
-        for (int i = 0; i < 500; i++) {
+        for (int i = 0; i < seconds * 100; i++) {
                 if (can_connect(h->socket))
                         return;
                 int st;
@@ -95,7 +99,7 @@ void harness_start(Harness *h, const char *const *extra) {
                         fail_msg("devald exited during start-up");
                 usleep(10000);
         }
-        fail_msg("devald did not listen on %s within 5 s", h->socket);
+        fail_msg("devald did not listen on %s within %d s", h->socket, seconds);
 }
 
 void harness_stop(Harness *h) {

@@ -24,6 +24,8 @@ typedef int (*RankFn)(const Harness *h, int rank, int world, void *arg);
 
 /* Start devald (its path from $DEVALD) with extra arguments (NULL-terminated, may be NULL). */
 void harness_start(Harness *h, const char *const *extra);
+/* the same, waiting up to seconds for devald to listen (harness_start(): 5) */
+void harness_start_within(Harness *h, const char *const *extra, int seconds);
 /* SIGTERM devald; asserts it exits 0 within 5 s and removed its socket. */
 void harness_stop(Harness *h);
 /* Run fn on world forked ranks; returns how many failed (non-zero exit, signal, timeout). */

@@ -413,7 +413,8 @@ static void test_forty_gpus(void **state) {
         harness_stop(&H);
         setenv("DEVAL_GPU_FAKE", "40", 1);
         const char *extra[] = {"--backend", "cuda", NULL};
-        harness_start(&H, extra);
+        /* 40 GPU worker processes start first: seconds under the sanitizers */
+        harness_start_within(&H, extra, 60);
         int rc = harness_ctl(&H, "topo --json", out, sizeof(out));
         after_cuda(state);
         assert_int_equal(rc, 0);
