@@ -2,8 +2,9 @@
 """The Python table of tools/dev bench: what an evaluation loop pays per batch.
 
 1. The binding's own cost: gather_for_metrics((logits, preds, labels)) (and 1 and 8
-   tensors) from Python on a one-rank group, minus the same C call made through ctypes with
-   its structures built once: what deval's Python layer adds to each call.
+   tensors) from Python on a one-rank group, minus the same C call (made through ctypes with
+   its structures built once, less what ctypes itself costs: the same call with no tensors,
+   which libdeval rejects at once): what deval's Python layer adds to each call.
 2. Per batch, the way a loop calls it: W ranks (processes), each gathering the logits,
    predictions and labels of a 16-sample batch once per batch, through deval and through
    Accelerate's gather_for_metrics over gloo (when torch and accelerate are installed), in
@@ -65,7 +66,9 @@ def binding_cost():
                 leaf.fill(t)
             opts, h, fn = g._opts(), g._h, deval._lib.deval_gather_for_metrics
             ref = ctypes.byref(opts)
-            c = median_us(lambda: fn(h, len(leaves), ins, ref, outs))
+            # less what ctypes adds: the same call, rejected at once (no tensors)
+            c = median_us(lambda: fn(h, len(leaves), ins, ref, outs)) - \
+                median_us(lambda: fn(h, 0, ins, ref, outs))
             rows.append((name, py, c))
     print("binding cost: gather_for_metrics from Python vs the same C call, one rank")
     print("%-20s %10s %10s %12s" % ("inputs", "Python us", "C us", "binding us"))

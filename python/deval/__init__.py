@@ -171,6 +171,7 @@ def _load():
             continue
         try:
             lib = ctypes.CDLL(path)
+            lib.deval_path = path
             break
         except OSError as e:
             tried.append("%s (%s)" % (path, e))
@@ -225,6 +226,36 @@ _lib = _load()
 __version__ = _lib.deval_version().decode()
 
 
+def _load_speed():
+    """deval._speed, the plain gather in C: installed in the package, or built beside the
+    libdeval just loaded (a source tree's build). None without it, or with
+    DEVAL_PYTHON_EXTENSION=0: the same calls then go through ctypes."""
+    if os.environ.get("DEVAL_PYTHON_EXTENSION") == "0":
+        return None
+    try:
+        from . import _speed
+        return _speed
+    except ImportError:
+        pass
+    import importlib.machinery
+    import importlib.util
+    here = os.path.dirname(_lib.deval_path)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES if here else ():
+        path = os.path.join(here, "_speed" + suffix)
+        if os.path.exists(path):
+            spec = importlib.util.spec_from_file_location(__name__ + "._speed", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    return None
+
+
+_speed = _load_speed()
+# the entry points _speed calls, as addresses: the one libdeval of the process
+_GATHER = ctypes.cast(_lib.deval_gather, ctypes.c_void_p).value
+_GATHER_FOR_METRICS = ctypes.cast(_lib.deval_gather_for_metrics, ctypes.c_void_p).value
+
+
 # ---- dtypes ------------------------------------------------------------------------------
 
 try:  # bfloat16 for numpy, where the package that defines it is installed
@@ -262,7 +293,17 @@ def _torch_codes(torch):
                   torch.float16, torch.float32, torch.float64):
             codes[d] = _NP_TO_DEVAL[torch.empty(0, dtype=d).numpy().dtype]
         _TORCH_CODES = codes
+        if _speed is not None:
+            # (torch's own DLPack consumer: torch.from_dlpack adds a Python layer)
+            _speed.configure_torch(torch.Tensor, codes, torch.from_numpy, torch.bfloat16,
+                                   getattr(torch._C, "_from_dlpack", None))
     return _TORCH_CODES
+
+
+if _speed is not None:
+    _speed.configure(np.ndarray, np.empty, _NP_TO_DEVAL,
+                     (None,) + tuple(_DEVAL_TO_NP_RAW[c] for c in range(1, 11)), ProtocolError,
+                     _torch_codes)
 
 
 class _Fast:
@@ -336,7 +377,7 @@ class _Fast:
             kind, want = kinds[i]
             if code != want:  # a gather keeps the dtype: the sizes below rely on it
                 raise ProtocolError("deval: a malformed result (dtype %d for %d)"
-                                    % (code, want), -9)
+                                    % (code, want), -8)
             shape = f[3:3 + ndim]
             nbytes = math.prod(shape) * _SIZES[code]
             fs.append((ptr, shape, nbytes))
@@ -755,7 +796,11 @@ class Group:
         self.process_index = rank
         self._in_pass = False
         self._fast = _Fast() if device is None else None
+        # what _speed is given: the handle's address (0 once left), default options
+        self._addr = handle.value if self._fast is not None and _speed is not None else 0
         self._opts_cache = {}
+        self._plain = self._opts()
+        self._plain_addr = ctypes.addressof(self._plain)
 
     # -- plumbing
 
@@ -786,6 +831,7 @@ class Group:
         """Leave the group; the other ranks' next collectives fail with PeerLost."""
         if self._h:
             h, self._h = self._h, None
+            self._addr = 0
             _lib.deval_leave(h)
 
     # -- gathers
@@ -860,6 +906,13 @@ class Group:
         With copy=False, numpy results are read-only views into shared memory, valid until
         the group's next collective; torch results are always copies.
         """
+        if self._addr and copy and order == "rank" and pad_index == 0 and not pad_first and \
+                valid_rows is None and keep_rows is None and root is None:
+            r = _speed.gather(_GATHER, self._addr, x, self._plain_addr, False)
+            if r is not None:  # (None: not plain, nothing was sent)
+                if type(r) is int:
+                    self._check(r)
+                return r
         return self._gather(_lib.deval_gather, x, copy,
                             self._opts(pad_index, pad_first, valid_rows, keep_rows, order, root))
 
@@ -873,6 +926,12 @@ class Group:
         text, say) go through gather_object's path, as in Accelerate;
         ``use_gather_object=True`` forces it.
         """
+        if self._addr and copy and pad_index == 0 and not pad_first and not use_gather_object:
+            r = _speed.gather(_GATHER_FOR_METRICS, self._addr, x, self._plain_addr, self._in_pass)
+            if r is not None:  # (None: not plain, nothing was sent)
+                if type(r) is int:
+                    self._check(r)
+                return r
         # a list holding no tensor (an empty one included: a rank with no batch left) is a
         # list of objects, so that every rank makes the same call
         if use_gather_object or (isinstance(x, list) and not any(

@@ -1,18 +1,37 @@
 # SPDX-License-Identifier: MIT
-"""The binding's quick path for plain gathers (CPU torch tensors and numpy arrays, alone or
-in one flat tuple, list or dict) against the general path and against numpy itself: the
-same values, dtypes, kinds and structures, copies the caller owns, and every input it does
-not take (non-contiguous, nested, on another device, a namedtuple) still right."""
+"""The binding's quick paths for plain gathers (CPU torch tensors and numpy arrays, alone or
+in one flat tuple, list or dict), in C (deval._speed) and through ctypes, against the
+general path and against numpy itself: the same values, dtypes, kinds and structures,
+copies the caller owns, and every input they do not take (non-contiguous, nested, on
+another device, a namedtuple) still right. deval._speed alone, with a stand-in for
+libdeval: what it sends, a malformed result, a failed call, a dict changed while the call
+waits, and the memory of its results given back."""
 
 import collections
+import ctypes
+import glob
+import os
+import resource
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import deval
-from conftest import group_name, run_ranks
+from conftest import ROOT, group_name, run_ranks
 
 torch = pytest.importorskip("torch")
+
+# the C path where it is built, and the ctypes path always
+PATHS = ["c", "ctypes"] if deval._speed is not None else ["ctypes"]
+
+
+def use_path(g, path):
+    if path == "ctypes":
+        g._addr = 0  # what a build without the extension does
+    else:
+        assert g._addr, "the C path was expected"
 
 Pair = collections.namedtuple("Pair", "x y")
 
@@ -33,10 +52,11 @@ def want(world, key):
     return np.concatenate([rank_data(r)[key] for r in range(world)])
 
 
-def _plain(rank, world, sock, name):
+def _plain(rank, world, sock, name, path):
     d = rank_data(rank)
     with deval.join(name, rank, world, socket=sock, timeout=20) as g:
         assert g._fast is not None
+        use_path(g, path)
         # numpy, in a tuple, a list and a dict, and alone
         out = g.gather_for_metrics(tuple(d.values()))
         assert type(out) is tuple and len(out) == len(d)
@@ -72,13 +92,15 @@ def _plain(rank, world, sock, name):
     return True
 
 
-def test_plain_inputs(daemon):
-    assert run_ranks(3, _plain, daemon.socket, group_name("fastpy")) == [True] * 3
+@pytest.mark.parametrize("path", PATHS)
+def test_plain_inputs(daemon, path):
+    assert run_ranks(3, _plain, daemon.socket, group_name("fastpy"), path) == [True] * 3
 
 
-def _others(rank, world, sock, name):
+def _others(rank, world, sock, name, path):
     d = rank_data(rank)
     with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        use_path(g, path)
         # not plain: each goes the general way, with the same answers
         wide = np.asfortranarray(np.tile(d["f32"], (1, 2)))  # not C-contiguous
         np.testing.assert_array_equal(
@@ -106,13 +128,15 @@ def _others(rank, world, sock, name):
     return True
 
 
-def test_other_inputs(daemon):
-    assert run_ranks(3, _others, daemon.socket, group_name("slowpy")) == [True] * 3
+@pytest.mark.parametrize("path", PATHS)
+def test_other_inputs(daemon, path):
+    assert run_ranks(3, _others, daemon.socket, group_name("slowpy"), path) == [True] * 3
 
 
-def _in_pass(rank, world, sock, name):
+def _in_pass(rank, world, sock, name, path):
     d = rank_data(rank)
     with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        use_path(g, path)
         n = sum(2 + r for r in range(world)) - 1  # the last sample is a duplicate
         with g.eval_pass(n):
             out = g.gather_for_metrics((torch.from_numpy(d["f32"]), d["i64"]))
@@ -126,5 +150,178 @@ def _in_pass(rank, world, sock, name):
     return True
 
 
-def test_in_a_pass(daemon):
-    assert run_ranks(2, _in_pass, daemon.socket, group_name("passpy")) == [True] * 2
+@pytest.mark.parametrize("path", PATHS)
+def test_in_a_pass(daemon, path):
+    assert run_ranks(2, _in_pass, daemon.socket, group_name("passpy"), path) == [True] * 2
+
+
+def _kinds(rank, world, sock, name, path):
+    """Every dtype, 0-d and empty tensors, a Parameter, options that leave the quick path."""
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        use_path(g, path)
+        for dt in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                   torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            x = (torch.arange(6).reshape(2, 3) + 10 * rank).to(dt)
+            out = g.gather(x)
+            assert out.dtype == dt and out.shape == (2 * world, 3) and out.is_contiguous()
+            assert torch.equal(out, torch.cat([(torch.arange(6).reshape(2, 3) + 10 * r)
+                                               .to(dt) for r in range(world)]))
+            n = x.numpy() if dt != torch.bfloat16 else None
+            if n is not None:
+                got = g.gather(n)
+                assert got.dtype == n.dtype
+                np.testing.assert_array_equal(got, out.numpy())
+        assert g.gather(torch.tensor(rank + 0.5)).tolist() == [r + 0.5 for r in range(world)]
+        assert g.gather(np.array(rank)).tolist() == list(range(world))
+        assert g.gather(torch.zeros(0, 4)).shape == (0, 4)
+        assert g.gather(np.zeros((0,), np.int32)).shape == (0,)
+        p = torch.nn.Parameter(torch.full((1, 2), float(rank)))
+        out = g.gather_for_metrics(p)
+        assert type(out) is torch.Tensor and not out.requires_grad
+        assert out[:, 0].tolist() == [float(r) for r in range(world)]
+        # the options the quick paths do not take, each still applied
+        assert g.gather(np.array([rank]), order="strided").tolist() == list(range(world))
+        ragged = np.ones((1, 1 + rank), np.int64)
+        assert g.gather(ragged, pad_index=-7)[0].tolist() == [1] + [-7] * (world - 1)
+        assert g.gather(ragged, pad_index=5, pad_first=True)[0, 0] == (1 if world == 1 else 5)
+        assert g.gather(np.array([rank, rank]), valid_rows=1).tolist() == list(range(world))
+        one = g.gather(np.array([rank]), copy=False)
+        assert not one.flags.writeable and one.tolist() == list(range(world))
+    return True
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_dtypes_and_options(daemon, path):
+    assert run_ranks(2, _kinds, daemon.socket, group_name("kindpy"), path) == [True] * 2
+
+
+# ---- deval._speed alone, with a stand-in for libdeval ----------------------------------
+
+speed = deval._speed
+needs_speed = pytest.mark.skipif(speed is None, reason="deval._speed is not built")
+GatherFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                            ctypes.POINTER(deval._Tensor), ctypes.c_void_p,
+                            ctypes.POINTER(deval._Tensor))
+
+
+def fake(body):
+    """A deval_gather of our own: body(n, ins, outs) -> status; kept alive by the caller."""
+    return GatherFn(lambda g, n, ins, opts, outs: body(n, ins, outs))
+
+
+def call(fn, x, per_sample=False):
+    opts = deval._GatherOpts()
+    return speed.gather(ctypes.cast(fn, ctypes.c_void_p).value, 1, x, ctypes.addressof(opts),
+                        per_sample)
+
+
+@needs_speed
+def test_extension_describes_and_copies():
+    keep = []
+
+    def echo(n, ins, outs):  # each result is its input: what a one-rank gather gives
+        for i in range(n):
+            keep.append((ins[i].data, ins[i].dtype, ins[i].ndim, tuple(ins[i].shape)))
+            ctypes.memmove(ctypes.byref(outs[i]), ctypes.byref(ins[i]),
+                           ctypes.sizeof(deval._Tensor))
+        return 0
+
+    fn = fake(echo)
+    a = np.arange(12, dtype=np.int16).reshape(3, 4)
+    t = torch.arange(6, dtype=torch.float64).reshape(3, 2)
+    out = call(fn, {"a": a, "t": t})
+    assert keep[0][:3] == (a.ctypes.data, 4, 2) and keep[0][3][:2] == (3, 4)
+    assert keep[1][:3] == (t.data_ptr(), 10, 2) and keep[1][3][:2] == (3, 2)
+    assert list(out) == ["a", "t"]
+    assert out["a"].ctypes.data != a.ctypes.data and np.array_equal(out["a"], a)
+    assert out["t"].data_ptr() != t.data_ptr() and torch.equal(out["t"], t)
+    # not plain: None, and nothing sent
+    keep.clear()
+    for x in ([], (), {}, [a, [a]], a.T, t.T, "text", [a, 3], (a,) * 65,
+              np.zeros(2, np.complex64), torch.zeros(2, dtype=torch.complex64)):
+        assert call(fn, x) is None
+    assert call(fn, (a, a[:2]), per_sample=True) is None
+    assert call(fn, np.array(1.0), per_sample=True) is None
+    assert keep == []
+    # a status is returned for the binding to raise with libdeval's message
+    assert call(fake(lambda n, ins, outs: -4), (a,)) == -4
+
+
+@needs_speed
+def test_extension_refuses_malformed_results():
+    a = np.arange(4, dtype=np.float32)
+
+    def bad(field, value):
+        def body(n, ins, outs):
+            ctypes.memmove(ctypes.byref(outs[0]), ctypes.byref(ins[0]),
+                           ctypes.sizeof(deval._Tensor))
+            if field == "shape":
+                outs[0].shape[0] = value
+            else:
+                setattr(outs[0], field, value)
+            return 0
+        return fake(body)
+
+    for field, value in (("dtype", 6), ("ndim", 9), ("ndim", -1), ("shape", -1),
+                         ("shape", 2**62), ("data", None)):
+        with pytest.raises(deval.ProtocolError, match="malformed result for tensor 0") as e:
+            call(bad(field, value), (a,))
+        assert e.value.status == -8
+
+
+@needs_speed
+def test_extension_holds_what_it_was_given():
+    """The GIL is released while the ranks wait: another thread may change the caller's
+    dict or drop its tensors meanwhile; the results keep the keys and inputs of the call."""
+    d = {"x": np.arange(3), "y": torch.ones(2)}
+
+    def meddle(n, ins, outs):
+        d.clear()
+        d["z"] = 0
+        for i in range(n):
+            ctypes.memmove(ctypes.byref(outs[i]), ctypes.byref(ins[i]),
+                           ctypes.sizeof(deval._Tensor))
+        return 0
+
+    x = np.arange(5)
+    before = sys.getrefcount(x)
+    out = call(fake(meddle), d)
+    assert list(out) == ["x", "y"] and out["x"].tolist() == [0, 1, 2]
+    assert sys.getrefcount(x) == before
+    for _ in range(100):  # no reference kept, none dropped
+        call(fake(meddle), (x, x))
+    assert sys.getrefcount(x) == before
+
+
+@needs_speed
+def test_extension_results_give_their_memory_back():
+    big = torch.zeros(1 << 18)  # 1 MiB
+    arr = np.zeros(1 << 18, np.float32)
+
+    def echo(n, ins, outs):
+        for i in range(n):
+            ctypes.memmove(ctypes.byref(outs[i]), ctypes.byref(ins[i]),
+                           ctypes.sizeof(deval._Tensor))
+        return 0
+
+    fn = fake(echo)
+    for _ in range(50):
+        call(fn, (big, arr))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(2000):  # 4 GB of results if they were kept
+        call(fn, (big, arr))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 200 * 1024  # KiB
+
+
+def test_extension_is_used_where_built():
+    """A build that made _speed beside libdeval gets it; DEVAL_PYTHON_EXTENSION=0 does not."""
+    here = os.path.dirname(os.path.abspath(deval._lib.deval_path))
+    if not glob.glob(os.path.join(here, "_speed.*.so")):
+        pytest.skip("no _speed built beside %s" % here)
+    probe = "import deval; print(deval._speed is not None)"
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    for value, want_ in (("1", "True"), ("0", "False")):
+        env["DEVAL_PYTHON_EXTENSION"] = value
+        got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        assert got == want_, value
