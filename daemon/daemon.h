@@ -188,10 +188,12 @@ struct Conn {
         Usage *usage; /* its uid's */
         Group *group;
         int rank;
+        uint64_t hangup_ns; /* hung up: when its close is due (conn_hangup()); 0: it has not */
 };
 
 struct Daemon {
         int epfd, listen_fd, signal_fd;
+        int hungup; /* connections waiting for their process to end (conn_hangup()) */
         char socket_path[108];
         char config_path[256]; /* the configuration read, for SIGHUP; "" when none */
         uint64_t max_group_bytes;

@@ -69,6 +69,8 @@ void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int n
         for (int i = 0; i < nfds; i++)
                 r.size[i] = sizes[i];
         snprintf(r.msg, sizeof(r.msg), "%s", msg ? msg : "");
+        if (c->hangup_ns) /* nobody is listening */
+                return;
         ssize_t n = dv_send_msg(c->fd, &r, sizeof(r), fds, nfds, MSG_DONTWAIT);
         if (n < 0)
                 log_warn("could not answer pid %d: %s", (int)c->pid, strerror((int)-n));
@@ -82,18 +84,12 @@ void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int n
 static void conn_close(Daemon *d, Conn *c) {
         if (c->fd < 0)
                 return;
+        if (c->hangup_ns) {
+                c->hangup_ns = 0;
+                d->hungup--;
+        }
         if (c->group) {
                 Group *g = c->group;
-                /*
-                 * A dying process closes its sockets before it becomes a zombie, and only
-                 * the zombie tells how it ended (group_member_gone() reads it from /proc):
-                 * give it a moment to get there. A client that merely hung up costs this
-                 * wait once.
-                 */
-                if (c->pidfd >= 0) {
-                        struct pollfd pfd = {.fd = c->pidfd, .events = POLLIN};
-                        poll(&pfd, 1, /* timeout_ms= */ 20);
-                }
                 group_member_gone(g, c->rank, false);
                 c->group = NULL;
                 group_maybe_free(g);
@@ -118,6 +114,54 @@ static void conn_close(Daemon *d, Conn *c) {
         c->usage->fds -= 2;
         usage_put(d, c->usage);
         c->usage = NULL;
+}
+
+/* How long a member that hung up may take to end before it is closed as one that left. */
+#define HANGUP_GRACE_NS (20 * 1000 * 1000ull)
+
+static bool process_ended(int pidfd) {
+        struct pollfd pfd = {.fd = pidfd, .events = POLLIN};
+        return poll(&pfd, 1, /* timeout_ms= */ 0) > 0;
+}
+
+/*
+ * c's client hung up (or broke the protocol). A dying process closes its sockets before it
+ * becomes a zombie, and only the zombie tells how it ended (group_member_gone() reads it
+ * from /proc). So a group member is closed when its pidfd says it ended (the event is
+ * already watched) or HANGUP_GRACE_NS later (conns_expire()), whichever comes first; the
+ * loop goes on meanwhile, so a crashed large group never stalls the others. Anyone else is
+ * closed at once.
+ */
+static void conn_hangup(Daemon *d, Conn *c) {
+        if (c->fd < 0 || c->hangup_ns)
+                return;
+        if (!c->group || c->pidfd < 0 || process_ended(c->pidfd)) {
+                conn_close(d, c);
+                return;
+        }
+        epoll_ctl(d->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        c->hangup_ns = dv_now_ns() + HANGUP_GRACE_NS;
+        d->hungup++;
+}
+
+/* Close the members whose grace after hanging up is over; next_ns: when the next one is. */
+static void conns_expire(Daemon *d, uint64_t now, int64_t *next_ns) {
+        if (!d->hungup)
+                return;
+        for (Conn *c = d->conns, *next; c; c = next) {
+                next = c->next;
+                if (!c->hangup_ns)
+                        continue;
+                if (c->hangup_ns <= now) {
+                        log_debug("pid %d hung up and did not end within %llu ms", (int)c->pid,
+                                  HANGUP_GRACE_NS / 1000000);
+                        conn_close(d, c);
+                        continue;
+                }
+                int64_t left = (int64_t)(c->hangup_ns - now);
+                if (*next_ns < 0 || left < *next_ns)
+                        *next_ns = left;
+        }
 }
 
 static void conns_reap(Daemon *d) {
@@ -1126,6 +1170,7 @@ int main(int argc, char **argv) {
         while (!d.stopping) {
                 struct epoll_event evs[64];
                 int64_t next_ns = -1;
+                conns_expire(&d, dv_now_ns(), &next_ns);
                 group_expire_joins(&d, dv_now_ns(), &next_ns);
                 group_expire_idle(&d, dv_now_ns(), &next_ns);
                 if (exit_when_idle(&d, dv_now_ns(), &next_ns))
@@ -1182,7 +1227,7 @@ int main(int argc, char **argv) {
                                         keep = conn_handle(&d, c);
                                 if (!keep || (evs[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP) &&
                                               !(evs[i].events & EPOLLIN)))
-                                        conn_close(&d, c);
+                                        conn_hangup(&d, c);
                         }
                 }
                 conns_reap(&d);

@@ -40,6 +40,7 @@ typedef struct {
         pid_t pid[8];
         double t_event;
         int flag;
+        int hung; /* ranks that hung up (test_hangups_do_not_stall) */
 } Shared;
 static Shared *S;
 
@@ -781,6 +782,45 @@ static void test_hostile_full_speed(void **state) {
  * Descriptors sent to devald unasked (no request carries any) are closed at once and
  * counted: devald's descriptor count does not grow, and deval-ctl status shows the count.
  */
+/*
+ * Every rank but 0 hangs up without leaving and stays alive: devald cannot tell how such a
+ * member ended until a grace time has passed. It must not hold its loop meanwhile: rank 0,
+ * a client of another group, is served at once (a loop that waited 20 ms per member took
+ * HANG_WORLD x 20 ms, seconds), and still learns that its group lost its members.
+ */
+#define HANG_WORLD 192
+
+static int rank_hangup(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g = NULL;
+        CHECK_OK(harness_join(h, "hangup", rank, world, 30000, &g), g);
+        CHECK_OK(deval_barrier(g), g);
+        if (rank != 0) {
+                close(g->sock); /* the connection, not a leave: devald sees a hang-up */
+                __atomic_add_fetch(&S->hung, 1, __ATOMIC_SEQ_CST);
+                usleep(1500 * 1000);
+                _exit(0); /* alive until rank 0 is done; no leave */
+        }
+        while (__atomic_load_n(&S->hung, __ATOMIC_SEQ_CST) < world - 1)
+                usleep(1000);
+        double t0 = harness_now();
+        deval_group *other = NULL;
+        CHECK_OK(harness_join(h, "hangup-other", 0, 1, 5000, &other), other);
+        CHECK_OK(deval_barrier(other), other);
+        double took = harness_now() - t0;
+        CHECK(took < 1.0, "another group waited %.3f s for devald's loop", took);
+        deval_leave(other);
+        int r = deval_barrier(g);
+        CHECK(r == DEVAL_EPEER, "%s: %s", deval_strerror(r), deval_errmsg(g));
+        deval_leave(g);
+        return 0;
+}
+
+static void test_hangups_do_not_stall(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, HANG_WORLD, rank_hangup, NULL, 60), 0);
+}
+
 static int count_fds_of(pid_t pid) {
         char path[64];
         int n = 0;
@@ -866,6 +906,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_unexpected_fds, before, after),
                 cmocka_unit_test_setup_teardown(test_hostile_full_speed, before, after),
                 cmocka_unit_test_setup_teardown(test_forked_child, before, after),
+                cmocka_unit_test_setup_teardown(test_hangups_do_not_stall, before, after),
         };
         return cmocka_run_group_tests(tests, setup, NULL);
 }
