@@ -499,6 +499,10 @@ static void test_device_group_needs_cuda_backend(void **state) {
 }
 
 int main(void) {
+#ifndef DEVAL_FAKE_GPU
+        fprintf(stderr, "a build without the GPU table's fake (-Dfake_gpu=disabled): skipped\n");
+        return 77;
+#endif
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_device_tensors_staged),
                 cmocka_unit_test(test_without_driver),
