@@ -285,7 +285,3 @@ int topo_node_of_gpu(Daemon *d, int gpu);
 int topo_bind_thread(pthread_t t, int node, char *cpus, size_t len);
 /* Prefer node for the pages of [addr, addr + len) (a shared mapping: for every user). */
 int topo_prefer_memory(void *addr, size_t len, int node);
-
-/* devald.c */
-void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int nfds,
-                     const uint64_t *sizes, uint64_t gen, uint64_t dev_gen, uint32_t flags);

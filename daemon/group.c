@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "conn.h"
 #include "daemon.h"
 #include "gpu_worker.h"
 #include "log.h"
