@@ -6,7 +6,6 @@
 #define _GNU_SOURCE
 #include "backend.h"
 
-
 #include "config.h"
 #include "daemon.h"
 #include "gpu_worker.h"

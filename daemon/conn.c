@@ -15,6 +15,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "sock.h"
+#include "usage.h"
 #include "util.h"
 
 #define MAX_CONNS 4096

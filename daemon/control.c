@@ -14,7 +14,9 @@
 #include "check.h"
 #include "conn.h"
 #include "daemon.h"
+#include "flight_dump.h"
 #include "log.h"
+#include "proc.h"
 #include "sock.h"
 #include "util.h"
 

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "arena.h"
 #include "flight.h"
 #include "gpu.h"
 #include "plan.h"
@@ -38,42 +39,6 @@ typedef struct Usage {
         int fds; /* descriptors devald holds for it: 2 a connection, a group's segments */
         _Atomic uint64_t bytes;
 } Usage;
-
-typedef struct {
-        int fd;
-        uint8_t *map;
-        uint64_t size;
-} Arena;
-
-#define ARENA_NULL ((Arena){.fd = -1})
-
-/* Who writes an arena: both (the control segment), the client (input), devald (output). */
-enum {
-        ARENA_SHARED,
-        ARENA_INPUT,
-        ARENA_OUTPUT
-};
-int arena_new(const char *name, uint64_t size, int kind, Arena *ret);
-void arena_deinit(Arena *a);
-
-/*
- * Device memory a group shares with its ranks (cuda backend), made by the GPU's worker
- * process (gpu_worker.h); devald holds the export descriptor, which maps it into the ranks
- * and into other GPUs' workers.
- */
-typedef struct DevArena {
-        int device;   /* devald's ordinal; -1: none */
-        int fd;       /* the export descriptor */
-        DvDevPtr ptr; /* where the worker mapped it (nonzero: allocated) */
-        uint64_t size;
-        uint64_t id;  /* names it to the workers */
-        uint32_t gen; /* the worker generation that made it */
-} DevArena;
-
-#define DEV_ARENA_NULL ((DevArena){.device = -1, .fd = -1})
-
-int dev_arena_new(int device, uint64_t size, DevArena *ret);
-void dev_arena_deinit(DevArena *a);
 
 enum {
         MEMBER_EMPTY = 0,
@@ -227,26 +192,12 @@ struct Daemon {
 /* group.c */
 int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msglen);
 void group_member_gone(Group *g, int rank, bool left);
-enum {
-        PROC_RUNNING, /* or gone without a trace */
-        PROC_STOPPED,
-        PROC_ENDED /* a zombie: buf says how it ended */
-};
-int proc_state(pid_t pid, char *buf, size_t len);
-long long proc_stat_field(pid_t pid, int n);
 void group_fail(Group *g, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns);
 void group_maybe_free(Group *g);
 int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, size_t msglen);
 int group_output_fd(Group *g, uint64_t *size, uint64_t *gen);
-int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, char *why,
-                size_t whylen);
-void group_quota_undo(Group *g, uint64_t reserved);
 void group_expire_idle(Daemon *d, uint64_t now, int64_t *next_ns);
-char *group_flight_json(Group *g, size_t *ret_len);
-void group_flight_dump(Group *g, const char *why);
-Usage *usage_get(Daemon *d, uid_t uid);
-void usage_put(Daemon *d, Usage *u);
 int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char *msg,
                          size_t msglen);
 int group_dev_output_fd(Group *g, int rank, uint64_t *size, uint64_t *gen);

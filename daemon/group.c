@@ -6,77 +6,18 @@
  * holds it.
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "check.h"
 #include "conn.h"
 #include "daemon.h"
-#include "gpu_worker.h"
 #include "log.h"
+#include "proc.h"
+#include "usage.h"
 #include "util.h"
 
 #define ARENA_INITIAL (256 * 1024)
-
-/**
- * arena_new() - a sealed memfd of size bytes, mapped into the daemon.
- * @kind: ARENA_OUTPUT: devald writes it and clients may only map it read-only
- *        (F_SEAL_FUTURE_WRITE); ARENA_INPUT: a client writes it and devald maps it read-only;
- *        ARENA_SHARED: both write it.
- * Return: 0, or DEVAL_ENOMEM / DEVAL_ESYS.
- */
-int arena_new(const char *name, uint64_t size, int kind, Arena *ret) {
-        _cleanup_(closep) int fd = -1;
-        int seals = F_SEAL_SHRINK | F_SEAL_GROW;
-
-        fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd < 0)
-                return DEVAL_ESYS;
-        if (ftruncate(fd, (off_t)size) < 0)
-                return errno == ENOSPC || errno == ENOMEM ? DEVAL_ENOMEM : DEVAL_ESYS;
-        int prot = kind == ARENA_INPUT ? PROT_READ : PROT_READ | PROT_WRITE;
-        void *map = mmap(NULL, size ? size : 1, prot, MAP_SHARED, fd, 0);
-        if (map == MAP_FAILED)
-                return DEVAL_ENOMEM;
-        if (kind == ARENA_OUTPUT)
-                seals |= F_SEAL_FUTURE_WRITE;
-        if (fcntl(fd, F_ADD_SEALS, seals | F_SEAL_SEAL) < 0) {
-                munmap(map, size ? size : 1);
-                return DEVAL_ESYS;
-        }
-        *ret = (Arena){.fd = TAKE_FD(fd), .map = map, .size = size};
-        return 0;
-}
-
-void arena_deinit(Arena *a) {
-        if (a->map)
-                munmap(a->map, a->size ? a->size : 1);
-        if (a->fd >= 0)
-                close(a->fd);
-        *a = ARENA_NULL;
-}
-
-/**
- * dev_arena_new() - size bytes of shareable memory on devald's GPU device (cuda backend).
- * Return: 0, or DEVAL_ENOMEM / DEVAL_ESYS with dv_gpu_error() saying why.
- */
-int dev_arena_new(int device, uint64_t size, DevArena *ret) {
-        return gpuw_alloc(device, size, ret);
-}
-
-void dev_arena_deinit(DevArena *a) {
-        gpuw_free(a);
-        *a = DEV_ARENA_NULL;
-}
 
 /* The live group called name (forming or active), or NULL. */
 Group *group_lookup(Daemon *d, const char *name) {
@@ -84,50 +25,6 @@ Group *group_lookup(Daemon *d, const char *name) {
                 if (g->listed && strcmp(g->name, name) == 0)
                         return g;
         return NULL;
-}
-
-/**
- * usage_get() - uid's record, made on first use. Return: it, or NULL out of memory.
- */
-Usage *usage_get(Daemon *d, uid_t uid) {
-        for (Usage *u = d->usage; u; u = u->next)
-                if (u->uid == uid)
-                        return u;
-        Usage *u = calloc(1, sizeof(*u));
-        if (!u)
-                return NULL;
-        u->uid = uid;
-        u->next = d->usage;
-        d->usage = u;
-        return u;
-}
-
-/**
- * usage_put() - forget u once its uid holds nothing in devald. Accepts NULL.
- */
-void usage_put(Daemon *d, Usage *u) {
-        if (!u || u->conns || u->groups || u->fds || atomic_load(&u->bytes))
-                return;
-        for (Usage **p = &d->usage; *p; p = &(*p)->next)
-                if (*p == u) {
-                        *p = u->next;
-                        break;
-                }
-        free(u);
-}
-
-/*
- * Take n more bytes for u's groups if that stays within limit. Any thread: two groups of a
- * uid that grow at once each get a share or a refusal, never the same bytes.
- */
-static bool usage_reserve(Usage *u, uint64_t limit, uint64_t n) {
-        uint64_t have = atomic_load_explicit(&u->bytes, memory_order_relaxed);
-        do {
-                if (n > limit || have > limit - n)
-                        return false;
-        } while (!atomic_compare_exchange_weak_explicit(
-                &u->bytes, &have, have + n, memory_order_relaxed, memory_order_relaxed));
-        return true;
 }
 
 static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret) {
@@ -598,73 +495,6 @@ static void group_where(Group *g, char *buf, size_t len) {
                 snprintf(buf, len, "before its first collective");
 }
 
-/*
- * /proc/PID/stat into buf, and where its field 3 (the state) starts: past the command's
- * name, which may hold anything but not a ')' after the last one. NULL when unreadable.
- */
-static const char *proc_stat_read(pid_t pid, char *buf, size_t len) {
-        char path[32];
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return NULL;
-        ssize_t n = read(fd, buf, len - 1);
-        close(fd);
-        if (n <= 0)
-                return NULL;
-        buf[n] = '\0';
-        char *p = strrchr(buf, ')');
-        return p && p[1] == ' ' ? p + 2 : NULL;
-}
-
-/* Field n (numbered as in proc(5), n >= 3) of a stat line whose field 3 starts at f3. */
-static const char *stat_field(const char *f3, int n) {
-        for (int i = 3; f3 && i < n; i++) {
-                f3 = strchr(f3, ' ');
-                f3 = f3 ? f3 + 1 : NULL;
-        }
-        return f3;
-}
-
-/**
- * proc_stat_field() - field n (n >= 4, numbered as in proc(5)) of /proc/PID/stat as a
- * number, or -1 when there is none.
- */
-long long proc_stat_field(pid_t pid, int n) {
-        char stat[1024];
-        const char *f = stat_field(proc_stat_read(pid, stat, sizeof(stat)), n);
-        return f ? atoll(f) : -1;
-}
-
-/**
- * proc_state() - how process pid is, as far as /proc tells, in buf: " was killed by signal
- * 9 (Killed)" or " exited with status 3" while it is a zombie nobody reaped yet, " is
- * stopped" (SIGSTOP, or a debugger), else "" (running, or gone without a trace).
- * Return: PROC_ENDED, PROC_STOPPED or PROC_RUNNING accordingly.
- */
-int proc_state(pid_t pid, char *buf, size_t len) {
-        char stat[1024];
-        buf[0] = '\0';
-        const char *f3 = proc_stat_read(pid, stat, sizeof(stat));
-        if (!f3)
-                return PROC_RUNNING;
-        if (*f3 == 'T' || *f3 == 't') {
-                snprintf(buf, len, " is stopped");
-                return PROC_STOPPED;
-        }
-        /* field 52, exit_code (Linux 3.5): a zombie's wait status */
-        const char *f52 = *f3 == 'Z' ? stat_field(f3, 52) : NULL;
-        if (!f52)
-                return PROC_RUNNING;
-        int status = atoi(f52);
-        if (WIFSIGNALED(status))
-                snprintf(buf, len, " was killed by signal %d (%s)", WTERMSIG(status),
-                         strsignal(WTERMSIG(status)));
-        else if (WIFEXITED(status))
-                snprintf(buf, len, " exited with status %d", WEXITSTATUS(status));
-        return PROC_ENDED;
-}
-
 /**
  * group_member_gone() - rank's client left (left=true) or hung up. A forming group gives the
  * rank back; an active group fails with DEVAL_EPEER naming the rank and its pid.
@@ -732,98 +562,6 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns) {
                 }
                 p = &g->next;
         }
-}
-
-/**
- * group_quota() - size a replacement for an arena of current bytes that must hold size.
- * Growth is by half again at least (a few regrowths for a growing workload), but never past
- * the group's quota, which counts every arena of the group (bytes_mapped).
- * @ret_want: the size to allocate; the caller adds want - current to bytes_mapped.
- * Return: 0, or DEVAL_ENOMEM when even size does not fit.
- */
-int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, char *why,
-                size_t whylen) {
-        uint64_t max = g->d->max_group_bytes, user_max = g->d->max_user_bytes;
-        pthread_mutex_lock(&g->lock);
-        uint64_t others = g->bytes_mapped - current;
-        pthread_mutex_unlock(&g->lock);
-        if (size > max || others + size > max) {
-                snprintf(why, whylen, "group '%s' past its quota of %llu bytes (--max-group-bytes)",
-                         g->name, (unsigned long long)max);
-                return DEVAL_ENOMEM;
-        }
-        uint64_t want = DV_ALIGN(DV_MAX(size, current + current / 2), 4096);
-        if (others + want > max)
-                want = DV_ALIGN(size, 4096);
-        /* the uid's quota across its groups: take the growth now */
-        if (want > current && !usage_reserve(g->usage, user_max, want - current)) {
-                want = DV_ALIGN(size, 4096);
-                if (want > current && !usage_reserve(g->usage, user_max, want - current)) {
-                        snprintf(why, whylen,
-                                 "uid %u past its quota of %llu bytes across its groups "
-                                 "(--max-user-bytes)",
-                                 (unsigned)g->uid, (unsigned long long)user_max);
-                        return DEVAL_ENOMEM;
-                }
-        }
-        *ret_want = want;
-        return 0;
-}
-
-/**
- * group_quota_undo() - give back what group_quota() reserved (want - current) when the
- * arena could not be made after all.
- */
-void group_quota_undo(Group *g, uint64_t reserved) {
-        atomic_fetch_sub(&g->usage->bytes, reserved);
-}
-
-/**
- * group_flight_json() - g's flight recorder as JSON (malloc'd), or NULL out of memory.
- */
-char *group_flight_json(Group *g, size_t *ret_len) {
-        pthread_mutex_lock(&g->lock);
-        char *json = flight_json(&g->flight, g->name, ret_len);
-        pthread_mutex_unlock(&g->lock);
-        return json;
-}
-
-/**
- * group_flight_dump() - write g's flight recorder beside devald's socket, as
- * flight-NAME.json (0600, owned by the group's uid when devald is root), and into the log:
- * whole when it is short, else where the file is. Any thread.
- */
-void group_flight_dump(Group *g, const char *why) {
-        size_t len;
-        _cleanup_(freep) char *json = group_flight_json(g, &len);
-        if (!json)
-                return;
-        char path[PATH_MAX], name[DV_GROUP_NAME_MAX];
-        snprintf(name, sizeof(name), "%s", g->name);
-        for (char *p = name; *p; p++) /* a file name of the group's, whatever it holds */
-                if (!(*p == '-' || *p == '_' || *p == '.' || (*p >= '0' && *p <= '9') ||
-                      (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')))
-                        *p = '_';
-        snprintf(path, sizeof(path), "%s", g->d->socket_path);
-        char *slash = strrchr(path, '/');
-        size_t dir = slash ? (size_t)(slash - path) : 1;
-        snprintf(path + dir, sizeof(path) - dir, "/flight-%s.json", name);
-        if (!slash)
-                path[0] = '.';
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-        if (fd < 0 || fchmod(fd, 0600) < 0 || write(fd, json, len) != (ssize_t)len) {
-                log_warn("group '%s': cannot write its flight recorder to %s: %m", g->name, path);
-        } else if (geteuid() == 0 && fchown(fd, g->uid, (gid_t)-1) < 0) {
-                log_warn("group '%s': cannot give %s to uid %u: %m", g->name, path,
-                         (unsigned)g->uid);
-        }
-        if (fd >= 0)
-                close(fd);
-        if (len < 16384)
-                log_info("group '%s' %s; flight recorder (%s): %.*s", g->name, why, path,
-                         (int)len - 1, json);
-        else
-                log_info("group '%s' %s; flight recorder in %s", g->name, why, path);
 }
 
 /**

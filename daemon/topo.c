@@ -5,16 +5,10 @@
  * bus id). Built without hwloc, it reports the CPU count alone.
  */
 #define _GNU_SOURCE
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "daemon.h"
 #include "gpu_worker.h"
-#include "log.h"
+#include "proc.h"
 #include "util.h"
 
 #ifdef DEVAL_HAVE_HWLOC

@@ -14,7 +14,10 @@
 
 #include "daemon.h"
 #include "fault.h"
+#include "flight_dump.h"
 #include "log.h"
+#include "proc.h"
+#include "usage.h"
 #include "util.h"
 
 #define SLICE_NS (100 * 1000 * 1000)

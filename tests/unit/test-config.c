@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test-config.c - devald's options (daemon/config.c): a configuration file's lines go ahead
+ * of the command line, which wins; blank lines and comments are skipped, spaces around '='
+ * and at the end are not part of the value; every malformed line is refused naming the file
+ * and the line; --config '' reads none; the defaults without any.
+ */
+/* cmocka needs these first */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+
+static char path[64];
+
+static void write_config(const char *text) {
+        snprintf(path, sizeof(path), "/tmp/deval-config-%d.conf", (int)getpid());
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(text, f);
+        fclose(f);
+}
+
+/* config_parse() on argv, with what it said on stderr in err. */
+static int parse(Daemon *d, char **argv, char *err, size_t len) {
+        int argc = 0;
+        while (argv[argc])
+                argc++;
+        memset(d, 0, sizeof(*d));
+        fflush(stderr);
+        FILE *tmp = tmpfile();
+        int saved = dup(2);
+        dup2(fileno(tmp), 2);
+        int r = config_parse(d, argc, argv);
+        fflush(stderr);
+        dup2(saved, 2);
+        close(saved);
+        rewind(tmp);
+        size_t n = fread(err, 1, len - 1, tmp);
+        err[n] = '\0';
+        fclose(tmp);
+        return r;
+}
+
+static void test_file_then_command_line(void **state) {
+        (void)state;
+        Daemon d;
+        char err[512];
+        write_config("# devald.conf\n\n  max-group-bytes = 64M  \nthreads=3\nmax-world =\t12\n"
+                     "socket = /tmp/x.sock\n");
+        char *argv[] = {"devald", "--config", path, "--threads", "5", NULL};
+        assert_int_equal(parse(&d, argv, err, sizeof(err)), -1);
+        assert_int_equal(d.max_group_bytes, 64u << 20);
+        assert_int_equal(d.threads, 5); /* the command line wins */
+        assert_int_equal(d.max_world, 12);
+        assert_string_equal(d.socket_path, "/tmp/x.sock");
+        assert_string_equal(d.config_path, path);
+        unlink(path);
+}
+
+static void test_malformed_lines(void **state) {
+        (void)state;
+        static const struct {
+                const char *text, *says;
+        } cases[] = {
+                {"threads = 2\nbogus = 1\n", ":2: unknown option"},
+                {"threads =\n", ":1: the value is missing"},
+                {"threads 4\n", ":1: expected 'option = value'"},
+                {"config = /etc/other.conf\n", ":1: unknown option"},
+                {"help = yes\n", ":1: unknown option"},
+                {"max-group-bytes = 12Q\n", "max-group-bytes"},
+                {"threads = 0\n", "threads"},
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                Daemon d;
+                char err[512];
+                write_config(cases[i].text);
+                char *argv[] = {"devald", "--config", path, NULL};
+                int r = parse(&d, argv, err, sizeof(err));
+                if (r != 2 || !strstr(err, cases[i].says))
+                        fail_msg("'%s': %d, said '%s' (want 2 and '%s')", cases[i].text, r, err,
+                                 cases[i].says);
+                unlink(path);
+        }
+}
+
+static void test_no_file(void **state) {
+        (void)state;
+        Daemon d;
+        char err[512];
+        char *none[] = {"devald", "--config=", NULL};
+        assert_int_equal(parse(&d, none, err, sizeof(err)), -1);
+        assert_string_equal(d.config_path, "");
+        assert_true(d.threads >= 1 && d.threads <= 8);
+        assert_int_equal(d.max_groups, 1024);
+        assert_true(d.max_group_bytes > 0 && d.max_user_bytes >= d.max_group_bytes);
+        char *missing[] = {"devald", "--config", "/nonexistent/devald.conf", NULL};
+        assert_int_equal(parse(&d, missing, err, sizeof(err)), 2);
+        assert_non_null(strstr(err, "cannot read /nonexistent/devald.conf"));
+        char *stray[] = {"devald", "--config=", "extra", NULL};
+        assert_int_equal(parse(&d, stray, err, sizeof(err)), 2);
+        assert_non_null(strstr(err, "unexpected argument 'extra'"));
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_file_then_command_line),
+                cmocka_unit_test(test_malformed_lines),
+                cmocka_unit_test(test_no_file),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
