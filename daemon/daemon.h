@@ -27,7 +27,7 @@ typedef struct Conn Conn;
 
 /*
  * What one uid holds in devald, against its quotas (--max-user-*). conns and groups are
- * the main thread's; bytes (every arena of its groups) is reserved by group_quota() from
+ * the main thread's; bytes (every arena of its groups) is reserved by charge_take() from
  * any thread before an arena is made, so two groups growing at once cannot both take the
  * last bytes. A record lives while the uid holds anything.
  */

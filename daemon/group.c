@@ -613,30 +613,30 @@ int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, s
         char name[96];
         int r;
 
-        uint64_t want;
+        Charge ch;
         /* bytes_mapped counts the arena the rank will use next: the pending one, if any */
         pthread_mutex_lock(&g->lock);
         uint64_t current = m->in_pending.map ? m->in_pending.size : m->in.size;
         pthread_mutex_unlock(&g->lock);
         char why[160];
-        if (group_quota(g, current, size, &want, why, sizeof(why)) < 0) {
+        if (charge_take(g, current, size, &ch, why, sizeof(why)) < 0) {
                 snprintf(msg, msglen, "rank %d needs %llu bytes of input, which would take %s",
                          rank, (unsigned long long)size, why);
                 return DEVAL_ENOMEM;
         }
         snprintf(name, sizeof(name), "deval-in-%s-%d", g->name, rank);
-        if ((r = arena_new(name, want, ARENA_INPUT, &a)) == 0)
-                topo_prefer_memory(a.map, want, m->numa);
+        if ((r = arena_new(name, ch.want, ARENA_INPUT, &a)) == 0)
+                topo_prefer_memory(a.map, ch.want, m->numa);
         if (r < 0) {
-                group_quota_undo(g, want - current);
+                charge_drop(&ch);
                 snprintf(msg, msglen, "devald could not allocate %llu bytes: %s",
-                         (unsigned long long)want, deval_strerror(r));
+                         (unsigned long long)ch.want, deval_strerror(r));
                 return r;
         }
         pthread_mutex_lock(&g->lock);
         arena_deinit(&m->in_pending);
         m->in_pending = a;
-        g->bytes_mapped += want - current;
+        charge_commit(&ch);
         pthread_mutex_unlock(&g->lock);
         *ret = a;
         return 0;
@@ -651,27 +651,27 @@ int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char 
         DevArena a;
         int r;
 
-        uint64_t want;
+        Charge ch;
         pthread_mutex_lock(&g->lock);
         uint64_t current = m->din_pending.ptr ? m->din_pending.size : m->din.size;
         pthread_mutex_unlock(&g->lock);
         char why[160];
-        if (group_quota(g, current, size, &want, why, sizeof(why)) < 0) {
+        if (charge_take(g, current, size, &ch, why, sizeof(why)) < 0) {
                 snprintf(msg, msglen,
                          "rank %d needs %llu bytes of device input, which would take %s", rank,
                          (unsigned long long)size, why);
                 return DEVAL_ENOMEM;
         }
-        if ((r = dev_arena_new(m->device, want, &a)) < 0) {
-                group_quota_undo(g, want - current);
+        if ((r = dev_arena_new(m->device, ch.want, &a)) < 0) {
+                charge_drop(&ch);
                 snprintf(msg, msglen, "devald could not allocate %llu bytes on GPU %d: %s",
-                         (unsigned long long)want, m->device, dv_gpu_error());
+                         (unsigned long long)ch.want, m->device, dv_gpu_error());
                 return r;
         }
         pthread_mutex_lock(&g->lock);
         dev_arena_deinit(&m->din_pending);
         m->din_pending = a;
-        g->bytes_mapped += want - current;
+        charge_commit(&ch);
         pthread_mutex_unlock(&g->lock);
         *ret = a;
         return 0;

@@ -56,14 +56,13 @@ bool usage_reserve(Usage *u, uint64_t limit, uint64_t n) {
 }
 
 /**
- * group_quota() - size a replacement for an arena of current bytes that must hold size.
+ * charge_take() - size a replacement for an arena of current bytes that must hold size.
  * Growth is by half again at least (a few regrowths for a growing workload), but never past
  * the group's quota, which counts every arena of the group (bytes_mapped).
- * @ret_want: the size to allocate; the caller adds want - current to bytes_mapped.
+ * @ret: the charge; ret->want is the size to allocate. Commit or drop it.
  * Return: 0, or DEVAL_ENOMEM when even size does not fit.
  */
-int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, char *why,
-                size_t whylen) {
+int charge_take(Group *g, uint64_t current, uint64_t size, Charge *ret, char *why, size_t whylen) {
         uint64_t max = g->d->max_group_bytes, user_max = g->d->max_user_bytes;
         pthread_mutex_lock(&g->lock);
         uint64_t others = g->bytes_mapped - current;
@@ -87,14 +86,15 @@ int group_quota(Group *g, uint64_t current, uint64_t size, uint64_t *ret_want, c
                         return DEVAL_ENOMEM;
                 }
         }
-        *ret_want = want;
+        *ret = (Charge){.g = g, .current = current, .want = want};
         return 0;
 }
 
-/**
- * group_quota_undo() - give back what group_quota() reserved (want - current) when the
- * arena could not be made after all.
- */
-void group_quota_undo(Group *g, uint64_t reserved) {
-        atomic_fetch_sub(&g->usage->bytes, reserved);
+void charge_commit(Charge *c) {
+        c->g->bytes_mapped += c->want - c->current;
+}
+
+void charge_drop(Charge *c) {
+        if (c->want > c->current)
+                atomic_fetch_sub(&c->g->usage->bytes, c->want - c->current);
 }

@@ -289,27 +289,27 @@ int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen) {
 
         if (size <= g->out.size)
                 return 0;
-        uint64_t want, current = g->out.size;
+        Charge ch;
         char why[160];
-        if (group_quota(g, current, size, &want, why, sizeof(why)) < 0) {
+        if (charge_take(g, g->out.size, size, &ch, why, sizeof(why)) < 0) {
                 snprintf(msg, msglen, "the result needs %llu bytes, which would take %s",
                          (unsigned long long)size, why);
                 return DEVAL_ENOMEM;
         }
         snprintf(name, sizeof(name), "deval-out-%s", g->name);
-        if ((r = arena_new(name, want, ARENA_OUTPUT, &a)) == 0)
-                topo_prefer_memory(a.map, want, g->numa);
+        if ((r = arena_new(name, ch.want, ARENA_OUTPUT, &a)) == 0)
+                topo_prefer_memory(a.map, ch.want, g->numa);
         if (r < 0) {
-                group_quota_undo(g, want - current);
+                charge_drop(&ch);
                 snprintf(msg, msglen, "devald could not allocate %llu bytes for the result",
-                         (unsigned long long)want);
+                         (unsigned long long)ch.want);
                 return r;
         }
         pthread_mutex_lock(&g->lock);
         Arena old = g->out;
         g->out = a;
         g->out_gen++;
-        g->bytes_mapped += want - current;
+        charge_commit(&ch);
         pthread_mutex_unlock(&g->lock);
         arena_deinit(&old);
         g->dhdr->out_gen = g->out_gen;
@@ -326,26 +326,26 @@ int worker_ensure_dev_output(Group *g, uint64_t size, char *msg, size_t msglen) 
                 DevArena *cur = &g->dout[dev], a;
                 if (cur->device < 0 || size <= cur->size)
                         continue;
-                uint64_t want, current = cur->size;
+                Charge ch;
                 char why[160];
-                if (group_quota(g, current, size, &want, why, sizeof(why)) < 0) {
+                if (charge_take(g, cur->size, size, &ch, why, sizeof(why)) < 0) {
                         snprintf(msg, msglen,
                                  "the result needs %llu bytes on GPU %d, which would take %s",
                                  (unsigned long long)size, dev, why);
                         return DEVAL_ENOMEM;
                 }
-                int r = dev_arena_new(dev, want, &a);
+                int r = dev_arena_new(dev, ch.want, &a);
                 if (r < 0) {
-                        group_quota_undo(g, want - current);
+                        charge_drop(&ch);
                         snprintf(msg, msglen, "devald could not allocate %llu bytes on GPU %d: %s",
-                                 (unsigned long long)want, dev, dv_gpu_error());
+                                 (unsigned long long)ch.want, dev, dv_gpu_error());
                         return r;
                 }
                 pthread_mutex_lock(&g->lock);
                 DevArena old = *cur;
                 *cur = a; /* its fd stays open: ranks fetch it with DV_MSG_DEV_OUTPUT */
                 g->dev_out_gen++;
-                g->bytes_mapped += want - current;
+                charge_commit(&ch);
                 pthread_mutex_unlock(&g->lock);
                 dev_arena_deinit(&old);
                 g->dhdr->dev_out_gen = g->dev_out_gen;

@@ -4,7 +4,7 @@
  * records made once per uid and forgotten when empty; a reservation never passes the uid's
  * limit, also when threads race for the last bytes; an arena's growth by half again, cut
  * down to what is needed near the group's or the uid's quota, refused past either with a
- * message naming the option, and given back.
+ * message naming the option, and committed to the group or given back.
  */
 /* cmocka needs these first */
 /* clang-format off */
@@ -100,25 +100,28 @@ static void test_growth_and_quotas(void **state) {
         Usage u = {.uid = 1000};
         Group g;
         char why[256];
-        uint64_t want;
+        Charge ch;
         /* a 1 MiB arena of a group holding 2 MiB grows by half again at least */
         group_init(&g, &d, &u, 2u << 20);
-        assert_int_equal(group_quota(&g, 1u << 20, (1u << 20) + 1, &want, why, sizeof(why)), 0);
-        assert_int_equal(want, 3u << 19);
-        assert_int_equal(atomic_load(&u.bytes), want - (1u << 20)); /* the growth, taken */
+        assert_int_equal(charge_take(&g, 1u << 20, (1u << 20) + 1, &ch, why, sizeof(why)), 0);
+        assert_int_equal(ch.want, 3u << 19);
+        assert_int_equal(atomic_load(&u.bytes), ch.want - (1u << 20)); /* the growth, taken */
+        charge_commit(&ch); /* in place: the group counts it */
+        assert_int_equal(g.bytes_mapped, (2u << 20) + ch.want - (1u << 20));
+        g.bytes_mapped = 2u << 20;
         /* a large request gets what it asks, page-aligned */
         atomic_store(&u.bytes, 0);
-        assert_int_equal(group_quota(&g, 1u << 20, 100000000, &want, why, sizeof(why)), 0);
-        assert_int_equal(want, 100003840); /* 100000000 up to a page */
-        group_quota_undo(&g, want - (1u << 20));
+        assert_int_equal(charge_take(&g, 1u << 20, 100000000, &ch, why, sizeof(why)), 0);
+        assert_int_equal(ch.want, 100003840); /* 100000000 up to a page */
+        charge_drop(&ch);
         assert_int_equal(atomic_load(&u.bytes), 0);
         /* near the group's quota: no headroom, just what is needed */
         g.bytes_mapped = (1u << 30) - (100u << 20);
-        assert_int_equal(group_quota(&g, 1u << 20, 80u << 20, &want, why, sizeof(why)), 0);
-        assert_int_equal(want, 80u << 20);
+        assert_int_equal(charge_take(&g, 1u << 20, 80u << 20, &ch, why, sizeof(why)), 0);
+        assert_int_equal(ch.want, 80u << 20);
         atomic_store(&u.bytes, 0);
         /* past it: refused, naming the option, nothing taken */
-        assert_int_equal(group_quota(&g, 1u << 20, 200u << 20, &want, why, sizeof(why)),
+        assert_int_equal(charge_take(&g, 1u << 20, 200u << 20, &ch, why, sizeof(why)),
                          DEVAL_ENOMEM);
         assert_non_null(strstr(why, "--max-group-bytes"));
         assert_non_null(strstr(why, "'eval'"));
@@ -126,10 +129,9 @@ static void test_growth_and_quotas(void **state) {
         /* the uid's quota across groups: the headroom first goes, then the request */
         g.bytes_mapped = 1u << 20;
         atomic_store(&u.bytes, (3u << 29) - (64u << 20));
-        assert_int_equal(group_quota(&g, 1u << 20, 60u << 20, &want, why, sizeof(why)), 0);
-        assert_int_equal(want, 60u << 20);
-        assert_int_equal(group_quota(&g, 1u << 20, 60u << 20, &want, why, sizeof(why)),
-                         DEVAL_ENOMEM);
+        assert_int_equal(charge_take(&g, 1u << 20, 60u << 20, &ch, why, sizeof(why)), 0);
+        assert_int_equal(ch.want, 60u << 20);
+        assert_int_equal(charge_take(&g, 1u << 20, 60u << 20, &ch, why, sizeof(why)), DEVAL_ENOMEM);
         assert_non_null(strstr(why, "--max-user-bytes"));
         assert_non_null(strstr(why, "uid 1000"));
         pthread_mutex_destroy(&g.lock);
