@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "conn.h"
 
+#include <assert.h>
 #include <poll.h>
 #include <stdio.h>
 #include <sys/epoll.h>
@@ -22,26 +23,40 @@
 
 static int nconns;
 
-/**
- * conn_send_reply(, 0, 0) - answer c with a DvReply, descriptors and sizes. A client that does not
- * read its socket is not waited for: the send never blocks, and a failed send is logged.
- */
-void conn_send_reply(Conn *c, int status, const char *msg, const int *fds, int nfds,
-                     const uint64_t *sizes, uint64_t gen, uint64_t dev_gen, uint32_t flags) {
-        DvReply r = {.hdr = {DV_PROTO_VERSION, DV_MSG_REPLY},
-                     .status = status,
-                     .nfds = (uint32_t)nfds,
-                     .gen = gen,
-                     .dev_gen = dev_gen,
-                     .flags = flags};
-        for (int i = 0; i < nfds; i++)
-                r.size[i] = sizes[i];
-        snprintf(r.msg, sizeof(r.msg), "%s", msg ? msg : "");
+/* Send r; a client that does not read its socket is not waited for, a failed send is logged. */
+static void conn_send(Conn *c, const DvReply *r, const int *fds, int nfds) {
         if (c->hangup_ns) /* nobody is listening */
                 return;
-        ssize_t n = dv_send_msg(c->fd, &r, sizeof(r), fds, nfds, MSG_DONTWAIT);
+        ssize_t n = dv_send_msg(c->fd, r, sizeof(*r), fds, nfds, MSG_DONTWAIT);
         if (n < 0)
                 log_warn("could not answer pid %d: %s", (int)c->pid, strerror((int)-n));
+}
+
+/**
+ * conn_reply() - answer c's request with status and msg (shown to the user as it is: say
+ * what was wrong and what to change). Never blocks.
+ */
+void conn_reply(Conn *c, int status, const char *msg) {
+        DvReply r = {.hdr = {DV_PROTO_VERSION, DV_MSG_REPLY}, .status = status};
+        snprintf(r.msg, sizeof(r.msg), "%s", msg ? msg : "");
+        conn_send(c, &r, NULL, 0);
+}
+
+/**
+ * conn_reply_segments() - answer c's request with success and shared segments: s->n
+ * descriptors (still devald's: the kernel duplicates them) with their sizes, the output
+ * generations and DV_REPLY_* flags. Never blocks.
+ */
+void conn_reply_segments(Conn *c, const ConnSegments *s) {
+        DvReply r = {.hdr = {DV_PROTO_VERSION, DV_MSG_REPLY},
+                     .nfds = (uint32_t)s->n,
+                     .gen = s->gen,
+                     .dev_gen = s->dev_gen,
+                     .flags = s->flags};
+        assert(s->n >= 0 && s->n <= (int)DV_ARRAY_SIZE(r.size));
+        for (int i = 0; i < s->n; i++)
+                r.size[i] = s->sizes[i];
+        conn_send(c, &r, s->fds, s->n);
 }
 
 /*
@@ -181,7 +196,7 @@ void conns_accept(Daemon *d) {
                                          (unsigned)cred.uid, u->fds);
                         c->fd = fd;
                         c->pid = cred.pid;
-                        conn_send_reply(c, DEVAL_ENOMEM, msg, NULL, 0, NULL, 0, 0, 0);
+                        conn_reply(c, DEVAL_ENOMEM, msg);
                         close(fd);
                         free(c);
                         if (refused++ % 1000 == 0)

@@ -101,7 +101,7 @@ static Group *group_for(Daemon *d, Conn *c, const DvNameReq *req) {
         } else {
                 return g;
         }
-        conn_send_reply(c, status, msg, NULL, 0, NULL, 0, 0, 0);
+        conn_reply(c, status, msg);
         return NULL;
 }
 
@@ -180,8 +180,7 @@ static void handle_abort(Daemon *d, Conn *c, const DvNameReq *req) {
                 g->state = DV_GROUP_FAILED;
                 for (int k = 0; k < g->world; k++)
                         if (g->members[k].conn)
-                                conn_send_reply(g->members[k].conn, DEVAL_EABORTED, msg, NULL, 0,
-                                                NULL, 0, 0, 0);
+                                conn_reply(g->members[k].conn, DEVAL_EABORTED, msg);
         } else {
                 char why[64];
                 snprintf(why, sizeof(why), "was aborted by uid %u", (unsigned)c->uid);
@@ -189,7 +188,7 @@ static void handle_abort(Daemon *d, Conn *c, const DvNameReq *req) {
                 group_fail(g, DEVAL_EABORTED, "group '%s' was aborted by uid %u (deval-ctl abort)",
                            g->name, (unsigned)c->uid);
         }
-        conn_send_reply(c, 0, "", NULL, 0, NULL, 0, 0, 0);
+        conn_reply(c, 0, "");
 }
 
 /* deval-ctl dump NAME: the group's flight recorder, as JSON in a sealed memfd. */
@@ -204,12 +203,11 @@ static void handle_dump(Daemon *d, Conn *c, const DvNameReq *req) {
                 json ? memfd_create("deval-flight", MFD_CLOEXEC | MFD_ALLOW_SEALING) : -1;
         if (fd < 0 || write(fd, json, len) != (ssize_t)len ||
             fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-                conn_send_reply(c, DEVAL_ENOMEM, "devald could not write the recorder out", NULL, 0,
-                                NULL, 0, 0, 0);
+                conn_reply(c, DEVAL_ENOMEM, "devald could not write the recorder out");
                 return;
         }
         uint64_t size = len;
-        conn_send_reply(c, 0, "", &fd, 1, &size, 0, 0, 0);
+        conn_reply_segments(c, &(ConnSegments){.fds = &fd, .sizes = &size, .n = 1});
 }
 
 /* One message from c. Return: false when the connection must be closed. */
@@ -244,7 +242,7 @@ bool control_handle(Daemon *d, Conn *c) {
                          "devald %s speaks protocol version %d; use the libdeval of its version",
                          DV_VERSION_STRING, DV_PROTO_VERSION);
                 log_warn("pid %d speaks another protocol version; closing", (int)c->pid);
-                conn_send_reply(c, DEVAL_EPROTO, why, NULL, 0, NULL, 0, 0, 0);
+                conn_reply(c, DEVAL_EPROTO, why);
                 return false;
         }
         switch (dv_msg_check(&m, (size_t)n)) {
@@ -252,7 +250,7 @@ bool control_handle(Daemon *d, Conn *c) {
                 int r = group_join(d, c, &m.join, msg, sizeof(msg));
                 if (r < 0) {
                         log_info("join refused for pid %d: %s", (int)c->pid, msg);
-                        conn_send_reply(c, r, msg, NULL, 0, NULL, 0, 0, 0);
+                        conn_reply(c, r, msg);
                 }
                 return true;
         }
@@ -260,9 +258,8 @@ bool control_handle(Daemon *d, Conn *c) {
                 Group *g = c->group;
                 Arena a;
                 if (!g || g->state != DV_GROUP_ACTIVE) {
-                        conn_send_reply(c, g ? DEVAL_EABORTED : DEVAL_EPROTO,
-                                        "this connection has no active group", NULL, 0, NULL, 0, 0,
-                                        0);
+                        conn_reply(c, g ? DEVAL_EABORTED : DEVAL_EPROTO,
+                                   "this connection has no active group");
                         return true;
                 }
                 if (m.grow.device) {
@@ -271,19 +268,21 @@ bool control_handle(Daemon *d, Conn *c) {
                                                                        msg, sizeof(msg))
                                                 : DEVAL_EPROTO;
                         if (r < 0) {
-                                conn_send_reply(c, r, g->device_group ? msg : "not a device group",
-                                                NULL, 0, NULL, 0, 0, 0);
+                                conn_reply(c, r, g->device_group ? msg : "not a device group");
                                 return true;
                         }
-                        conn_send_reply(c, 0, "", &da.fd, 1, &da.size, 0, 0, DV_REPLY_DEVICE);
+                        conn_reply_segments(c, &(ConnSegments){.fds = &da.fd,
+                                                               .sizes = &da.size,
+                                                               .n = 1,
+                                                               .flags = DV_REPLY_DEVICE});
                         return true;
                 }
                 int r = group_grow_input(g, c->rank, m.grow.size, &a, msg, sizeof(msg));
                 if (r < 0) {
-                        conn_send_reply(c, r, msg, NULL, 0, NULL, 0, 0, 0);
+                        conn_reply(c, r, msg);
                         return true;
                 }
-                conn_send_reply(c, 0, "", &a.fd, 1, &a.size, 0, 0, 0);
+                conn_reply_segments(c, &(ConnSegments){.fds = &a.fd, .sizes = &a.size, .n = 1});
                 return true;
         }
         case DV_MSG_DEV_OUTPUT: {
@@ -293,28 +292,30 @@ bool control_handle(Daemon *d, Conn *c) {
                                  ? group_dev_output_fd(g, c->rank, &size, &gen)
                                  : -1;
                 if (fd < 0) {
-                        conn_send_reply(c, DEVAL_EPROTO, "this connection has no device group",
-                                        NULL, 0, NULL, 0, 0, 0);
+                        conn_reply(c, DEVAL_EPROTO, "this connection has no device group");
                         return true;
                 }
-                conn_send_reply(c, 0, "", &fd, 1, &size, 0, gen, DV_REPLY_DEVICE);
+                conn_reply_segments(c, &(ConnSegments){.fds = &fd,
+                                                       .sizes = &size,
+                                                       .n = 1,
+                                                       .dev_gen = gen,
+                                                       .flags = DV_REPLY_DEVICE});
                 return true;
         }
         case DV_MSG_OUTPUT: {
                 Group *g = c->group;
                 uint64_t size, gen;
                 if (!g || g->state == DV_GROUP_FORMING) {
-                        conn_send_reply(c, DEVAL_EPROTO, "this connection has no active group",
-                                        NULL, 0, NULL, 0, 0, 0);
+                        conn_reply(c, DEVAL_EPROTO, "this connection has no active group");
                         return true;
                 }
                 int fd = group_output_fd(g, &size, &gen);
                 if (fd < 0) {
-                        conn_send_reply(c, DEVAL_EABORTED, "the group is closed", NULL, 0, NULL, 0,
-                                        0, 0);
+                        conn_reply(c, DEVAL_EABORTED, "the group is closed");
                         return true;
                 }
-                conn_send_reply(c, 0, "", &fd, 1, &size, gen, 0, 0);
+                conn_reply_segments(
+                        c, &(ConnSegments){.fds = &fd, .sizes = &size, .n = 1, .gen = gen});
                 return true;
         }
         case DV_MSG_LEAVE: {
@@ -325,10 +326,10 @@ bool control_handle(Daemon *d, Conn *c) {
                         c->group = NULL;
                         /* freed before the answer: what it held is back when leave returns */
                         group_maybe_free(g);
-                        conn_send_reply(c, 0, "", NULL, 0, NULL, 0, 0, 0);
+                        conn_reply(c, 0, "");
                         return true;
                 }
-                conn_send_reply(c, 0, "", NULL, 0, NULL, 0, 0, 0);
+                conn_reply(c, 0, "");
                 return true;
         }
         case DV_MSG_STATUS:
@@ -356,6 +357,6 @@ bool control_handle(Daemon *d, Conn *c) {
         }
         log_warn("malformed message (type %u, %zd bytes) from pid %d; closing", m.hdr.type, n,
                  (int)c->pid);
-        conn_send_reply(c, DEVAL_EPROTO, "malformed message", NULL, 0, NULL, 0, 0, 0);
+        conn_reply(c, DEVAL_EPROTO, "malformed message");
         return false;
 }

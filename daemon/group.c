@@ -315,7 +315,7 @@ static void group_reply_all(Group *g, int status, const char *msg) {
                 if (!m->conn)
                         continue;
                 if (status < 0) {
-                        conn_send_reply(m->conn, status, msg, NULL, 0, NULL, 0, 0, 0);
+                        conn_reply(m->conn, status, msg);
                         continue;
                 }
                 int fds[6] = {g->ctl.fd, g->done.fd, m->in.fd, g->out.fd};
@@ -328,8 +328,13 @@ static void group_reply_all(Group *g, int status, const char *msg) {
                         sizes[5] = g->dout[m->device].size;
                         n = 6;
                 }
-                conn_send_reply(m->conn, 0, "", fds, n, sizes, g->out_gen, g->dev_out_gen,
-                                g->device_group ? DV_REPLY_DEVICE : 0);
+                conn_reply_segments(
+                        m->conn, &(ConnSegments){.fds = fds,
+                                                 .sizes = sizes,
+                                                 .n = n,
+                                                 .gen = g->out_gen,
+                                                 .dev_gen = g->dev_out_gen,
+                                                 .flags = g->device_group ? DV_REPLY_DEVICE : 0});
                 /* the client maps its copies; devald keeps its own mappings */
                 close(m->in.fd);
                 m->in.fd = -1;
@@ -549,7 +554,7 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns) {
                                 if (g->members[j].state == MEMBER_EMPTY)
                                         n += snprintf(msg + n, sizeof(msg) - (size_t)n, " %d", j);
                         Conn *c = m->conn;
-                        conn_send_reply(c, DEVAL_ETIMEDOUT, msg, NULL, 0, NULL, 0, 0, 0);
+                        conn_reply(c, DEVAL_ETIMEDOUT, msg);
                         c->group = NULL;
                         group_member_gone(g, k, true);
                 }
@@ -706,8 +711,7 @@ void group_stop_all(Daemon *d, int status, const char *why) {
                 if (g->state == DV_GROUP_FORMING) {
                         for (int k = 0; k < g->world; k++)
                                 if (g->members[k].conn)
-                                        conn_send_reply(g->members[k].conn, status, why, NULL, 0,
-                                                        NULL, 0, 0, 0);
+                                        conn_reply(g->members[k].conn, status, why);
                         continue;
                 }
                 group_fail(g, status, "%s", why);
