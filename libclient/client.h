@@ -75,10 +75,6 @@ struct deval_group {
 int dv_set_err(deval_group *g, int status, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 int dv_request(deval_group *g, const void *req, size_t len, DvReply *rep, int *fds, int *nfds);
-int dv_reserve_input(deval_group *g, uint64_t size);
-int dv_refresh_output(deval_group *g);
-int dv_reserve_dev_input(deval_group *g, uint64_t size);
-int dv_refresh_dev_output(deval_group *g);
 
 bool dv_daemon_alive(const deval_group *g);
 unsigned dv_forks(void);

@@ -17,6 +17,7 @@
 
 #include "deval.h"
 
+#include "arena.h"
 #include "client.h"
 #include "dtype.h"
 #include "fault.h"
