@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "config.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -218,13 +219,13 @@ int config_parse(Daemon *d, int argc, char **argv) {
         /* --config '' reads none; without --config the default is read if it exists */
         if (!(config && !*config) && config_read(config ? config : DEFAULT_CONFIG, config != NULL,
                                                  opts, &av.args, &av.n) < 0)
-                return 2;
+                return -EINVAL;
         snprintf(d->config_path, sizeof(d->config_path), "%s",
                  config ? config
                  : av.n ? DEFAULT_CONFIG
                         : "");
         if (!(av.all = calloc((size_t)(argc + av.n + 1), sizeof(char *))))
-                return 1;
+                return -ENOMEM;
         av.all[0] = argv[0];
         if (av.n) /* memcpy() from NULL is undefined even for no bytes */
                 memcpy(av.all + 1, av.args, sizeof(char *) * (size_t)av.n);
@@ -254,7 +255,7 @@ int config_parse(Daemon *d, int argc, char **argv) {
                 case 's':
                         if (strlen(optarg) >= sizeof(d->socket_path)) {
                                 fprintf(stderr, "devald: socket path too long: %s\n", optarg);
-                                return 2;
+                                return -EINVAL;
                         }
                         snprintf(d->socket_path, sizeof(d->socket_path), "%s", optarg);
                         break;
@@ -263,33 +264,33 @@ int config_parse(Daemon *d, int argc, char **argv) {
                             strcmp(optarg, "cuda")) {
                                 fprintf(stderr, "devald: unknown backend '%s' (host, cuda, auto)\n",
                                         optarg);
-                                return 2;
+                                return -EINVAL;
                         }
                         snprintf(arg_backend, sizeof(arg_backend), "%s", optarg);
                         break;
                 case 'l':
                         if ((level = log_parse_level(optarg)) < 0) {
                                 fprintf(stderr, "devald: unknown log level '%s'\n", optarg);
-                                return 2;
+                                return -EINVAL;
                         }
                         break;
                 case ARG_MAX_GROUP_BYTES:
                         if (parse_size(optarg, &d->max_group_bytes) < 0 || !d->max_group_bytes) {
                                 fprintf(stderr, "devald: bad --max-group-bytes '%s'\n", optarg);
-                                return 2;
+                                return -EINVAL;
                         }
                         break;
                 case ARG_MAX_GROUPS:
                         d->max_groups = atoi(optarg);
                         if (d->max_groups < 1) {
                                 fprintf(stderr, "devald: bad --max-groups '%s'\n", optarg);
-                                return 2;
+                                return -EINVAL;
                         }
                         break;
                 case ARG_MAX_USER_BYTES:
                         if (parse_size(optarg, &d->max_user_bytes) < 0 || !d->max_user_bytes) {
                                 fprintf(stderr, "devald: bad --max-user-bytes '%s'\n", optarg);
-                                return 2;
+                                return -EINVAL;
                         }
                         break;
                 case ARG_MAX_USER_GROUPS:
@@ -311,7 +312,7 @@ int config_parse(Daemon *d, int argc, char **argv) {
                                         : c == ARG_EXIT_IDLE      ? "exit-idle"
                                                                   : "idle-timeout",
                                         optarg, lo, hi);
-                                return 2;
+                                return -EINVAL;
                         }
                         *(c == ARG_MAX_USER_GROUPS  ? &d->max_user_groups
                           : c == ARG_MAX_USER_CONNS ? &d->max_user_conns
@@ -325,38 +326,38 @@ int config_parse(Daemon *d, int argc, char **argv) {
                         d->threads = atoi(optarg);
                         if (d->threads < 1 || d->threads > 64) {
                                 fprintf(stderr, "devald: bad --threads '%s' (1..64)\n", optarg);
-                                return 2;
+                                return -EINVAL;
                         }
                         break;
                 case ARG_SPIN_US:
                         d->spin_us = atoi(optarg);
                         if (d->spin_us < 0 || d->spin_us > 10000) {
                                 fprintf(stderr, "devald: bad --spin-us '%s' (0..10000)\n", optarg);
-                                return 2;
+                                return -EINVAL;
                         }
                         break;
                 case ARG_CONFIG:
                         break; /* read above */
                 case 'h':
                         help();
-                        return 0;
+                        return CONFIG_DONE;
                 case ARG_VERSION:
                         printf("devald %s\n", DV_VERSION_STRING);
-                        return 0;
+                        return CONFIG_DONE;
                 default:
-                        return 2;
+                        return -EINVAL;
                 }
         }
         if (optind < argc) {
                 fprintf(stderr, "devald: unexpected argument '%s'\n", argv[optind]);
-                return 2;
+                return -EINVAL;
         }
         if (!d->socket_path[0]) {
                 fprintf(stderr, "devald: the default socket path is too long; use --socket\n");
-                return 2;
+                return -EINVAL;
         }
         log_setup(level);
-        return -1;
+        return 0;
 }
 
 /*
@@ -371,7 +372,7 @@ void config_reload(Daemon *d, int argc, char **argv) {
         memcpy(backend, arg_backend, sizeof(backend));
         sd_notify_state("RELOADING=1");
         int r = config_parse(&fresh, argc, argv);
-        if (r >= 0) {
+        if (r != 0) {
                 log_err("SIGHUP: %s or the command line has errors (above); nothing changed",
                         d->config_path[0] ? d->config_path : "the configuration");
                 memcpy(arg_backend, backend, sizeof(backend));

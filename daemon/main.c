@@ -5,6 +5,7 @@
  * watchdog. Runs in the foreground and never forks.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -98,8 +99,8 @@ int main(int argc, char **argv) {
                 return gpuw_main(3, atoi(argv[2]), argc >= 4 && strcmp(argv[3], "--no-p2p") == 0);
         }
         int r = config_parse(&d, argc, argv);
-        if (r >= 0)
-                return r;
+        if (r != 0) /* 2: a usage error, as getopt's tools exit */
+                return r == CONFIG_DONE ? 0 : r == -EINVAL ? 2 : 1;
         topo_setup();
 
         sigset_t mask;

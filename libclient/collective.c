@@ -460,8 +460,10 @@ static int put_on_device(deval_group *g, uint64_t off, const deval_tensor *t, ui
         if (t->device < 0)
                 return gpu->copy_to_device(g->device, dst, t->data, bytes);
         void *bounce = malloc(bytes); /* another GPU of this process: through host memory */
-        if (!bounce)
-                return DEVAL_ENOMEM;
+        if (!bounce) /* said as GPU failures are, so that the caller names this one */
+                return dv_gpu_fail(DEVAL_ENOMEM,
+                                   "no host memory for a %llu-byte copy from GPU %d to GPU %d",
+                                   (unsigned long long)bytes, t->device, g->device);
         int r = gpu->copy_to_host(t->device, bounce, src, bytes);
         if (r == 0)
                 r = gpu->copy_to_device(g->device, dst, bounce, bytes);
