@@ -12,13 +12,15 @@
 #include <sys/socket.h>
 
 #include "check.h"
-#include "conn.h"
 #include "daemon.h"
 #include "flight_dump.h"
+#include "group.h"
 #include "log.h"
 #include "proc.h"
+#include "reply.h"
 #include "sock.h"
 #include "util.h"
+#include "worker.h"
 
 static void group_info(const Group *g, uint64_t now, DvGroupInfo *i) {
         memcpy(i->name, g->name, sizeof(i->name));

@@ -189,42 +189,6 @@ struct Daemon {
         uint64_t watchdog_last;
 };
 
-/* group.c */
-int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msglen);
-void group_member_gone(Group *g, int rank, bool left);
-void group_fail(Group *g, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns);
-void group_maybe_free(Group *g);
-int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, size_t msglen);
-int group_output_fd(Group *g, uint64_t *size, uint64_t *gen);
-void group_expire_idle(Daemon *d, uint64_t now, int64_t *next_ns);
-int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char *msg,
-                         size_t msglen);
-int group_dev_output_fd(Group *g, int rank, uint64_t *size, uint64_t *gen);
-void group_stop_all(Daemon *d, int status, const char *why);
-Group *group_lookup(Daemon *d, const char *name);
-
-/* worker.c */
-void *worker_main(void *arg);
-void worker_catch_up(Group *g, uint64_t deadline_ns);
-#define CATCH_UP_NS (50ull * 1000 * 1000) /* how long deval-ctl's answer may wait for it */
-int worker_ensure_output(Group *g, uint64_t size, char *msg, size_t msglen);
-int worker_ensure_dev_output(Group *g, uint64_t size, char *msg, size_t msglen);
-
-/* step.c */
-int step_run(Group *g, uint32_t seq);
-
-/* exec_host.c */
-typedef struct {
-        const DvPlan *plan;
-        const uint8_t *(*src)(void *ctx, int rank, int tensor);
-        void *ctx;
-        uint8_t *out;
-        bool stream; /* set by exec_host: write with non-temporal stores */
-} ExecJob;
-void exec_host(Group *g, const ExecJob *job);
-void exec_pool_free(void *pool);
-
 /* topo.c */
 void topo_setup(void);
 void topo_describe(Daemon *d, DvTopoReply *r);

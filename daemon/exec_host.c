@@ -7,6 +7,8 @@
  * stores, which skip reading every destination line before overwriting it.
  */
 #define _GNU_SOURCE
+#include "exec_host.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>

@@ -11,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "deval.h"
-
 #include "util.h"
 
 int flight_init(Flight *f, int world) {

@@ -31,8 +31,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "deval.h"
-
 #include "daemon.h"
 #include "log.h"
 #include "util.h"

@@ -6,16 +6,20 @@
  * holds it.
  */
 #define _GNU_SOURCE
+#include "group.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 
 #include "check.h"
-#include "conn.h"
 #include "daemon.h"
+#include "exec_host.h"
 #include "log.h"
 #include "proc.h"
+#include "reply.h"
 #include "usage.h"
 #include "util.h"
+#include "worker.h"
 
 #define ARENA_INITIAL (256 * 1024)
 

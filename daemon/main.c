@@ -21,6 +21,7 @@
 #include "control.h"
 #include "daemon.h"
 #include "gpu_worker.h"
+#include "group.h"
 #include "log.h"
 #include "sd_daemon.h"
 #include "util.h"

@@ -13,8 +13,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "util.h"
-
 /*
  * /proc/PID/stat into buf, and where its field 3 (the state) starts: past the command's
  * name, which may hold anything but not a ')' after the last one. NULL when unreadable.

@@ -8,6 +8,8 @@
  * ranks and the field.
  */
 #define _GNU_SOURCE
+#include "step.h"
+
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,10 +19,12 @@
 #include "check.h"
 #include "daemon.h"
 #include "dtype.h"
+#include "exec_host.h"
 #include "fault.h"
 #include "gpu_worker.h"
 #include "kernel_plan.h"
 #include "log.h"
+#include "output.h"
 #include "util.h"
 
 typedef struct {
@@ -423,7 +427,7 @@ static int exec_device(Step *s, const DvPlan *p, bool pad) {
 
         if (!segs || !starts || !srcs)
                 return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
-        if ((r = worker_ensure_dev_output(g, p->out_end, s->msg, sizeof(s->msg))) < 0)
+        if ((r = output_ensure_dev(g, p->out_end, s->msg, sizeof(s->msg))) < 0)
                 return r;
         dv_kernel_plan(p, per_rank, pad, segs, starts);
         for (int k = 0; k < W; k++)
@@ -478,7 +482,7 @@ static int step_gather(Step *s) {
                 if ((r = exec_device(s, &p, false)) < 0)
                         goto out_msg;
         } else {
-                if ((r = worker_ensure_output(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
+                if ((r = output_ensure(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
                         goto out_msg;
                 SrcCtx ctx = {.g = g, .reqs = s->reqs};
                 ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->out.map};
@@ -571,7 +575,7 @@ static int step_objects(Step *s) {
         }
         uint64_t lens_off = 0, lens_bytes = (uint64_t)p.samples * 8;
         uint64_t blob_off = DV_ALIGN(lens_bytes, DV_ARENA_ALIGN);
-        if ((r = worker_ensure_output(g, blob_off + blob_bytes, s->msg, sizeof(s->msg))) < 0) {
+        if ((r = output_ensure(g, blob_off + blob_bytes, s->msg, sizeof(s->msg))) < 0) {
                 dv_plan_deinit(&p);
                 goto out;
         }
@@ -645,7 +649,7 @@ static int step_pad(Step *s) {
                 if ((r = exec_device(s, &p, true)) < 0)
                         goto out;
         } else {
-                if ((r = worker_ensure_output(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
+                if ((r = output_ensure(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
                         goto out;
                 SrcCtx ctx = {.g = g, .reqs = s->reqs, .first_tensor = true};
                 ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->out.map};
@@ -683,7 +687,7 @@ static int step_reduce(Step *s) {
         if (op == DEVAL_MEAN && !dv_dtype_is_float(t->dtype))
                 return step_fail(s, DEVAL_EINVAL, "mean needs a floating dtype, not %s",
                                  dv_dtype_name(t->dtype));
-        if ((r = worker_ensure_output(g, t->nbytes, s->msg, sizeof(s->msg))) < 0)
+        if ((r = output_ensure(g, t->nbytes, s->msg, sizeof(s->msg))) < 0)
                 return r;
 
         size_t es = dv_dtype_size(t->dtype);
@@ -733,7 +737,7 @@ static int step_broadcast(Step *s, bool bytes) {
         if ((r = check_desc(s, root, 0, true)) < 0)
                 return r;
         const DvTensorDesc *t = &s->reqs[root].t[0];
-        if ((r = worker_ensure_output(g, t->nbytes, s->msg, sizeof(s->msg))) < 0)
+        if ((r = output_ensure(g, t->nbytes, s->msg, sizeof(s->msg))) < 0)
                 return r;
         memcpy(g->out.map, in_base(g, &s->reqs[root]) + t->offset, t->nbytes);
         atomic_fetch_add_explicit(&g->bytes_moved, t->nbytes, memory_order_relaxed);

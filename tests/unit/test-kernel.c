@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "exec_host.h"
 #include "gpu.h"
 #include "kernel_plan.h"
 #include "plan-cases.h"
