@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include "daemon.h"
@@ -19,40 +21,93 @@
 
 #define DEFAULT_CONFIG "/etc/deval/devald.conf"
 
+/* What an option sets and how its value is read. */
+typedef enum {
+        OPT_SOCKET,  /* a path into d->socket_path */
+        OPT_BACKEND, /* arg_backend */
+        OPT_LEVEL,   /* the log level */
+        OPT_SIZE,    /* a uint64_t of d at field, > 0, with K, M or G */
+        OPT_INT,     /* an int of d at field, in [lo, hi] */
+        OPT_CONFIG,  /* the configuration file, read before anything else */
+        OPT_HELP,
+        OPT_VERSION
+} OptKind;
+
+/*
+ * Every option, once: its name, what it sets, whether SIGHUP takes it while devald runs,
+ * and its help. getopt's table, the configuration file's known names, --help and the
+ * reload all come from here.
+ */
+typedef struct {
+        const char *name;
+        char letter; /* its short form, or 0 */
+        OptKind kind;
+        size_t field; /* OPT_SIZE, OPT_INT: offsetof(Daemon, ...) */
+        long lo, hi;  /* OPT_INT */
+        bool reload;  /* SIGHUP takes a new value while running */
+        const char *arg, *help;
+} Opt;
+
+#define FIELD(f) offsetof(Daemon, f)
+static const Opt options[] = {
+        {"socket", 's', OPT_SOCKET, 0, 0, 0, false, "PATH",
+         "listen on PATH (default: $DEVAL_SOCKET, else\n$XDG_RUNTIME_DIR/deval/devald.sock, or\n"
+         "/run/deval/devald.sock for root)"},
+        {"backend", 'b', OPT_BACKEND, 0, 0, 0, false, "NAME",
+         "auto (default: cuda when a GPU is visible, else host),\nhost, or cuda (device groups "
+         "on the GPUs)"},
+        {"log-level", 'l', OPT_LEVEL, 0, 0, 0, true, "LEVEL", "err, warn, info (default) or debug"},
+        {"max-group-bytes", 0, OPT_SIZE, FIELD(max_group_bytes), 0, 0, true, "N",
+         "shared memory one group may hold (default: a quarter\nof RAM); suffixes K, M, G"},
+        {"max-groups", 0, OPT_INT, FIELD(max_groups), 1, 1000000000, true, "N",
+         "groups at once (default 1024)"},
+        {"threads", 0, OPT_INT, FIELD(threads), 1, 64, true, "N",
+         "copy threads per group (default: online CPUs, max 8)"},
+        {"spin-us", 0, OPT_INT, FIELD(spin_us), 0, 10000, true, "N",
+         "busy-wait N us for arrivals before sleeping (default:\n20 when the cores outnumber a "
+         "group's ranks + 1, else 0)"},
+        {"max-user-bytes", 0, OPT_SIZE, FIELD(max_user_bytes), 0, 0, true, "N",
+         "shared memory all of one uid's groups may hold\n(default: half of RAM)"},
+        {"max-user-groups", 0, OPT_INT, FIELD(max_user_groups), 1, 1000000000, true, "N",
+         "groups one uid may have (default 64)"},
+        {"max-user-conns", 0, OPT_INT, FIELD(max_user_conns), 1, 1000000000, true, "N",
+         "connections one uid may have (default 1024)"},
+        {"max-user-fds", 0, OPT_INT, FIELD(max_user_fds), 1, 1000000000, true, "N",
+         "descriptors devald may hold for one uid (default\n4096)"},
+        {"max-world", 0, OPT_INT, FIELD(max_world), 1, DEVAL_MAX_WORLD, true, "N",
+         "ranks per group (default 512)"},
+        {"idle-timeout", 0, OPT_INT, FIELD(idle_timeout_s), 0, 1000000000, true, "SECONDS",
+         "fail groups with no collective this long (default\n86400; 0: never)"},
+        {"exit-idle", 0, OPT_INT, FIELD(exit_idle_s), 0, 1000000000, true, "SECONDS",
+         "exit after this long with no group and no client\n(default 0: never; a devald libdeval "
+         "starts: 60)"},
+        {"config", 0, OPT_CONFIG, 0, 0, 0, true, "PATH",
+         "options from PATH, one 'option = value' per line,\nbefore the command line's "
+         "(default:\n" DEFAULT_CONFIG " if it exists; '' for none);\nSIGHUP reads it again"},
+        {"help", 'h', OPT_HELP, 0, 0, 0, false, NULL, "show this help"},
+        {"version", 0, OPT_VERSION, 0, 0, 0, false, NULL, "show the version"},
+};
+#define NOPTS (sizeof(options) / sizeof(options[0]))
+
 static void help(void) {
         printf("Usage: devald [OPTIONS]\n\n"
-               "The deval daemon: shared buffers and collectives for distributed evaluation.\n\n"
-               "  -s --socket=PATH          listen on PATH (default: $DEVAL_SOCKET, else\n"
-               "                            $XDG_RUNTIME_DIR/deval/devald.sock, or\n"
-               "                            /run/deval/devald.sock for root)\n"
-               "  -b --backend=NAME         auto (default: cuda when a GPU is visible, else "
-               "host),\n"
-               "                            host, or cuda (device groups on the GPUs)\n"
-               "  -l --log-level=LEVEL      err, warn, info (default) or debug\n"
-               "     --max-group-bytes=N    shared memory one group may hold (default: a quarter\n"
-               "                            of RAM); suffixes K, M, G\n"
-               "     --max-groups=N         groups at once (default 1024)\n"
-               "     --threads=N            copy threads per group (default: online CPUs, max 8)\n"
-               "     --spin-us=N            busy-wait N us for arrivals before sleeping (default:\n"
-               "                            20 when the cores outnumber a group's ranks + 1, else "
-               "0)\n"
-               "     --max-user-bytes=N     shared memory all of one uid's groups may hold\n"
-               "                            (default: half of RAM)\n"
-               "     --max-user-groups=N    groups one uid may have (default 64)\n"
-               "     --max-user-conns=N     connections one uid may have (default 1024)\n"
-               "     --max-user-fds=N       descriptors devald may hold for one uid (default\n"
-               "                            4096)\n"
-               "     --max-world=N          ranks per group (default 512)\n"
-               "     --idle-timeout=SECONDS fail groups with no collective this long (default\n"
-               "                            86400; 0: never)\n"
-               "     --exit-idle=SECONDS    exit after this long with no group and no client\n"
-               "                            (default 0: never; a devald libdeval starts: 60)\n"
-               "     --config=PATH          options from PATH, one 'option = value' per line,\n"
-               "                            before the command line's (default:\n"
-               "                            " DEFAULT_CONFIG " if it exists; '' for none);\n"
-               "                            SIGHUP reads it again\n"
-               "  -h --help                 show this help\n"
-               "     --version              show the version\n");
+               "The deval daemon: shared buffers and collectives for distributed evaluation.\n\n");
+        for (size_t i = 0; i < NOPTS; i++) {
+                const Opt *o = &options[i];
+                char lead[48];
+                snprintf(lead, sizeof(lead), "%c%c --%s%s%s", o->letter ? '-' : ' ',
+                         o->letter ? o->letter : ' ', o->name, o->arg ? "=" : "",
+                         o->arg ? o->arg : "");
+                printf("  %-26s", lead);
+                for (const char *h = o->help; *h;) { /* continuation lines under the first */
+                        size_t n = strcspn(h, "\n");
+                        printf("%s%.*s\n", h == o->help ? (strlen(lead) > 26 ? " " : "") : "",
+                               (int)n, h);
+                        h += n;
+                        if (*h == '\n' && *++h)
+                                printf("%28s", "");
+                }
+        }
 }
 
 static int parse_size(const char *s, uint64_t *ret) {
@@ -94,8 +149,7 @@ char arg_backend[8] = "auto";
  * Return: 0 with *ret_args (malloc'd, each malloc'd) and *ret_n, or -1 after saying where
  * the file is wrong. A missing file is no error unless required.
  */
-static int config_read(const char *path, bool required, const struct option *opts, char ***ret_args,
-                       int *ret_n) {
+static int config_read(const char *path, bool required, char ***ret_args, int *ret_n) {
         *ret_args = NULL;
         *ret_n = 0;
         FILE *f = fopen(path, "re");
@@ -117,9 +171,10 @@ static int config_read(const char *path, bool required, const struct option *opt
                 size_t klen = eq ? strcspn(p, " \t=") : strlen(p);
                 const char *v = eq ? eq + 1 + strspn(eq + 1, " \t") : NULL;
                 bool known = false;
-                for (const struct option *o = opts; o->name && !known; o++)
-                        known = strlen(o->name) == klen && strncmp(o->name, p, klen) == 0 &&
-                                o->has_arg == required_argument && strcmp(o->name, "config");
+                for (size_t i = 0; i < NOPTS && !known; i++)
+                        known = strlen(options[i].name) == klen &&
+                                strncmp(options[i].name, p, klen) == 0 &&
+                                options[i].kind < OPT_CONFIG;
                 if (!eq || !known || !*v) {
                         fprintf(stderr, "devald: %s:%d: %s\n", path, lineno,
                                 !eq      ? "expected 'option = value'"
@@ -167,42 +222,76 @@ static void argvec_free(ArgVec *v) {
         free(v->all);
 }
 
+/* Set what o sets from v (its value; NULL for an option without one). */
+static int opt_apply(Daemon *d, const Opt *o, const char *v, int *level) {
+        char *end;
+        switch (o->kind) {
+        case OPT_SOCKET:
+                if (strlen(v) >= sizeof(d->socket_path)) {
+                        fprintf(stderr, "devald: socket path too long: %s\n", v);
+                        return -EINVAL;
+                }
+                snprintf(d->socket_path, sizeof(d->socket_path), "%s", v);
+                return 0;
+        case OPT_BACKEND:
+                if (strcmp(v, "host") && strcmp(v, "auto") && strcmp(v, "cuda")) {
+                        fprintf(stderr, "devald: unknown backend '%s' (host, cuda, auto)\n", v);
+                        return -EINVAL;
+                }
+                snprintf(arg_backend, sizeof(arg_backend), "%s", v);
+                return 0;
+        case OPT_LEVEL:
+                if ((*level = log_parse_level(v)) < 0) {
+                        fprintf(stderr, "devald: unknown log level '%s'\n", v);
+                        return -EINVAL;
+                }
+                return 0;
+        case OPT_SIZE: {
+                uint64_t *f = (uint64_t *)((char *)d + o->field);
+                if (parse_size(v, f) < 0 || !*f) {
+                        fprintf(stderr, "devald: bad --%s '%s'\n", o->name, v);
+                        return -EINVAL;
+                }
+                return 0;
+        }
+        case OPT_INT: {
+                errno = 0;
+                long x = strtol(v, &end, 10);
+                if (errno || *end || end == v || x < o->lo || x > o->hi) {
+                        fprintf(stderr, "devald: bad --%s '%s' (%ld..%ld)\n", o->name, v, o->lo,
+                                o->hi);
+                        return -EINVAL;
+                }
+                *(int *)((char *)d + o->field) = (int)x;
+                return 0;
+        }
+        case OPT_CONFIG:
+                return 0; /* read before the others */
+        case OPT_HELP:
+                help();
+                return CONFIG_DONE;
+        case OPT_VERSION:
+                printf("devald %s\n", DV_VERSION_STRING);
+                return CONFIG_DONE;
+        }
+        return -EINVAL;
+}
+
 int config_parse(Daemon *d, int argc, char **argv) {
-        enum {
-                ARG_MAX_GROUP_BYTES = 0x100,
-                ARG_MAX_GROUPS,
-                ARG_THREADS,
-                ARG_SPIN_US,
-                ARG_MAX_USER_BYTES,
-                ARG_MAX_USER_GROUPS,
-                ARG_MAX_USER_CONNS,
-                ARG_MAX_USER_FDS,
-                ARG_MAX_WORLD,
-                ARG_IDLE_TIMEOUT,
-                ARG_EXIT_IDLE,
-                ARG_CONFIG,
-                ARG_VERSION
-        };
-        static const struct option opts[] = {
-                {"socket", required_argument, NULL, 's'},
-                {"backend", required_argument, NULL, 'b'},
-                {"log-level", required_argument, NULL, 'l'},
-                {"max-group-bytes", required_argument, NULL, ARG_MAX_GROUP_BYTES},
-                {"max-groups", required_argument, NULL, ARG_MAX_GROUPS},
-                {"threads", required_argument, NULL, ARG_THREADS},
-                {"spin-us", required_argument, NULL, ARG_SPIN_US},
-                {"max-user-bytes", required_argument, NULL, ARG_MAX_USER_BYTES},
-                {"max-user-groups", required_argument, NULL, ARG_MAX_USER_GROUPS},
-                {"max-user-conns", required_argument, NULL, ARG_MAX_USER_CONNS},
-                {"max-user-fds", required_argument, NULL, ARG_MAX_USER_FDS},
-                {"max-world", required_argument, NULL, ARG_MAX_WORLD},
-                {"idle-timeout", required_argument, NULL, ARG_IDLE_TIMEOUT},
-                {"exit-idle", required_argument, NULL, ARG_EXIT_IDLE},
-                {"config", required_argument, NULL, ARG_CONFIG},
-                {"help", no_argument, NULL, 'h'},
-                {"version", no_argument, NULL, ARG_VERSION},
-                {},
-        };
+        struct option longopts[NOPTS + 1];
+        char shorts[2 * NOPTS + 1], *sp = shorts;
+        for (size_t i = 0; i < NOPTS; i++) {
+                const Opt *o = &options[i];
+                longopts[i] = (struct option){o->name, o->arg ? required_argument : no_argument,
+                                              NULL, 0x100 + (int)i};
+                if (o->letter) {
+                        *sp++ = o->letter;
+                        if (o->arg)
+                                *sp++ = ':';
+                }
+        }
+        longopts[NOPTS] = (struct option){0};
+        *sp = '\0';
         int c, level = LOG_LEVEL_INFO;
 
         /* --config first: its lines go ahead of the command line's options */
@@ -217,8 +306,8 @@ int config_parse(Daemon *d, int argc, char **argv) {
         }
         _cleanup_(argvec_free) ArgVec av = {0};
         /* --config '' reads none; without --config the default is read if it exists */
-        if (!(config && !*config) && config_read(config ? config : DEFAULT_CONFIG, config != NULL,
-                                                 opts, &av.args, &av.n) < 0)
+        if (!(config && !*config) &&
+            config_read(config ? config : DEFAULT_CONFIG, config != NULL, &av.args, &av.n) < 0)
                 return -EINVAL;
         snprintf(d->config_path, sizeof(d->config_path), "%s",
                  config ? config
@@ -250,103 +339,14 @@ int config_parse(Daemon *d, int argc, char **argv) {
         d->threads = (int)DV_MIN(DV_MAX(ncpu, 1), 8);
         if (dv_default_socket_path(d->socket_path, sizeof(d->socket_path)) < 0)
                 d->socket_path[0] = '\0';
-        while ((c = getopt_long(argc, argv, "s:b:l:h", opts, NULL)) >= 0) {
-                switch (c) {
-                case 's':
-                        if (strlen(optarg) >= sizeof(d->socket_path)) {
-                                fprintf(stderr, "devald: socket path too long: %s\n", optarg);
-                                return -EINVAL;
-                        }
-                        snprintf(d->socket_path, sizeof(d->socket_path), "%s", optarg);
-                        break;
-                case 'b':
-                        if (strcmp(optarg, "host") && strcmp(optarg, "auto") &&
-                            strcmp(optarg, "cuda")) {
-                                fprintf(stderr, "devald: unknown backend '%s' (host, cuda, auto)\n",
-                                        optarg);
-                                return -EINVAL;
-                        }
-                        snprintf(arg_backend, sizeof(arg_backend), "%s", optarg);
-                        break;
-                case 'l':
-                        if ((level = log_parse_level(optarg)) < 0) {
-                                fprintf(stderr, "devald: unknown log level '%s'\n", optarg);
-                                return -EINVAL;
-                        }
-                        break;
-                case ARG_MAX_GROUP_BYTES:
-                        if (parse_size(optarg, &d->max_group_bytes) < 0 || !d->max_group_bytes) {
-                                fprintf(stderr, "devald: bad --max-group-bytes '%s'\n", optarg);
-                                return -EINVAL;
-                        }
-                        break;
-                case ARG_MAX_GROUPS:
-                        d->max_groups = atoi(optarg);
-                        if (d->max_groups < 1) {
-                                fprintf(stderr, "devald: bad --max-groups '%s'\n", optarg);
-                                return -EINVAL;
-                        }
-                        break;
-                case ARG_MAX_USER_BYTES:
-                        if (parse_size(optarg, &d->max_user_bytes) < 0 || !d->max_user_bytes) {
-                                fprintf(stderr, "devald: bad --max-user-bytes '%s'\n", optarg);
-                                return -EINVAL;
-                        }
-                        break;
-                case ARG_MAX_USER_GROUPS:
-                case ARG_MAX_USER_CONNS:
-                case ARG_MAX_USER_FDS:
-                case ARG_MAX_WORLD:
-                case ARG_IDLE_TIMEOUT:
-                case ARG_EXIT_IDLE: {
-                        char *end;
-                        long v = strtol(optarg, &end, 10);
-                        int lo = c == ARG_IDLE_TIMEOUT || c == ARG_EXIT_IDLE ? 0 : 1;
-                        long hi = c == ARG_MAX_WORLD ? DEVAL_MAX_WORLD : 1000000000;
-                        if (*end || end == optarg || v < lo || v > hi) {
-                                fprintf(stderr, "devald: bad --%s '%s' (%d..%ld)\n",
-                                        c == ARG_MAX_USER_GROUPS  ? "max-user-groups"
-                                        : c == ARG_MAX_USER_CONNS ? "max-user-conns"
-                                        : c == ARG_MAX_USER_FDS   ? "max-user-fds"
-                                        : c == ARG_MAX_WORLD      ? "max-world"
-                                        : c == ARG_EXIT_IDLE      ? "exit-idle"
-                                                                  : "idle-timeout",
-                                        optarg, lo, hi);
-                                return -EINVAL;
-                        }
-                        *(c == ARG_MAX_USER_GROUPS  ? &d->max_user_groups
-                          : c == ARG_MAX_USER_CONNS ? &d->max_user_conns
-                          : c == ARG_MAX_USER_FDS   ? &d->max_user_fds
-                          : c == ARG_MAX_WORLD      ? &d->max_world
-                          : c == ARG_EXIT_IDLE      ? &d->exit_idle_s
-                                                    : &d->idle_timeout_s) = (int)v;
-                        break;
-                }
-                case ARG_THREADS:
-                        d->threads = atoi(optarg);
-                        if (d->threads < 1 || d->threads > 64) {
-                                fprintf(stderr, "devald: bad --threads '%s' (1..64)\n", optarg);
-                                return -EINVAL;
-                        }
-                        break;
-                case ARG_SPIN_US:
-                        d->spin_us = atoi(optarg);
-                        if (d->spin_us < 0 || d->spin_us > 10000) {
-                                fprintf(stderr, "devald: bad --spin-us '%s' (0..10000)\n", optarg);
-                                return -EINVAL;
-                        }
-                        break;
-                case ARG_CONFIG:
-                        break; /* read above */
-                case 'h':
-                        help();
-                        return CONFIG_DONE;
-                case ARG_VERSION:
-                        printf("devald %s\n", DV_VERSION_STRING);
-                        return CONFIG_DONE;
-                default:
-                        return -EINVAL;
-                }
+        while ((c = getopt_long(argc, argv, shorts, longopts, NULL)) >= 0) {
+                const Opt *o = NULL;
+                for (size_t k = 0; k < NOPTS && !o; k++)
+                        if (c == 0x100 + (int)k || (options[k].letter && c == options[k].letter))
+                                o = &options[k];
+                int r = o ? opt_apply(d, o, optarg, &level) : -EINVAL; /* '?': getopt said why */
+                if (r != 0)
+                        return r;
         }
         if (optind < argc) {
                 fprintf(stderr, "devald: unexpected argument '%s'\n", argv[optind]);
@@ -386,17 +386,13 @@ void config_reload(Daemon *d, int argc, char **argv) {
                 log_warn("SIGHUP: the backend is now %s, which takes a restart; still %s",
                          arg_backend, backend);
         memcpy(arg_backend, backend, sizeof(backend));
-        d->max_group_bytes = fresh.max_group_bytes;
-        d->max_groups = fresh.max_groups;
-        d->max_user_bytes = fresh.max_user_bytes;
-        d->max_user_groups = fresh.max_user_groups;
-        d->max_user_conns = fresh.max_user_conns;
-        d->max_user_fds = fresh.max_user_fds;
-        d->max_world = fresh.max_world;
-        d->idle_timeout_s = fresh.idle_timeout_s;
-        d->exit_idle_s = fresh.exit_idle_s;
-        d->threads = fresh.threads;
-        d->spin_us = fresh.spin_us;
+        for (size_t i = 0; i < NOPTS; i++) { /* what the table says SIGHUP takes */
+                const Opt *o = &options[i];
+                if (o->reload && o->kind == OPT_SIZE)
+                        memcpy((char *)d + o->field, (char *)&fresh + o->field, sizeof(uint64_t));
+                else if (o->reload && o->kind == OPT_INT)
+                        memcpy((char *)d + o->field, (char *)&fresh + o->field, sizeof(int));
+        }
         memcpy(d->config_path, fresh.config_path, sizeof(d->config_path));
         log_info("SIGHUP: reloaded%s%s: quota %" PRIu64 " bytes per group, %" PRIu64
                  " per user, %d groups, %d per user, %d connections per user, %d ranks per "

@@ -15,6 +15,7 @@
 /* clang-format on */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,11 +116,42 @@ static void test_no_file(void **state) {
         assert_int_equal(parse(&d, version, err, sizeof(err)), CONFIG_DONE);
 }
 
+/* SIGHUP: what the table marks reloadable changes, the socket does not. */
+static void test_reload(void **state) {
+        (void)state;
+        Daemon d;
+        char err[512];
+        write_config("threads = 2\nmax-groups = 10\nmax-user-bytes = 1G\nsocket = /tmp/a.sock\n");
+        char *argv[] = {"devald", "--config", path, NULL};
+        assert_int_equal(parse(&d, argv, err, sizeof(err)), 0);
+        assert_int_equal(d.threads, 2);
+        write_config("threads = 7\nmax-groups = 11\nmax-user-bytes = 2G\nidle-timeout = 5\n"
+                     "socket = /tmp/b.sock\n");
+        config_reload(&d, 3, argv);
+        assert_int_equal(d.threads, 7);
+        assert_int_equal(d.max_groups, 11);
+        assert_int_equal(d.max_user_bytes, 2ull << 30);
+        assert_int_equal(d.idle_timeout_s, 5);
+        assert_string_equal(d.socket_path, "/tmp/a.sock"); /* takes a restart */
+        /* a configuration with an error changes nothing */
+        write_config("threads = 3\nbogus = 1\n");
+        fflush(stderr);
+        int saved = dup(2), null = open("/dev/null", O_WRONLY);
+        dup2(null, 2);
+        config_reload(&d, 3, argv);
+        dup2(saved, 2);
+        close(saved);
+        close(null);
+        assert_int_equal(d.threads, 7);
+        unlink(path);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_file_then_command_line),
                 cmocka_unit_test(test_malformed_lines),
                 cmocka_unit_test(test_no_file),
+                cmocka_unit_test(test_reload),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
