@@ -11,7 +11,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-
 #include "client.h"
 #include "gpu.h"
 #include "sock.h"

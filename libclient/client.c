@@ -15,7 +15,6 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-
 #include "arena.h"
 #include "autostart.h"
 #include "gpu.h"

@@ -181,8 +181,8 @@ static int describe_torch(PyObject *v, Leaf *l, deval_tensor *t) {
         }
         t->ndim = (int32_t)nd;
         for (Py_ssize_t d = 0; d < nd; d++) {
-                Py_INCREF(PyTuple_GET_ITEM(shape, d));
-                if (!as_i64(PyTuple_GET_ITEM(shape, d), &t->shape[d])) {
+                t->shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+                if (t->shape[d] == -1 && PyErr_Occurred()) {
                         Py_DECREF(shape);
                         return -1;
                 }
@@ -464,9 +464,8 @@ static PyObject *speed_gather(PyObject *self, PyObject *const *args, Py_ssize_t 
                 if (torch)
                         Py_DECREF(r);
         }
-        Call *c = PyMem_Malloc(sizeof(*c));
-        if (!c)
-                return PyErr_NoMemory();
+        /* on the stack, not allocated per call; only what describe fills is read */
+        Call call, *c = &call;
         c->n = 0;
         PyObject *r = NULL;
         int plain = call_describe(c, args[2], per_sample);
@@ -481,7 +480,6 @@ static PyObject *speed_gather(PyObject *self, PyObject *const *args, Py_ssize_t 
                 r = status ? PyLong_FromLong(status) : call_results(c, args[2]);
         }
         call_release(c);
-        PyMem_Free(c);
         return r;
 }
 

@@ -209,6 +209,13 @@ def fake(body):
     return GatherFn(lambda g, n, ins, opts, outs: body(n, ins, outs))
 
 
+def echo(n, ins, outs):
+    """Each result is its input, as a one-rank gather gives: libdeval's part, stood in."""
+    for i in range(n):
+        ctypes.memmove(ctypes.byref(outs[i]), ctypes.byref(ins[i]), ctypes.sizeof(deval._Tensor))
+    return 0
+
+
 def call(fn, x, per_sample=False):
     opts = deval._GatherOpts()
     return speed.gather(ctypes.cast(fn, ctypes.c_void_p).value, 1, x, ctypes.addressof(opts),
@@ -219,14 +226,12 @@ def call(fn, x, per_sample=False):
 def test_extension_describes_and_copies():
     keep = []
 
-    def echo(n, ins, outs):  # each result is its input: what a one-rank gather gives
+    def seen(n, ins, outs):
         for i in range(n):
             keep.append((ins[i].data, ins[i].dtype, ins[i].ndim, tuple(ins[i].shape)))
-            ctypes.memmove(ctypes.byref(outs[i]), ctypes.byref(ins[i]),
-                           ctypes.sizeof(deval._Tensor))
-        return 0
+        return echo(n, ins, outs)
 
-    fn = fake(echo)
+    fn = fake(seen)
     a = np.arange(12, dtype=np.int16).reshape(3, 4)
     t = torch.arange(6, dtype=torch.float64).reshape(3, 2)
     out = call(fn, {"a": a, "t": t})
@@ -253,8 +258,7 @@ def test_extension_refuses_malformed_results():
 
     def bad(field, value):
         def body(n, ins, outs):
-            ctypes.memmove(ctypes.byref(outs[0]), ctypes.byref(ins[0]),
-                           ctypes.sizeof(deval._Tensor))
+            echo(n, ins, outs)
             if field == "shape":
                 outs[0].shape[0] = value
             else:
@@ -278,10 +282,7 @@ def test_extension_holds_what_it_was_given():
     def meddle(n, ins, outs):
         d.clear()
         d["z"] = 0
-        for i in range(n):
-            ctypes.memmove(ctypes.byref(outs[i]), ctypes.byref(ins[i]),
-                           ctypes.sizeof(deval._Tensor))
-        return 0
+        return echo(n, ins, outs)
 
     x = np.arange(5)
     before = sys.getrefcount(x)
@@ -297,13 +298,6 @@ def test_extension_holds_what_it_was_given():
 def test_extension_results_give_their_memory_back():
     big = torch.zeros(1 << 18)  # 1 MiB
     arr = np.zeros(1 << 18, np.float32)
-
-    def echo(n, ins, outs):
-        for i in range(n):
-            ctypes.memmove(ctypes.byref(outs[i]), ctypes.byref(ins[i]),
-                           ctypes.sizeof(deval._Tensor))
-        return 0
-
     fn = fake(echo)
     for _ in range(50):
         call(fn, (big, arr))
