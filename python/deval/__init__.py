@@ -871,15 +871,16 @@ class Group:
 
     def _opts(self, pad_value=0.0, pad_first=False, valid_rows=None, keep_rows=None,
               order="rank", root=None):
-        key = (pad_value, pad_first, valid_rows, keep_rows, order, root)
-        try:
+        try:  # (the sign apart: -0.0 equals 0.0, and pads with other bits)
+            key = (pad_value, math.copysign(1.0, pad_value), pad_first, valid_rows, keep_rows,
+                   order, root)
             o = self._opts_cache.get(key)
-        except TypeError:  # an argument that is not hashable: checked below
-            o = None
+        except TypeError:  # an argument that is not hashable or not a number: checked below
+            key, o = None, None
         if o is not None:
             return o
         o = self._make_opts(pad_value, pad_first, valid_rows, keep_rows, order, root)
-        if len(self._opts_cache) < 64:
+        if key is not None and len(self._opts_cache) < 64:
             try:
                 self._opts_cache[key] = o
             except TypeError:
@@ -906,8 +907,10 @@ class Group:
         With copy=False, numpy results are read-only views into shared memory, valid until
         the group's next collective; torch results are always copies.
         """
-        if self._addr and copy and order == "rank" and pad_index == 0 and not pad_first and \
-                valid_rows is None and keep_rows is None and root is None:
+        # (an int 0: a float -0.0 equals 0 but pads with other bits)
+        if self._addr and copy and order == "rank" and type(pad_index) is int and \
+                pad_index == 0 and not pad_first and valid_rows is None and keep_rows is None \
+                and root is None:
             r = _speed.gather(_GATHER, self._addr, x, self._plain_addr, False)
             if r is not None:  # (None: not plain, nothing was sent)
                 if type(r) is int:
@@ -926,7 +929,8 @@ class Group:
         text, say) go through gather_object's path, as in Accelerate;
         ``use_gather_object=True`` forces it.
         """
-        if self._addr and copy and pad_index == 0 and not pad_first and not use_gather_object:
+        if self._addr and copy and type(pad_index) is int and pad_index == 0 and not pad_first \
+                and not use_gather_object:
             r = _speed.gather(_GATHER_FOR_METRICS, self._addr, x, self._plain_addr, self._in_pass)
             if r is not None:  # (None: not plain, nothing was sent)
                 if type(r) is int:

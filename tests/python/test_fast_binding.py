@@ -185,6 +185,9 @@ def _kinds(rank, world, sock, name, path):
         assert g.gather(ragged, pad_index=-7)[0].tolist() == [1] + [-7] * (world - 1)
         assert g.gather(ragged, pad_index=5, pad_first=True)[0, 0] == (1 if world == 1 else 5)
         assert g.gather(np.array([rank, rank]), valid_rows=1).tolist() == list(range(world))
+        # a pad of -0.0 keeps its sign bit (it equals 0, the quick paths' pad)
+        neg = g.gather(np.ones((1, 1 + rank), np.float32), pad_index=-0.0)
+        assert world == 1 or np.signbit(neg[0, -1])
         one = g.gather(np.array([rank]), copy=False)
         assert not one.flags.writeable and one.tolist() == list(range(world))
     return True
