@@ -7,7 +7,6 @@
 #define _GNU_SOURCE
 #include "conn.h"
 
-#include <assert.h>
 #include <poll.h>
 #include <stdio.h>
 #include <sys/epoll.h>
