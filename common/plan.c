@@ -21,7 +21,6 @@
 
 void dv_plan_init(DvPlan *p) {
         memset(p, 0, sizeof(*p));
-        p->last_copy = p->last_fill = SIZE_MAX;
 }
 
 /* Ready p for another plan, keeping what it allocated. */
@@ -31,7 +30,7 @@ void dv_plan_reset(DvPlan *p) {
         p->nsegs = 0;
         p->nruns = 0;
         p->samples = 0;
-        p->last_copy = p->last_fill = SIZE_MAX;
+        p->open_world = 0;
         p->err[0] = '\0';
 }
 
@@ -43,6 +42,7 @@ void dv_plan_deinit(DvPlan *p) {
         free(p->segs);
         free(p->runs);
         free(p->contributed);
+        free(p->open);
         dv_plan_init(p);
 }
 
@@ -118,9 +118,17 @@ static int plan_alloc_outputs(DvPlan *p, int nout, int world) {
                 p->out_cap = cap;
         ok = ok &&
              plan_array(&p->contributed, &p->world_cap, (size_t)world, sizeof(*p->contributed));
+        ok = ok && plan_array(&p->open, &p->open_cap, 2 * (size_t)world, sizeof(*p->open));
         if (!ok)
                 return plan_fail(p, DEVAL_ENOMEM, "out of memory while planning");
+        p->open_world = world;
         return 0;
+}
+
+/* Start a tensor: no segment is open for merging. */
+static void segs_close(DvPlan *p) {
+        for (size_t k = 0; k < 2 * (size_t)p->open_world; k++)
+                p->open[k] = SIZE_MAX;
 }
 
 static DvSeg *seg_push(DvPlan *p) {
@@ -138,13 +146,14 @@ static DvSeg *seg_push(DvPlan *p) {
 }
 
 /*
- * Append one piece, extending the open segment of the same kind when the piece continues
- * it: contiguously (a longer piece) or at the same stride (one more piece). Copies and fills
- * write disjoint bytes, so each kind keeps its own open segment.
+ * Append one piece, extending the open segment of the same kind and rank when the piece
+ * continues it: contiguously (a longer piece) or at the same stride (one more piece). Every
+ * segment writes bytes no other writes, so each rank keeps an open segment of each kind: in
+ * strided order, where the ranks' rows alternate, each rank's rows still make one segment.
  */
 static int seg_add(DvPlan *p, int kind, int tensor, int rank, uint64_t src, uint64_t dst,
                    uint64_t len) {
-        size_t *open = kind == DV_SEG_COPY ? &p->last_copy : &p->last_fill;
+        size_t *open = &p->open[(kind == DV_SEG_COPY ? 0 : (size_t)p->open_world) + (size_t)rank];
 
         if (len == 0)
                 return 0;
@@ -434,7 +443,7 @@ int dv_plan_gather(const DvPlanInput *in, DvPlan *p) {
                 if (p->out[i].shape[0] > 0)
                         drow /= (uint64_t)p->out[i].shape[0];
                 uint64_t dst = p->out_offset[i];
-                p->last_copy = p->last_fill = SIZE_MAX;
+                segs_close(p);
                 for (size_t j = 0; j < p->nruns; j++) {
                         const DvRun *run = &p->runs[j];
                         DvShape s;
@@ -494,7 +503,7 @@ int dv_plan_pad(int world, const DvShape *in, int dim, bool pad_first, double pa
                         return r;
         }
         for (int k = 0; k < world; k++) {
-                p->last_copy = p->last_fill = SIZE_MAX;
+                segs_close(p);
                 if ((r = block_emit(p, k, k, in[k].ndim, dv_dtype_size(in[k].dtype), in[k].shape,
                                     p->out[k].shape, pad_first, 0, p->out_offset[k])) < 0)
                         return r;

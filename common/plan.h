@@ -80,10 +80,13 @@ typedef struct {
         size_t nsegs, segs_cap;
         DvRun *runs;
         size_t nruns, runs_cap;
-        int64_t samples;             /* samples in the result */
-        int64_t *contributed;        /* [world] samples each rank gave after valid_rows */
-        size_t last_copy, last_fill; /* segments open for merging, or SIZE_MAX */
-        size_t out_cap, world_cap;   /* what out..fill and contributed hold, kept for reuse */
+        int64_t samples;      /* samples in the result */
+        int64_t *contributed; /* [world] samples each rank gave after valid_rows */
+        /* [2 * world]: each rank's open copy segment, then its open fill segment, which a
+         * piece of the same tensor may extend; SIZE_MAX: none */
+        size_t *open;
+        size_t out_cap, world_cap, open_cap; /* what the arrays hold, kept for reuse */
+        int open_world;
         char err[DV_MSG_MAX];
 } DvPlan;
 

@@ -284,6 +284,16 @@ static void test_segments_merge(void **state) {
         assert_int_equal(p.segs[0].count, 1000);
         assert_int_equal(p.segs[0].len, 28);
         assert_int_equal(p.segs[0].dst_stride, 36);
+        /* strided order, where the ranks' rows alternate: still one strided copy per rank
+         * and one strided fill for rank 0 (each rank keeps its own segments open) */
+        in.order = DEVAL_ORDER_STRIDED;
+        dv_plan_reset(&p);
+        assert_int_equal(dv_plan_gather(&in, &p), 0);
+        assert_int_equal(p.nsegs, 3);
+        for (size_t k = 0; k < p.nsegs; k++) {
+                assert_int_equal(p.segs[k].count, 1000);
+                assert_int_equal(p.segs[k].dst_stride, 2 * 36);
+        }
         dv_plan_deinit(&p);
 }
 
