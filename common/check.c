@@ -29,6 +29,7 @@ int dv_msg_check(const void *buf, size_t n) {
                 want = sizeof(DvJoinReq);
                 break;
         case DV_MSG_GROW:
+        case DV_MSG_DIRECT:
                 want = sizeof(DvGrowReq);
                 break;
         case DV_MSG_GROUP:

@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  4
+#define DV_PROTO_VERSION  5
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -40,6 +40,9 @@ enum {
         DV_MSG_DEV_OUTPUT = 9,
         DV_MSG_TOPO = 10, /* DvMsgHdr -> DvTopoReply */
         DV_MSG_DUMP = 11, /* DvNameReq -> DvReply + fd {the flight recorder's JSON, size[0]} */
+        /* DvGrowReq -> DvReply + fd {the direct output, gen}: of size bytes at least, grown
+         * if need be (size 0: the current one). See DV_REQ_DIRECT. */
+        DV_MSG_DIRECT = 12,
 };
 
 typedef struct {
@@ -77,7 +80,8 @@ typedef struct {
         int32_t status;
         uint32_t nfds;
         uint64_t size[6]; /* of the segments whose fds come with the reply, in order */
-        uint64_t gen;     /* output arena generation, with DV_MSG_OUTPUT and DV_MSG_JOIN */
+        uint64_t
+                gen; /* output arena generation (DV_MSG_OUTPUT, a join); direct output's (DV_MSG_DIRECT) */
         uint64_t dev_gen; /* device output generation, with DV_MSG_DEV_OUTPUT and a join */
         uint32_t flags;   /* DV_REPLY_* */
         uint32_t reserved;
@@ -258,6 +262,17 @@ typedef struct {
 /* Any op: the rank's input also lies in its slot's inline bytes, at the offsets of its
  * descriptors, so a rank may run the step (see DvFast). */
 #define DV_REQ_INLINE 0x100u
+/*
+ * A gather: the rank's input lies in its own memory, which nobody else can read. The last
+ * rank to arrive plans the step and publishes the plan (DvShare, DV_SHARE_OWN); every rank
+ * then copies its own rows, padded, straight to their place in the group's direct output,
+ * a segment every rank maps writable: each byte crosses memory once. A step the ranks cannot
+ * run that way is never handed to devald, which could not read the inputs: the runner
+ * publishes it done with status DV_FAST_RESTAGE, and every rank calls again with its input
+ * staged (inline or in its input arena).
+ */
+#define DV_REQ_DIRECT   0x200u
+#define DV_FAST_RESTAGE 1
 
 /* What a rank gets back: written by the daemon before it publishes done_seq. */
 typedef struct {
@@ -302,7 +317,8 @@ typedef struct {
  * on everything the step needs, that rank plans it (common/plan.c, the code devald runs),
  * writes the result here and publishes done_seq: no wake-up of devald on the way. Any other
  * step, and any disagreement or malformed request, it hands to devald (handoff_seq, then the
- * arrive word), whose worker checks it as always and names what was wrong.
+ * arrive word), whose worker checks it as always and names what was wrong; unless some
+ * rank's input is in its own memory (DV_REQ_DIRECT), when it publishes the step unrun.
  *
  * This is memory every rank of the group writes: a rank trusts the other ranks of its group
  * with the results of the steps they run, as it trusts them with their inputs; ranks and
@@ -402,10 +418,18 @@ static inline uint64_t dv_ctl_size(int world_size) {
  * and the inline inputs before it copies a byte.
  */
 #define DV_SHARE_SEGS 1024
+enum {
+        DV_SHARE_BYTES = 0, /* sources inline; rank k copies bytes [k, k + 1) * total / world */
+        DV_SHARE_OWN = 1    /* rank k copies the segments of its own sources (src / per_rank
+                             * == k), from its own memory or inline bytes, to the direct output */
+};
 typedef struct {
         uint32_t nsegs;
         uint32_t nsrcs;
-        uint64_t total;                  /* bytes of output the segments write */
+        uint64_t total;    /* bytes of output the segments write */
+        uint32_t mode;     /* DV_SHARE_* */
+        uint32_t per_rank; /* DV_SHARE_OWN: sources per rank */
+        uint64_t gen;      /* DV_SHARE_OWN: the direct output's generation the plan is for */
         uint8_t segs[DV_SHARE_SEGS][72]; /* DvKernelSeg, whose layout wire.h does not own */
         uint64_t starts[DV_SHARE_SEGS + 1];
         uint64_t src_off[]; /* [nsrcs], from the start of the inline inputs */

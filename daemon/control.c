@@ -16,6 +16,7 @@
 #include "flight_dump.h"
 #include "group.h"
 #include "log.h"
+#include "output.h"
 #include "proc.h"
 #include "reply.h"
 #include "sock.h"
@@ -285,6 +286,25 @@ bool control_handle(Daemon *d, Conn *c) {
                         return true;
                 }
                 conn_reply_segments(c, &(ConnSegments){.fds = &a.fd, .sizes = &a.size, .n = 1});
+                return true;
+        }
+        case DV_MSG_DIRECT: {
+                Group *g = c->group;
+                Arena a;
+                uint64_t gen;
+                if (!g || g->state != DV_GROUP_ACTIVE || g->device_group || m.grow.device) {
+                        conn_reply(c,
+                                   g && g->state != DV_GROUP_ACTIVE ? DEVAL_EABORTED : DEVAL_EPROTO,
+                                   "this connection has no active host group");
+                        return true;
+                }
+                int r = output_direct(g, m.grow.size, &a, &gen, msg, sizeof(msg));
+                if (r < 0) {
+                        conn_reply(c, r, msg);
+                        return true;
+                }
+                conn_reply_segments(
+                        c, &(ConnSegments){.fds = &a.fd, .sizes = &a.size, .n = 1, .gen = gen});
                 return true;
         }
         case DV_MSG_DEV_OUTPUT: {

@@ -116,6 +116,8 @@ struct Group {
         bool device_group;          /* every rank's tensors live on a GPU (cuda backend) */
         DevArena dout[DV_MAX_GPUS]; /* device groups: one output per GPU that receives */
         uint64_t dev_out_gen;
+        Arena direct; /* host groups: what ranks write (output_direct()); main thread's */
+        uint64_t direct_gen;
         int abort_status;
         char abort_msg[DV_MSG_MAX];
         uint64_t bytes_mapped;

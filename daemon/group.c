@@ -65,7 +65,7 @@ static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret)
         g->state = DV_GROUP_FORMING;
         g->listed = true;
         g->created_ns = dv_now_ns();
-        g->ctl = g->done = g->out = ARENA_NULL;
+        g->ctl = g->done = g->out = g->direct = ARENA_NULL;
         pthread_mutex_init(&g->lock, NULL);
         g->next = d->groups;
         d->groups = g;
@@ -106,6 +106,7 @@ static void group_free(Group *g) {
         arena_deinit(&g->ctl);
         arena_deinit(&g->done);
         arena_deinit(&g->out);
+        arena_deinit(&g->direct);
         exec_pool_free(g->pool);
         free(g->pass.rows);
         free(g->pass_load);
@@ -171,9 +172,10 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                          (unsigned long long)d->max_group_bytes);
                 return DEVAL_ENOMEM;
         }
-        /* the descriptors devald keeps: control, completion and output segments, and for a
-         * device group each rank's input and each receiving GPU's output */
-        int fds = 3;
+        /* the descriptors devald keeps: control, completion and output segments, a host
+         * group's direct output (once a rank asks for it), and for a device group each rank's
+         * input and each receiving GPU's output */
+        int fds = g->device_group ? 3 : 4;
         if (g->device_group) {
                 bool seen[DV_MAX_GPUS] = {false};
                 fds += g->world;

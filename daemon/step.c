@@ -819,6 +819,14 @@ static int step_dispatch(Step *s) {
                         return step_fail(s, DEVAL_EPROTO,
                                          "malformed request from rank %d (pid %d): unknown op %u",
                                          k, (int)s->g->members[k].pid, q[k].op);
+                /* its input is in its own memory: the ranks restage such a step, never hand
+                 * it here (wire.h); reading its input arena instead would be a wrong result */
+                if (q[k].flags & DV_REQ_DIRECT)
+                        return step_fail(s, DEVAL_EPROTO,
+                                         "collective #%u was handed to devald with the input of "
+                                         "rank %d (pid %d) in that rank's own memory, where "
+                                         "devald cannot read it: a rank broke the protocol",
+                                         s->seq, k, (int)s->g->members[k].pid);
         }
         int r = pass_load(s);
         if (r < 0)

@@ -2,7 +2,8 @@
 /*
  * arena.c - a rank's view of its group's shared memory: mapping the segments devald sends
  * (checked to be sealed memfds of the size it said), growing the input arena, following the
- * output arena when devald replaces it, and the same for a device group's GPU memory.
+ * output arena when devald replaces it, the direct output the ranks write, and the same for a
+ * device group's GPU memory.
  */
 #define _GNU_SOURCE
 #include "arena.h"
@@ -107,6 +108,36 @@ int dv_refresh_output(deval_group *g) {
         g->out = p;
         g->out_size = rep.size[0];
         g->out_gen = rep.gen;
+        return 0;
+}
+
+/**
+ * dv_direct_output() - map the group's direct output (wire.h, DV_REQ_DIRECT), which every rank
+ * writes, after asking devald to make it hold size bytes; size 0 takes the current one, which
+ * another rank had grown.
+ * Return: 0, DEVAL_ENOMEM past the group's quota, or a connection failure.
+ */
+int dv_direct_output(deval_group *g, uint64_t size) {
+        DvGrowReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_DIRECT}, .size = size};
+        DvReply rep;
+        int fd, r;
+        void *p = NULL;
+
+        if ((r = request_arena(g, &req, sizeof(req), size, &rep, &fd)) < 0)
+                return r;
+        if (rep.gen == g->direct_gen && g->direct && rep.size[0] == g->direct_size) {
+                close(fd);
+                return 0;
+        }
+        if ((r = dv_map_fd(fd, rep.size[0], PROT_READ | PROT_WRITE, &p)) < 0)
+                return dv_set_err(g, r == -EPROTO ? DEVAL_EPROTO : DEVAL_ENOMEM,
+                                  "cannot map %llu bytes of direct output: %s",
+                                  (unsigned long long)rep.size[0], strerror(-r));
+        if (g->direct)
+                munmap(g->direct, g->direct_size ? g->direct_size : 1);
+        g->direct = p;
+        g->direct_size = rep.size[0];
+        g->direct_gen = rep.gen;
         return 0;
 }
 

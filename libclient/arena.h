@@ -18,6 +18,9 @@ int dv_import_dev(deval_group *g, int fd, uint64_t size, uint64_t *ret);
 int dv_reserve_input(deval_group *g, uint64_t size);
 /* Map the current output arena if devald replaced it: 0, or a connection failure. */
 int dv_refresh_output(deval_group *g);
+/* Map the group's direct output, asking devald to make it hold size bytes (0: the current
+ * one): 0, DEVAL_ENOMEM past the group's quota, or a connection failure. */
+int dv_direct_output(deval_group *g, uint64_t size);
 /* The same two for a device group's device input and output. */
 int dv_reserve_dev_input(deval_group *g, uint64_t size);
 int dv_refresh_dev_output(deval_group *g);

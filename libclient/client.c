@@ -199,6 +199,8 @@ static void group_free(deval_group *g) {
                 munmap(g->in, g->in_size ? g->in_size : 1);
         if (g->out)
                 munmap((void *)g->out, g->out_size ? g->out_size : 1);
+        if (g->direct)
+                munmap(g->direct, g->direct_size ? g->direct_size : 1);
         if (g->sock >= 0)
                 close(g->sock);
         dv_replay_clear(g);
@@ -237,6 +239,10 @@ static void wait_policy(deval_group *g, int world_size) {
          * own; $DEVAL_SHARE_MIN (bytes of output) overrides, cores or not */
         const char *env = getenv("DEVAL_SHARE_MIN");
         g->share_min = env && *env ? strtoull(env, NULL, 10) : own_cores ? 256u << 10 : UINT64_MAX;
+        /* a rank whose gather input is this large copies it once, straight into the result
+         * (DV_REQ_DIRECT), rather than staging it; $DEVAL_DIRECT_MIN (bytes) overrides */
+        env = getenv("DEVAL_DIRECT_MIN");
+        g->direct_min = env && *env ? strtoull(env, NULL, 10) : 64u << 10;
 }
 
 /* Start a devald when nothing answers? The join option, else $DEVAL_AUTOSTART (on). */

@@ -67,6 +67,17 @@ struct deval_group {
         uint64_t share_min;    /* outputs from this size up are copied by every rank */
         uint32_t share_did;    /* the last step this rank copied its share of */
         DvResult fast_res;     /* this rank's copy of the result of a step a rank ran */
+        /* the direct output (DV_REQ_DIRECT), mapped writable once a step needed it */
+        uint8_t *direct;
+        uint64_t direct_size;
+        uint64_t direct_gen;
+        uint64_t direct_min; /* a rank gathers this many bytes of input and up directly */
+        uint32_t direct_seq; /* the last step whose result this rank wrote into it */
+        /* this rank's inputs of the gather in flight, as it described them: where they lie
+         * here (its own memory, inline bytes or input arena) and their size */
+        int own_n;
+        const uint8_t *own_src[DEVAL_MAX_TENSORS];
+        uint64_t own_bytes[DEVAL_MAX_TENSORS];
         deval_bytes *items;
         size_t items_cap;
         char errmsg[DV_MSG_MAX + 128];

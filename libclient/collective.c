@@ -232,6 +232,10 @@ static int coll_arrive(deval_group *g, const char *fn, bool *fast) {
         }
 }
 
+static int stage_failed(deval_group *g, const char *fn, DvRequest *q, int status, uint64_t bytes);
+
+#define FAST_RESTAGED 1 /* fast_result(): the step was not run; call again, staged */
+
 /*
  * The result of a step a rank ran: the same for every rank, but for a gather to one root,
  * which the others get with no rows. Another rank wrote it, so it is checked like devald's.
@@ -242,6 +246,8 @@ static int fast_result(deval_group *g, const char *fn, bool pass_end, const DvRe
         DvResult *res = &g->fast_res;
 
         memcpy(res, &f->res, offsetof(DvResult, t));
+        if (res->status == DV_FAST_RESTAGE)
+                return FAST_RESTAGED;
         if (atomic_load_explicit(&f->share_seq, memory_order_acquire) == g->seq &&
             atomic_load_explicit(&f->share_bad, memory_order_relaxed))
                 return dv_set_err(g, DEVAL_EPROTO,
@@ -278,9 +284,45 @@ static int fast_result(deval_group *g, const char *fn, bool pass_end, const DvRe
                 res->t[i].nbytes = 0;
                 res->t[i].offset = 0;
         }
-        g->view = g->fast_out;
-        g->view_size = g->fast_out_size;
+        if (g->direct_seq == g->seq) { /* every rank wrote its rows into the direct output */
+                g->view = g->direct;
+                g->view_size = g->direct_size;
+        } else {
+                g->view = g->fast_out;
+                g->view_size = g->fast_out_size;
+        }
         *ret = res;
+        return 0;
+}
+
+/*
+ * Step g->seq had this rank's input in its own memory (DV_REQ_DIRECT) and could not run on
+ * the ranks: stage the input where devald reads it, inline or in the input arena, for the
+ * call again. Return: 0, or the failure of the stage, as every rank learns it.
+ */
+static int restage(deval_group *g, const char *fn, DvRequest *q) {
+        uint64_t off[DEVAL_MAX_TENSORS], end = 0;
+        int n = g->own_n, r;
+
+        if (!(q->flags & DV_REQ_DIRECT))
+                return 0;
+        q->flags &= ~DV_REQ_DIRECT;
+        for (int i = 0; i < n; i++) {
+                off[i] = DV_ALIGN(end, DV_ARENA_ALIGN);
+                end = off[i] + g->own_bytes[i];
+        }
+        bool inl = dv_fast_inline_ok(g, end);
+        if (!inl && (r = dv_reserve_input(g, end)) < 0)
+                return stage_failed(g, fn, q, r, end);
+        uint8_t *base = inl ? g->inl : g->in;
+        for (int i = 0; i < n; i++) {
+                if (g->own_bytes[i])
+                        memcpy(base + off[i], g->own_src[i], g->own_bytes[i]);
+                g->own_src[i] = base + off[i];
+                q->t[i].offset = off[i];
+        }
+        if (inl)
+                q->flags |= DV_REQ_INLINE;
         return 0;
 }
 
@@ -299,12 +341,26 @@ static int coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResu
         int r;
 
         bool fast;
+        int restaged = 0;
         g->in_keep = 0; /* the buffer served this collective */
         for (;;) {
                 if ((r = coll_arrive(g, fn, &fast)) < 0)
                         return r;
-                if (fast)
-                        return fast_result(g, fn, pass_end, ret);
+                if (fast && (r = fast_result(g, fn, pass_end, ret)) != FAST_RESTAGED)
+                        return r;
+                if (fast) { /* not run: once, for a direct input; never twice in a row */
+                        DvRequest *q = &g->hdr->slots[g->rank].req;
+                        if (++restaged > 2)
+                                return dv_set_err(g, DEVAL_EPROTO,
+                                                  "%s: rank %d turned collective #%u back "
+                                                  "unrun, again",
+                                                  fn, g->hdr->fast.executor, g->seq);
+                        q->seq = g->seq + 1;
+                        if ((r = restage(g, fn, q)) < 0)
+                                return r;
+                        continue;
+                }
+                restaged = 0;
                 if (!pass_end)
                         break;
                 /* acquire pairs with the worker's release store of pass_end_seq */
@@ -496,15 +552,30 @@ static int put_tensors_to(deval_group *g, const char *fn, int n, const deval_ten
         if ((r = coll_begin(g)) < 0)
                 return r;
         /* small host inputs go to this rank's inline bytes, where the last rank to arrive
-         * reads them to run the step itself (fast.c), or devald does */
-        bool inl = !dev;
+         * reads them to run the step itself (fast.c), or devald does; a large gather's stay
+         * where they are, for this rank to copy into the result (DV_REQ_DIRECT) */
+        bool inl = !dev, direct;
         uint64_t iend = 0, ioff[DEVAL_MAX_TENSORS];
         for (int i = 0; inl && i < n; i++) {
                 inl = !placed[i] && !(bytes[i] && in[i].device >= 0);
                 ioff[i] = DV_ALIGN(iend, DV_ARENA_ALIGN);
                 iend = ioff[i] + bytes[i];
         }
-        inl = inl && dv_fast_inline_ok(g, iend);
+        direct = inl && g->rank_steps && g->world > 1 && !with_data &&
+                 (q->op == DV_OP_GATHER || q->op == DV_OP_GATHER_METRICS) &&
+                 (iend >= g->direct_min || !dv_fast_inline_ok(g, iend));
+        inl = inl && !direct && dv_fast_inline_ok(g, iend);
+        g->own_n = n;
+        if (direct) {
+                for (int i = 0; i < n; i++) {
+                        desc_set(&q->t[i], &in[i], 0, bytes[i]);
+                        g->own_src[i] = in[i].data;
+                        g->own_bytes[i] = bytes[i];
+                }
+                q->ntensors = (uint32_t)n;
+                q->flags |= DV_REQ_DIRECT;
+                return 0;
+        }
         if (inl) {
                 memcpy(off, ioff, sizeof(off[0]) * (size_t)n);
                 end = iend;
@@ -531,6 +602,8 @@ static int put_tensors_to(deval_group *g, const char *fn, int n, const deval_ten
                         memcpy(base + off[i], in[i].data, bytes[i]);
                 }
                 desc_set(&q->t[i], &in[i], off[i], bytes[i]);
+                g->own_src[i] = dev ? NULL : base + off[i];
+                g->own_bytes[i] = bytes[i];
                 if (with_data && !with_data[i]) {
                         int64_t numel = 1;
                         for (int k = 0; k < in[i].ndim; k++)

@@ -4,14 +4,18 @@
  * inline bytes writes it there instead of its input arena; the last rank to arrive plans the
  * step with the code devald runs and writes the result into the group's control segment (or,
  * for a large one, publishes the plan for every rank to copy a share of), so a collective
- * costs no wake-up of devald. Only the plain case runs here: whatever is unusual (an op the
- * ranks cannot run, an input that does not fit, ranks that disagree, a malformed request)
- * goes to devald's worker, which checks it as always and names what was wrong.
+ * costs no wake-up of devald. A rank whose gather input is large leaves it in its own memory
+ * (DV_REQ_DIRECT): the plan then has every rank copy its own rows straight into the group's
+ * direct output, each byte once. Only the plain case runs here: whatever is unusual (an op
+ * the ranks cannot run, an input that does not fit, ranks that disagree, a malformed
+ * request) goes to devald's worker, which checks it as always and names what was wrong; or,
+ * when some rank's input is in its own memory, comes back unrun to be called again staged.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
 #include "check.h"
 #include "client.h"
 #include "dtype.h"
@@ -40,8 +44,10 @@ static bool fast_op(uint32_t op) {
         }
 }
 
-/* Every rank's request, copied out once; false when one cannot run here. */
-static bool fast_requests(deval_group *g, uint32_t seq, DvRequest *reqs) {
+/* Every rank's request, copied out once; false when one cannot run here. *direct: some
+ * rank's input is in its own memory (DV_REQ_DIRECT). */
+static bool fast_requests(deval_group *g, uint32_t seq, DvRequest *reqs, bool *direct) {
+        *direct = false;
         for (int k = 0; k < g->world; k++) {
                 const DvSlot *s = &g->hdr->slots[k];
                 if (atomic_load_explicit(&s->arrived_seq, memory_order_acquire) != seq)
@@ -49,15 +55,27 @@ static bool fast_requests(deval_group *g, uint32_t seq, DvRequest *reqs) {
                 DvRequest *q = &reqs[k];
                 /* up to why: the rest of the header is for a failed stage, never run here */
                 memcpy(q, &s->req, offsetof(DvRequest, why));
-                if (q->seq != seq || !(q->flags & DV_REQ_INLINE) || q->status != 0 ||
-                    q->ntensors > DEVAL_MAX_TENSORS || q->op != reqs[0].op || !fast_op(q->op))
+                bool own = q->flags & DV_REQ_DIRECT;
+                if (q->seq != seq || !(q->flags & DV_REQ_INLINE) == !own || q->status != 0 ||
+                    q->ntensors > DEVAL_MAX_TENSORS || q->op != reqs[0].op || !fast_op(q->op) ||
+                    (own && q->op != DV_OP_GATHER && q->op != DV_OP_GATHER_METRICS))
                         return false;
                 memcpy(q->t, s->req.t, q->ntensors * sizeof(DvTensorDesc));
                 for (uint32_t i = 0; i < q->ntensors; i++)
-                        if (dv_desc_check(&q->t[i], g->inl_size, true) != DV_DESC_OK)
+                        if (dv_desc_check(&q->t[i], own ? UINT64_MAX : g->inl_size, true) !=
+                            DV_DESC_OK)
                                 return false;
+                *direct |= own;
         }
         return true;
+}
+
+/* Has some rank its input of step seq in its own memory? All have arrived. */
+static bool any_direct(const deval_group *g) {
+        for (int k = 0; k < g->world; k++)
+                if (g->hdr->slots[k].req.flags & DV_REQ_DIRECT)
+                        return true;
+        return false;
 }
 
 static bool same_shape(const DvTensorDesc *a, const DvTensorDesc *b) {
@@ -96,8 +114,16 @@ static bool kernel_segs(deval_group *g, const DvPlan *p, int per_rank, bool firs
         return true;
 }
 
-static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved,
-                        bool *shared) {
+/* The largest result a direct step plans for; devald's quota decides before that. */
+#define DIRECT_MAX (1ull << 46)
+
+/*
+ * A gather: planned and run here, or planned for every rank to copy a share of (*shared):
+ * by bytes, from the inline inputs into the output area; or, when some rank's input is in
+ * its own memory (direct), each rank its own rows into the direct output, grown here first.
+ */
+static bool fast_gather(deval_group *g, const DvRequest *q, bool direct, DvResult *res,
+                        uint64_t *moved, bool *shared) {
         int W = g->world, n = (int)q[0].ntensors;
         if (n < 1)
                 return false;
@@ -126,7 +152,7 @@ static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint6
                 for (int i = 0; i < n; i++) {
                         const DvTensorDesc *t = &q[k].t[i];
                         shapes[k * n + i] = dv_shape_of(t);
-                        srcs[k * n + i] = inl_of(g, k, t);
+                        srcs[k * n + i] = q[k].flags & DV_REQ_DIRECT ? NULL : inl_of(g, k, t);
                 }
                 valid[k] = q[k].valid_rows;
         }
@@ -161,20 +187,38 @@ static bool fast_gather(deval_group *g, const DvRequest *q, DvResult *res, uint6
                           .order = q[0].order,
                           .pad_first = q[0].pad_first != 0,
                           .pad_value = q[0].pad_value,
-                          .max_out = g->fast_out_size,
+                          .max_out = direct ? DIRECT_MAX : g->fast_out_size,
                           .in_pass = stream >= 0,
                           .num_samples = stream >= 0 ? sh->num_samples : 0,
                           .pass_total = total,
                           .pass_rows = rows};
         if (stream >= 0)
                 in.order = sh->order;
-        if (dv_plan_gather(&in, p) < 0 || p->out_end > g->fast_out_size)
+        if (dv_plan_gather(&in, p) < 0 || (!direct && p->out_end > g->fast_out_size))
                 return false;
         if (!kernel_segs(g, p, n, false, &segs, &starts))
                 return false;
-        if (W > 1 && p->nsegs > 0 && p->out_end >= g->share_min && p->nsegs <= DV_SHARE_SEGS) {
+        if (direct) { /* every rank copies its own rows (share_own()) */
+                if (p->nsegs > DV_SHARE_SEGS ||
+                    (p->out_end > g->direct_size && dv_direct_output(g, p->out_end) < 0))
+                        return false;
+                DvShare *sh = g->share;
+                sh->mode = DV_SHARE_OWN;
+                sh->per_rank = (uint32_t)n;
+                sh->gen = g->direct_gen;
+                sh->nsegs = (uint32_t)p->nsegs;
+                sh->nsrcs = (uint32_t)nsrc;
+                sh->total = starts[p->nsegs];
+                memcpy(sh->segs, segs, p->nsegs * sizeof(*segs));
+                memcpy(sh->starts, starts, (p->nsegs + 1) * sizeof(*starts));
+                if (DV_FAULT_SAYS("fast_plan", q[0].seq, "garbage"))
+                        memset(sh->segs, 0xa5, sizeof(sh->segs[0]));
+                *shared = true;
+        } else if (W > 1 && p->nsegs > 0 && p->out_end >= g->share_min &&
+                   p->nsegs <= DV_SHARE_SEGS) {
                 /* every rank copies a share of it (dv_fast_share()) */
                 DvShare *sh = g->share;
+                sh->mode = DV_SHARE_BYTES;
                 sh->nsegs = (uint32_t)p->nsegs;
                 sh->nsrcs = (uint32_t)nsrc;
                 sh->total = starts[p->nsegs];
@@ -325,15 +369,15 @@ static int fast_run(deval_group *g, uint32_t seq) {
         DvRequest *q = g->fast_reqs;
         DvResult res;
         uint64_t moved = 0;
-        bool ok, shared = false;
+        bool ok, shared = false, direct;
 
-        if (!fast_requests(g, seq, q))
+        if (!fast_requests(g, seq, q, &direct))
                 return RUN_DEVALD;
         memset(&res, 0, offsetof(DvResult, t));
         switch (q[0].op) {
         case DV_OP_GATHER:
         case DV_OP_GATHER_METRICS:
-                ok = fast_gather(g, q, &res, &moved, &shared);
+                ok = fast_gather(g, q, direct, &res, &moved, &shared);
                 break;
         case DV_OP_PAD:
                 ok = fast_pad(g, q, &res, &moved);
@@ -374,6 +418,18 @@ static void fast_announce(deval_group *g, _Atomic uint32_t *word, uint32_t seq) 
 /* Step seq is done: publish it. */
 static void fast_publish(deval_group *g, uint32_t seq) {
         fast_announce(g, &g->hdr->fast.done_seq, seq);
+}
+
+/* Step seq cannot run on the ranks, and some rank's input is in its own memory, where
+ * devald cannot read it: done unrun, for every rank to call again with its input staged. */
+static void fast_restage(deval_group *g, uint32_t seq) {
+        DvFast *f = &g->hdr->fast;
+        memset(&f->res, 0, offsetof(DvResult, t));
+        f->res.status = DV_FAST_RESTAGE;
+        f->res.op = g->hdr->slots[g->rank].req.op;
+        f->executor = g->rank;
+        fast_stat(g, seq);
+        fast_publish(g, seq);
 }
 
 static bool add_ok(uint64_t a, uint64_t b, uint64_t *ret) {
@@ -441,30 +497,88 @@ static int share_plan(deval_group *g, DvKernelSeg **ret_segs, uint64_t **ret_sta
         return (int)nsegs;
 }
 
-/*
- * dv_fast_share() - this rank's share of step seq's copy, planned by its runner: bytes
- * [rank * total / world, (rank + 1) * total / world) of the flattened plan, after checking
- * the plan. Then it counts itself in; the last rank to do so publishes the step. A plan
- * that does not check out is copied by nobody here and fails the step on every rank.
- */
-void dv_fast_share(deval_group *g, uint32_t seq) {
-        DvFast *f = &g->hdr->fast;
+/* This rank's bytes [rank, rank + 1) * total / world of a plan shared by bytes; -1 for a
+ * plan that does not check out. */
+static int share_bytes(deval_group *g) {
         DvKernelSeg *segs;
         uint64_t *starts, total;
         const uint8_t **srcs;
 
+        int n = share_plan(g, &segs, &starts, &srcs, &total);
+        if (n < 0)
+                return -1;
+        uint64_t lo = total / (uint64_t)g->world * (uint64_t)g->rank;
+        uint64_t hi = g->rank == g->world - 1
+                              ? total
+                              : total / (uint64_t)g->world * (uint64_t)(g->rank + 1);
+        dv_kplan_run(segs, starts, (uint32_t)n, lo, hi - lo, g->fast_out, srcs);
+        return 0;
+}
+
+/*
+ * This rank's rows of a step every rank writes into the direct output (DV_SHARE_OWN): the
+ * plan's segments of its own sources, read where this rank's own record says its inputs lie
+ * (never where the shared slot says), each checked against those inputs and the direct
+ * output of the plan's generation before a byte is copied. Every segment must be some
+ * rank's. Return: 0, or -1 for a plan that does not check out.
+ */
+static int share_own(deval_group *g, uint32_t seq) {
+        const DvShare *sh = g->share;
+        uint32_t nsegs = sh->nsegs, per = sh->per_rank, mine = 0;
+        uint64_t gen = sh->gen;
+
+        if (nsegs > DV_SHARE_SEGS || per != (uint32_t)g->own_n || per == 0)
+                return -1;
+        /* a runner grew it: map the new one */
+        if (gen != g->direct_gen && dv_direct_output(g, 0) < 0)
+                return -1;
+        DvKernelSeg *segs = scratch(g, 3, (nsegs + 1) * sizeof(*segs));
+        if (gen != g->direct_gen || !segs)
+                return -1;
+        memcpy(segs, sh->segs, nsegs * sizeof(*segs));
+        for (uint32_t k = 0; k < nsegs; k++) {
+                DvKernelSeg s = segs[k];
+                uint64_t bytes;
+                if (s.src / per >= (uint32_t)g->world)
+                        return -1;
+                if (s.src / per != (uint32_t)g->rank)
+                        continue;
+                s.src %= per;
+                if ((s.kind != DV_KSEG_COPY && s.kind != DV_KSEG_FILL) || !s.len || !s.count ||
+                    !mul_ok(s.len, s.count, &bytes) ||
+                    !pieces_fit(s.dst, s.dst_stride, s.count, s.len, g->direct_size))
+                        return -1;
+                if (s.kind == DV_KSEG_FILL && (s.elem < 1 || s.elem > 8))
+                        return -1;
+                if (s.kind == DV_KSEG_COPY &&
+                    !pieces_fit(s.src_off, s.src_stride, s.count, s.len, g->own_bytes[s.src]))
+                        return -1;
+                segs[mine++] = s;
+        }
+        DV_FAULT("fast_direct", seq);
+        for (uint32_t k = 0; k < mine; k++)
+                dv_kseg_run(&segs[k], 0, segs[k].len * segs[k].count, g->direct, g->own_src);
+        g->direct_seq = seq;
+        return 0;
+}
+
+/*
+ * dv_fast_share() - this rank's share of step seq's copy, planned by its runner: a slice of
+ * the bytes of the flattened plan (DV_SHARE_BYTES), or its own rows (DV_SHARE_OWN), after
+ * checking the plan. Then it counts itself in; the last rank to do so publishes the step. A
+ * plan that does not check out is copied by nobody here and fails the step on every rank.
+ */
+void dv_fast_share(deval_group *g, uint32_t seq) {
+        DvFast *f = &g->hdr->fast;
+
         g->share_did = seq;
         DV_FAULT("fast_share", seq);
-        int n = share_plan(g, &segs, &starts, &srcs, &total);
-        if (n < 0) {
+        uint32_t mode = g->share->mode;
+        int r = mode == DV_SHARE_OWN     ? share_own(g, seq)
+                : mode == DV_SHARE_BYTES ? share_bytes(g)
+                                         : -1;
+        if (r < 0)
                 atomic_store_explicit(&f->share_bad, 1, memory_order_relaxed);
-        } else {
-                uint64_t lo = total / (uint64_t)g->world * (uint64_t)g->rank;
-                uint64_t hi = g->rank == g->world - 1
-                                      ? total
-                                      : total / (uint64_t)g->world * (uint64_t)(g->rank + 1);
-                dv_kplan_run(segs, starts, (uint32_t)n, lo, hi - lo, g->fast_out, srcs);
-        }
         atomic_store_explicit(&g->hdr->slots[g->rank].shared_seq, seq, memory_order_relaxed);
         uint32_t done = atomic_fetch_add_explicit(&f->shared, 1, memory_order_acq_rel) + 1;
         if (done == (uint32_t)g->world)
@@ -500,6 +614,10 @@ void dv_fast_arrive(deval_group *g, uint32_t seq) {
                 g->alive_ns = now;
         }
         int how = alive ? fast_run(g, seq) : RUN_DEVALD;
+        if (how == RUN_DEVALD && any_direct(g)) {
+                fast_restage(g, seq);
+                return;
+        }
         if (how == RUN_DONE) {
                 DV_FAULT("fast_publish", seq);
                 if (DV_FAULT_SAYS("fast_publish", seq, "garbage"))

@@ -12,8 +12,8 @@ import struct
 HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "..", "..", "common", "wire.h")) as f:
     VERSION = int(re.search(r"#define DV_PROTO_VERSION\s+(\d+)", f.read()).group(1))
-JOIN, GROW, OUTPUT, LEAVE, STATUS, GROUP, ABORT, DEV_OUTPUT, TOPO, DUMP = (
-    1, 2, 3, 4, 5, 7, 8, 9, 10, 11)
+JOIN, GROW, OUTPUT, LEAVE, STATUS, GROUP, ABORT, DEV_OUTPUT, TOPO, DUMP, DIRECT = (
+    1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12)
 
 
 def hdr(kind):
@@ -43,6 +43,8 @@ def msgs():
     write("msg", "join-bad-launcher", join("ok", 0, 1)[:-16] + b"y" * 16)
     write("msg", "grow", hdr(GROW) + struct.pack("<QII", 1 << 20, 0, 0))
     write("msg", "grow-device", hdr(GROW) + struct.pack("<QII", 1 << 30, 1, 0))
+    write("msg", "direct", hdr(DIRECT) + struct.pack("<QII", 1 << 24, 0, 0))
+    write("msg", "direct-current", hdr(DIRECT) + struct.pack("<QII", 0, 0, 0))
     for kind, name in ((OUTPUT, "output"), (LEAVE, "leave"), (STATUS, "status"),
                        (DEV_OUTPUT, "dev-output"), (TOPO, "topo")):
         write("msg", name, hdr(kind))

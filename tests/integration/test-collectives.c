@@ -3,7 +3,8 @@
  * test-collectives.c - every collective of the API against a real devald with forked ranks:
  * ragged gathers in both orders with padding, valid_rows, keep_rows, root and several
  * tensors per sample, for every dtype; 0-d and 0-row inputs; arena growth; objects; every
- * reduce op; broadcasts; barriers; pad_across_processes; independent groups at once.
+ * reduce op; broadcasts; barriers; pad_across_processes; independent groups at once; gathers
+ * the ranks write straight into the result, and the steps they hand back unrun.
  */
 /* cmocka needs these first */
 /* clang-format off */
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "client.h"
 #include "dtype.h"
 #include "harness.h"
 
@@ -658,6 +660,134 @@ static void test_groups_are_independent(void **state) {
         assert_int_equal(harness_run(&H, 4, rank_two_groups, NULL, 30), 0);
 }
 
+/* Element (i, j) of rank r's first tensor in round k of the direct test, and its second's. */
+static float direct_a(int r, int k, int64_t i, int64_t j) {
+        return (float)(r * 100000 + k * 10000 + i * 16 + j);
+}
+
+static int64_t direct_b(int r, int k, int64_t i) {
+        return (int64_t)r * 1000000000 + k * 1000000 + i;
+}
+
+static int64_t direct_rows(int r, int k) {
+        return (k + 1) * 300 + r * 7;
+}
+
+/*
+ * Gathers each rank copies straight into the result (DV_REQ_DIRECT), on 4 ranks: rank 3's
+ * inputs inline (it stages them), the others' in their own memory, in the same steps; two
+ * tensors per rank, ragged in rows and columns, padded first or last, in rank or strided
+ * order; sizes growing round by round, so that the runner grows the direct output and the
+ * other ranks follow its generation. Every result exact, and (white box) written into the
+ * direct output. Then steps the ranks cannot run come back unrun, go to devald staged and
+ * fail naming what differs (a dtype, an op), and the group goes on.
+ */
+static int rank_direct(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        setenv("DEVAL_DIRECT_MIN", rank == 3 ? "18446744073709551615" : "0", 1);
+        CHECK_OK(harness_join(h, "direct", rank, world, 20000, &g), NULL);
+        uint64_t gens = 0, gen = 0;
+        for (int k = 0; k < 6; k++) {
+                int64_t rows = direct_rows(rank, k), cols = 3 + rank + k;
+                float *a = malloc((size_t)(rows * cols) * sizeof(float));
+                int64_t *b = malloc((size_t)rows * sizeof(int64_t));
+                for (int64_t i = 0; i < rows; i++) {
+                        for (int64_t j = 0; j < cols; j++)
+                                a[i * cols + j] = direct_a(rank, k, i, j);
+                        b[i] = direct_b(rank, k, i);
+                }
+                deval_tensor in[2] =
+                        {{.data = a,
+                          .dtype = DEVAL_F32,
+                          .ndim = 2,
+                          .shape = {rows, cols},
+                          .device = -1},
+                         {.data = b, .dtype = DEVAL_I64, .ndim = 1, .shape = {rows}, .device = -1}},
+                             out[2];
+                deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+                o.pad_value = 7.5;
+                o.pad_first = k % 3 == 1;
+                o.order = k % 2 ? DEVAL_ORDER_STRIDED : DEVAL_ORDER_RANK;
+                CHECK_OK(deval_gather(g, 2, in, &o, out), g);
+                /* (unless every step is devald's: DEVAL_RANK_STEPS=0) */
+                CHECK(!g->rank_steps ||
+                              (g->direct_seq == g->seq && out[0].data >= (void *)g->direct &&
+                               (uint8_t *)out[1].data + out[1].shape[0] * 8 <=
+                                       g->direct + g->direct_size),
+                      "round %d: the result is not in the direct output", k);
+                gens += g->direct_gen != gen;
+                gen = g->direct_gen;
+                int64_t maxc = 3 + (world - 1) + k, total = 0, most = 0;
+                for (int r = 0; r < world; r++) {
+                        total += direct_rows(r, k);
+                        if (direct_rows(r, k) > most)
+                                most = direct_rows(r, k);
+                }
+                CHECK(out[0].shape[0] == total && out[0].shape[1] == maxc &&
+                              out[1].shape[0] == total,
+                      "round %d: shapes %lld x %lld, %lld", k, (long long)out[0].shape[0],
+                      (long long)out[0].shape[1], (long long)out[1].shape[0]);
+                const float *oa = out[0].data;
+                const int64_t *ob = out[1].data;
+                int64_t at = 0;
+                for (int64_t i = 0; i < (o.order == DEVAL_ORDER_RANK ? 1 : most); i++)
+                        for (int r = 0; r < world; r++) {
+                                int64_t lo = o.order == DEVAL_ORDER_RANK ? 0 : i;
+                                int64_t hi =
+                                        o.order == DEVAL_ORDER_RANK ? direct_rows(r, k) : i + 1;
+                                for (int64_t x = lo; x < hi && x < direct_rows(r, k); x++, at++) {
+                                        int64_t c = 3 + r + k, pad = maxc - c;
+                                        CHECK(ob[at] == direct_b(r, k, x),
+                                              "round %d: row %lld is not rank %d's %lld", k,
+                                              (long long)at, r, (long long)x);
+                                        for (int64_t j = 0; j < maxc; j++) {
+                                                int64_t sj = o.pad_first ? j - pad : j;
+                                                float want = sj >= 0 && sj < c
+                                                                     ? direct_a(r, k, x, sj)
+                                                                     : 7.5f;
+                                                CHECK(oa[at * maxc + j] == want,
+                                                      "round %d: row %lld col %lld", k,
+                                                      (long long)at, (long long)j);
+                                        }
+                                }
+                        }
+                CHECK(at == total, "round %d: %lld rows checked", k, (long long)at);
+                free(a);
+                free(b);
+        }
+        CHECK(!g->rank_steps || gens >= 2, "the direct output was never grown (%llu generations)",
+              (unsigned long long)gens);
+
+        /* ranks that disagree: handed back unrun, then named by devald */
+        int32_t v[64] = {0};
+        deval_tensor t = {.data = v,
+                          .dtype = rank == 1 ? DEVAL_I32 : DEVAL_F32,
+                          .ndim = 1,
+                          .shape = {64},
+                          .device = -1},
+                     out;
+        int r = deval_gather(g, 1, &t, NULL, &out);
+        CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(g), "dtype") &&
+                      strstr(deval_errmsg(g), "rank 1"),
+              "dtypes: got %s: %s", deval_strerror(r), deval_errmsg(g));
+        t.dtype = DEVAL_F32;
+        r = rank == 2 ? deval_barrier(g) : deval_gather(g, 1, &t, NULL, &out);
+        CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(g), "op"), "ops: got %s: %s",
+              deval_strerror(r), deval_errmsg(g));
+        v[0] = rank;
+        CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g);
+        CHECK(out.shape[0] == 64 * world && ((const int32_t *)out.data)[64 * 2] == 2,
+              "the group does not go on");
+        CHECK_OK(deval_leave(g), NULL);
+        return 0;
+}
+
+static void test_direct_gathers(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 4, rank_direct, NULL, 60), 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_gather_every_dtype),
@@ -673,6 +803,7 @@ int main(void) {
                 cmocka_unit_test(test_pad_across_processes),
                 cmocka_unit_test(test_groups_are_independent),
                 cmocka_unit_test(test_input_buffer),
+                cmocka_unit_test(test_direct_gathers),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

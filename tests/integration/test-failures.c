@@ -507,8 +507,9 @@ static int rank_quota(const Harness *h, int rank, int world, void *arg) {
               deval_errmsg(g));
         t.shape[0] = 1000;
         CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g);
-        /* 1 MiB inputs fit; the 2 MiB result does not */
-        t.shape[0] = 1 << 17;
+        /* 1.5 MiB inputs fit; the 3 MiB result does not, whether the ranks write it
+         * (DV_REQ_DIRECT) or devald does */
+        t.shape[0] = 3 << 16;
         r = deval_gather(g, 1, &t, NULL, &out);
         CHECK(r == DEVAL_ENOMEM && strstr(deval_errmsg(g), "quota"), "got %s: %s",
               deval_strerror(r), deval_errmsg(g));
@@ -581,6 +582,9 @@ static void test_forked_child(void **state) {
 static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g;
+        /* the honest rank stages its input, so that devald sees the forged request beside it;
+         * with its input in its own memory (DV_REQ_DIRECT), the step is not devald's to run */
+        setenv("DEVAL_DIRECT_MIN", "18446744073709551615", 1);
         CHECK_OK(harness_join(h, "hostile", rank, world, 10000, &g), NULL);
         float x[2] = {1, 2};
         deval_tensor t = {.data = x, .dtype = DEVAL_F32, .ndim = 1, .shape = {2}, .device = -1},

@@ -128,12 +128,14 @@ failed:
 /* Fork the ranks; wait for the survivors, and only then reap the victim. */
 static void run_case(const Case *c) {
         memset(S, 0, sizeof(*S));
-        /* fast_share is reached when every rank copies a share of each step (the ranks
-         * inherit it) */
+        /* fast_share is reached when every rank copies a share of each step, fast_direct
+         * when every rank copies its own rows into the result (the ranks inherit these) */
+        unsetenv("DEVAL_SHARE_MIN");
+        unsetenv("DEVAL_DIRECT_MIN");
         if (c->phase && strcmp(c->phase, "fast_share") == 0)
                 setenv("DEVAL_SHARE_MIN", "0", 1);
-        else
-                unsetenv("DEVAL_SHARE_MIN");
+        if (c->phase && strcmp(c->phase, "fast_direct") == 0)
+                setenv("DEVAL_DIRECT_MIN", "0", 1);
         for (int k = 0; k < c->world; k++) {
                 pid_t pid = fork();
                 assert_true(pid >= 0);
@@ -141,7 +143,8 @@ static void run_case(const Case *c) {
                         run_rank(c, k);
                 S->pid[k] = pid;
         }
-        unsetenv("DEVAL_SHARE_MIN"); /* the ranks have it */
+        unsetenv("DEVAL_SHARE_MIN"); /* the ranks have them */
+        unsetenv("DEVAL_DIRECT_MIN");
         for (int k = 0; k < c->world; k++) {
                 if (k == c->victim)
                         continue;
@@ -188,7 +191,8 @@ static void test_rank_faults(void **state) {
         if (!FAULTS_BUILT)
                 skip();
         static const char *const phases[] = {"before_write", "before_arrive", "after_arrive",
-                                             "fast_run",     "fast_publish",  "fast_share"};
+                                             "fast_run",     "fast_publish",  "fast_share",
+                                             "fast_direct"};
         static const char *const deaths[] = {"exit", "abort", "sigkill"};
         static const int worlds[] = {2, 5, 8};
         int n = 0;
@@ -209,7 +213,7 @@ static void test_rank_faults(void **state) {
                                          (int)S->pid[c.victim], how_it_ended(c.action));
                                 check_survivors(&c, DEVAL_EPEER, 0.0, 1.0, say);
                         }
-        printf("rank deaths: %d cases (6 points x exit/abort/SIGKILL x 2, 5, 8 ranks)\n", n);
+        printf("rank deaths: %d cases (7 points x exit/abort/SIGKILL x 2, 5, 8 ranks)\n", n);
 }
 
 static void test_rank_stops(void **state) {
@@ -217,7 +221,8 @@ static void test_rank_stops(void **state) {
         if (!FAULTS_BUILT)
                 skip();
         static const char *const phases[] = {"before_write", "before_arrive", "after_arrive",
-                                             "fast_run",     "fast_publish",  "fast_share"};
+                                             "fast_run",     "fast_publish",  "fast_share",
+                                             "fast_direct"};
         static const char *const stops[] = {"sigstop", "sleep"};
         static const int worlds[] = {2, 8};
         int n = 0;
@@ -240,7 +245,7 @@ static void test_rank_stops(void **state) {
                                         check_survivors(&c, DEVAL_ETIMEDOUT, 0.9, 2.5,
                                                         "is stopped");
                         }
-        printf("rank stops: %d cases (6 points x SIGSTOP/sleep x 2, 8 ranks)\n", n);
+        printf("rank stops: %d cases (7 points x SIGSTOP/sleep x 2, 8 ranks)\n", n);
 }
 
 /* One stopped rank, watched through deval-ctl before the deadline. */
@@ -432,6 +437,11 @@ static void test_runner_writes_garbage(void **state) {
         setenv("DEVAL_SHARE_MIN", "0", 1);
         int r = harness_run(&H, 3, rank_garbage, (void *)"fast_plan:garbage@2", 20);
         unsetenv("DEVAL_SHARE_MIN");
+        assert_int_equal(r, 0);
+        /* and in the plan of a step every rank writes its own rows of, into the result */
+        setenv("DEVAL_DIRECT_MIN", "0", 1);
+        r = harness_run(&H, 3, rank_garbage, (void *)"fast_plan:garbage@2", 20);
+        unsetenv("DEVAL_DIRECT_MIN");
         assert_int_equal(r, 0);
 }
 

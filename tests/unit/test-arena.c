@@ -4,7 +4,8 @@
  * arena (daemon/output.c): an output arena is sealed so that nobody else can write it, an
  * input arena so that nobody can shrink it; the output grows by half again, with a new
  * generation that the done segment tells the ranks, charged to the group and its uid, and a
- * growth past the quota is refused, naming it, with nothing changed.
+ * growth past the quota is refused, naming it, with nothing changed; the direct output the
+ * ranks write is made on first use, writable by whoever holds it but never resized.
  */
 #define _GNU_SOURCE
 /* cmocka needs these first */
@@ -131,11 +132,52 @@ static void test_output_growth_user_quota(void **state) {
         free(f);
 }
 
+static void test_direct_output(void **state) {
+        (void)state;
+        Fixture *f = fixture(8 << 20, 128 << 20);
+        Group *g = &f->g;
+        g->direct = ARENA_NULL;
+        Arena a;
+        uint64_t gen = 99;
+        char msg[256];
+        /* the current one, before any: made */
+        assert_int_equal(output_direct(g, 0, &a, &gen, msg, sizeof(msg)), 0);
+        assert_true(a.fd >= 0);
+        assert_int_equal(gen, 1);
+        int seals = fcntl(a.fd, F_GET_SEALS);
+        assert_true(seals & F_SEAL_SHRINK && seals & F_SEAL_GROW && seals & F_SEAL_SEAL);
+        assert_false(seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE));
+        /* grown: a rank maps it writable, nobody resizes it; a new generation, charged */
+        assert_int_equal(output_direct(g, 1 << 20, &a, &gen, msg, sizeof(msg)), 0);
+        assert_int_equal(gen, 2);
+        assert_true(a.size >= 1 << 20);
+        assert_int_equal(g->bytes_mapped, (256 << 10) + a.size);
+        uint8_t *w = mmap(NULL, a.size, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, 0);
+        assert_true(w != MAP_FAILED);
+        w[a.size - 1] = 5;
+        munmap(w, a.size);
+        assert_int_equal(ftruncate(a.fd, 4096), -1);
+        /* asked for less, or again: the same one */
+        uint64_t size = a.size;
+        assert_int_equal(output_direct(g, 4096, &a, &gen, msg, sizeof(msg)), 0);
+        assert_int_equal(gen, 2);
+        assert_int_equal(a.size, size);
+        /* past the group's quota: refused, named, nothing changed */
+        assert_int_equal(output_direct(g, 9 << 20, &a, &gen, msg, sizeof(msg)), DEVAL_ENOMEM);
+        assert_non_null(strstr(msg, "--max-group-bytes"));
+        assert_int_equal(g->direct_gen, 2);
+        assert_int_equal(g->direct.size, size);
+        arena_deinit(&g->direct);
+        arena_deinit(&g->out);
+        free(f);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_seals),
                 cmocka_unit_test(test_output_growth),
                 cmocka_unit_test(test_output_growth_user_quota),
+                cmocka_unit_test(test_direct_output),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
