@@ -307,6 +307,10 @@ static int fake_run_plan(int device, const DvKernelSeg *segs, const uint64_t *st
                                         "device %d, which it cannot reach (no P2P)",
                                         device, i, where);
         }
+        /* $DEVAL_GPU_FAKE_HANG: while that file exists, a kernel runs on (a minute at most) */
+        const char *hang = getenv("DEVAL_GPU_FAKE_HANG");
+        for (int ms = 0; hang && *hang && ms < 60000 && access(hang, F_OK) == 0; ms += 10)
+                usleep(10000);
         const uint8_t **host = calloc(nsrcs ? nsrcs : 1, sizeof(*host));
         if (!host)
                 return gpu_fail(DEVAL_ENOMEM, "out of memory");

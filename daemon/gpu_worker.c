@@ -25,8 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -271,11 +271,18 @@ static int worker_spawn(Worker *w) {
                 return dv_gpu_fail(DEVAL_ESYS, "GPU %d: fork: %s", w->device, strerror(errno));
         }
         if (pid == 0) {
-                /* only async-signal-safe calls until exec: devald has threads */
-                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                /*
+                 * Only async-signal-safe calls until exec: devald has threads. The worker ends
+                 * with devald: it watches devald's pidfd (fd 4, gpuw_main()). Not
+                 * PR_SET_PDEATHSIG, which fires when the *thread* that forked ends, and
+                 * workers are started from short-lived threads (gpu_jobs.c) too.
+                 */
+                int pfd = (int)syscall(SYS_pidfd_open, parent, 0);
                 if (getppid() != parent)
                         _exit(126);
                 if (dup2(sv[1], 3) < 0) /* dup2 clears close-on-exec on 3 */
+                        _exit(126);
+                if (pfd >= 0 && dup2(pfd, 4) < 0)
                         _exit(126);
                 char *argv[] = {"devald", "--gpu-worker", dev, w->no_p2p ? "--no-p2p" : NULL, NULL};
                 execv(self_exe, argv);
@@ -752,7 +759,23 @@ static int gw_serve(Gw *gw, int sock, GwRep *rep, int *ret_fd) {
  * gpuw_main() - the worker process for GPU device, serving devald on sock until devald
  * hangs up; exits after a sticky error (status 3) or a faulting test copy (status 4).
  */
+/* The worker's watch on devald (its pidfd on fd 4): devald gone, the worker goes too,
+ * even in the middle of a kernel. */
+static void *parent_watch(void *arg) {
+        struct pollfd p = {.fd = (int)(intptr_t)arg, .events = POLLIN};
+        while (poll(&p, 1, -1) < 0 && errno == EINTR)
+                ;
+        _exit(0);
+}
+
 int gpuw_main(int sock, int device, int no_p2p) {
+        pthread_t watch;
+        struct pollfd probe = {.fd = 4, .events = POLLIN};
+        int ready = poll(&probe, 1, 0); /* POLLNVAL: a kernel without pidfds, no watch */
+        if (ready == 1 && !(probe.revents & POLLNVAL))
+                return 0; /* devald is already gone */
+        if (ready == 0 && pthread_create(&watch, NULL, parent_watch, (void *)(intptr_t)4) == 0)
+                pthread_detach(watch);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);

@@ -15,12 +15,17 @@
 #include <cmocka.h>
 /* clang-format on */
 
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gpu.h"
 #include "harness.h"
+#include "util.h"
 
 static Harness H;
 
@@ -498,6 +503,107 @@ static void test_device_group_needs_cuda_backend(void **state) {
         assert_int_equal(harness_run(&H, 1, rank_host_backend, NULL, 20), 0);
 }
 
+/* Is pid gone: no such process, or a zombie nobody reaped yet? */
+static bool gone(pid_t pid) {
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+                return true;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        const char *p = strrchr(buf, ')');
+        return p && p[1] == ' ' && p[2] == 'Z';
+}
+
+/* A device group's rank: one gather, then another that the test makes hang in the GPU's
+ * kernel (the fake's $DEVAL_GPU_FAKE_HANG) until devald is killed under it. */
+static char hang_file[128];
+
+static int rank_hang(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(join_on(h, "hang", rank, world, rank, &g), NULL);
+        CHECK_OK(gather_once(g, rank, rank, 0), g);
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == 0) {
+                FILE *f = fopen(hang_file, "w");
+                CHECK(f, "cannot create %s", hang_file);
+                fclose(f);
+        }
+        CHECK_OK(deval_barrier(g), g);
+        int r = gather_once(g, rank, rank, 1);
+        CHECK(r == DEVAL_EDAEMON, "got %s: %s", deval_strerror(r), deval_errmsg(g));
+        return 0;
+}
+
+/*
+ * devald's GPU workers end with devald, even killed while a worker is in a kernel: they
+ * watch devald's pidfd. (Not PR_SET_PDEATHSIG, which fires when the thread that forked
+ * ends: workers are also restarted from short-lived threads, and the one that
+ * test_sticky_error_contained restarts must outlive the thread that started it.)
+ */
+static void test_workers_end_with_devald(void **state) {
+        (void)state;
+        snprintf(hang_file, sizeof(hang_file), "/tmp/deval-test-hang-%d", (int)getpid());
+        unlink(hang_file);
+        harness_stop(&H);
+        setenv("DEVAL_GPU_FAKE", "2", 1);
+        setenv("DEVAL_GPU_FAKE_HANG", hang_file, 1);
+        const char *extra[] = {"--backend", "cuda", NULL};
+        harness_start(&H, extra);
+        unsetenv("DEVAL_GPU_FAKE_HANG");
+        pid_t workers[8];
+        int n = 0;
+        DIR *proc = opendir("/proc");
+        assert_non_null(proc);
+        for (struct dirent *e; (e = readdir(proc)) && n < 8;) {
+                char path[300], buf[512];
+                snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+                FILE *f = fopen(path, "r");
+                if (!f)
+                        continue;
+                size_t k = fread(buf, 1, sizeof(buf) - 1, f);
+                fclose(f);
+                buf[k] = '\0';
+                const char *p = strrchr(buf, ')');
+                int ppid;
+                if (p && sscanf(p + 2, "%*c %d", &ppid) == 1 && ppid == H.daemon)
+                        workers[n++] = (pid_t)atoi(e->d_name);
+        }
+        closedir(proc);
+        assert_int_equal(n, 2); /* one per fake GPU */
+        pid_t runner = fork();
+        if (runner == 0)
+                _exit(harness_run(&H, 2, rank_hang, NULL, 30));
+        /* the second gather is in the workers' kernels, which wait on the file */
+        while (access(hang_file, F_OK) != 0)
+                usleep(10000);
+        usleep(500000);
+        kill(H.daemon, SIGKILL);
+        waitpid(H.daemon, NULL, 0);
+        H.daemon = 0;
+        double t0 = harness_now();
+        for (int k = 0; k < n; k++)
+                while (!gone(workers[k]) && harness_now() - t0 < 10)
+                        usleep(10000);
+        double took = harness_now() - t0;
+        bool all_gone = true;
+        for (int k = 0; k < n; k++)
+                all_gone &= gone(workers[k]);
+        unlink(hang_file); /* a worker that outlived devald ends its kernel now */
+        int st;
+        waitpid(runner, &st, 0);
+        unlink(H.socket);
+        rmdir(H.dir);
+        unsetenv("DEVAL_GPU_FAKE");
+        harness_start(&H, NULL);
+        printf("GPU workers ended %.3f s after devald was killed in their kernels\n", took);
+        assert_true(all_gone);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 int main(void) {
 #ifndef DEVAL_FAKE_GPU
         fprintf(stderr, "a build without the GPU table's fake (-Dfake_gpu=disabled): skipped\n");
@@ -515,6 +621,7 @@ int main(void) {
                 cmocka_unit_test(test_forty_gpus),
                 cmocka_unit_test(test_device_group_legacy_ipc),
                 cmocka_unit_test(test_sticky_error_contained),
+                cmocka_unit_test(test_workers_end_with_devald),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
