@@ -177,12 +177,16 @@ static bool fake_sticky_now(int device) {
 
 /*
  * Fake shareable device memory: a memfd, mapped (zero-filled, like the real one after its
- * memset). $DEVAL_GPU_FAKE_MEM caps one allocation, to exercise out-of-memory paths.
+ * memset). $DEVAL_GPU_FAKE_MEM caps one allocation, to exercise out-of-memory paths;
+ * $DEVAL_GPU_FAKE_ALLOC_MS makes each take that long, as a GPU busy with a kernel would.
  */
 static int fake_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_fd) {
         int r = fake_check(device);
         if (r)
                 return r;
+        const char *slow = getenv("DEVAL_GPU_FAKE_ALLOC_MS");
+        if (slow && *slow)
+                usleep((useconds_t)strtoul(slow, NULL, 10) * 1000);
         const char *cap = getenv("DEVAL_GPU_FAKE_MEM");
         if (cap && bytes > strtoull(cap, NULL, 10))
                 return gpu_fail(DEVAL_ENOMEM, "fake device %d is out of memory (%zu bytes asked)",

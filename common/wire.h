@@ -92,7 +92,8 @@ enum {
         DV_GROUP_FORMING = 1,
         DV_GROUP_ACTIVE,
         DV_GROUP_FAILED,
-        DV_GROUP_CLOSING
+        DV_GROUP_CLOSING,
+        DV_GROUP_STARTING /* every rank joined; devald makes its GPU memory */
 };
 
 typedef struct {

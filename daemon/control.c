@@ -265,19 +265,12 @@ bool control_handle(Daemon *d, Conn *c) {
                                    "this connection has no active group");
                         return true;
                 }
-                if (m.grow.device) {
-                        DevArena da;
-                        int r = g->device_group ? group_grow_dev_input(g, c->rank, m.grow.size, &da,
-                                                                       msg, sizeof(msg))
-                                                : DEVAL_EPROTO;
-                        if (r < 0) {
+                if (m.grow.device) { /* answered when a job has made it (gpu_jobs.h) */
+                        int r = g->device_group
+                                        ? group_grow_dev_input(g, c, m.grow.size, msg, sizeof(msg))
+                                        : DEVAL_EPROTO;
+                        if (r < 0)
                                 conn_reply(c, r, g->device_group ? msg : "not a device group");
-                                return true;
-                        }
-                        conn_reply_segments(c, &(ConnSegments){.fds = &da.fd,
-                                                               .sizes = &da.size,
-                                                               .n = 1,
-                                                               .flags = DV_REPLY_DEVICE});
                         return true;
                 }
                 int r = group_grow_input(g, c->rank, m.grow.size, &a, msg, sizeof(msg));

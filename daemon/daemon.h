@@ -122,6 +122,7 @@ struct Group {
         char abort_msg[DV_MSG_MAX];
         uint64_t bytes_mapped;
         int fds_charged;           /* descriptors counted against its uid (main thread's) */
+        int jobs;                  /* GPU jobs running for it, which keep it (main thread's) */
         uint32_t waiting_seq;      /* the step the worker waits for */
         uint64_t waiting_since_ns; /* under lock: its first arrival; 0: none yet */
         Flight flight;             /* the last collectives, for deval-ctl dump and post-mortems */
@@ -185,6 +186,11 @@ struct Daemon {
         Conn *closed; /* closed during this batch of events, freed after it */
         Group *groups;
         int ngroups;
+        /* GPU jobs (gpu_jobs.c): threads post finished jobs here and wake the loop */
+        int jobs_fd;
+        pthread_mutex_t jobs_lock;
+        struct GpuJob *jobs_done; /* under jobs_lock */
+        int jobs_running;         /* main thread's */
         bool stopping;
         bool socket_activated; /* the listening socket is systemd's: leave its file alone */
         uint64_t watchdog_ns;  /* $WATCHDOG_USEC: keep-alive every half of it; 0: none */

@@ -14,6 +14,7 @@
 #include "check.h"
 #include "daemon.h"
 #include "exec_host.h"
+#include "gpu_jobs.h"
 #include "log.h"
 #include "proc.h"
 #include "reply.h"
@@ -98,11 +99,11 @@ static void group_free(Group *g) {
         for (int r = 0; r < g->world; r++) {
                 arena_deinit(&g->members[r].in);
                 arena_deinit(&g->members[r].in_pending);
-                dev_arena_deinit(&g->members[r].din);
-                dev_arena_deinit(&g->members[r].din_pending);
+                /* device memory goes back through the GPUs' workers: off the loop */
+                gpu_jobs_free_arenas(d, &g->members[r].din, 1);
+                gpu_jobs_free_arenas(d, &g->members[r].din_pending, 1);
         }
-        for (int k = 0; k < DV_MAX_GPUS; k++)
-                dev_arena_deinit(&g->dout[k]);
+        gpu_jobs_free_arenas(d, g->dout, DV_MAX_GPUS);
         arena_deinit(&g->ctl);
         arena_deinit(&g->done);
         arena_deinit(&g->out);
@@ -126,6 +127,8 @@ static void group_free(Group *g) {
 
 /* Free the group once no connection refers to it any more. */
 void group_maybe_free(Group *g) {
+        if (g->jobs)
+                return;
         for (int r = 0; r < g->world; r++)
                 if (g->members[r].conn)
                         return;
@@ -145,6 +148,111 @@ static uint32_t inline_size_for(const Group *g) {
         while (s > per && s > DV_INLINE_MIN)
                 s /= 2;
         return s;
+}
+
+static int group_start_worker(Group *g, char *msg, size_t msglen);
+static void group_reply_all(Group *g, int status, const char *msg);
+
+/* Why a starting group cannot go on (a member gone, devald stopping), in msg; or false. */
+static bool group_start_blocked(Group *g, char *msg, size_t msglen) {
+        if (g->d->stopping) {
+                snprintf(msg, msglen, "devald is shutting down");
+                return true;
+        }
+        for (int k = 0; k < g->world; k++) {
+                const Member *m = &g->members[k];
+                if (m->state != MEMBER_JOINED) {
+                        snprintf(msg, msglen,
+                                 "rank %d (pid %d) %s while devald set up group '%s' on its GPUs",
+                                 k, (int)m->pid, m->state == MEMBER_LEFT ? "left" : "exited",
+                                 g->name);
+                        return true;
+                }
+        }
+        return false;
+}
+
+/*
+ * The job that made a device group's GPU memory is done: the group starts, or fails (the
+ * job failed, a member is gone, devald stops), and every member still there is answered.
+ */
+static void group_devices_done(GpuJob *j) {
+        Group *g = j->g;
+        char msg[DV_MSG_MAX];
+        int r = j->status;
+
+        g->jobs--;
+        if (r < 0)
+                snprintf(msg, sizeof(msg), "devald could not set up group '%s' on its GPUs: %.*s",
+                         g->name, DV_MSG_MAX - 128, j->msg);
+        else if (group_start_blocked(g, msg, sizeof(msg)))
+                r = DEVAL_EABORTED;
+        if (r == 0) {
+                for (int k = 0, at = 0; k < g->world; k++) {
+                        int dev = g->members[k].device;
+                        g->members[k].din = j->arenas[at++];
+                        j->arenas[at - 1] = DEV_ARENA_NULL;
+                        if (g->dout[dev].device < 0) {
+                                g->dout[dev] = j->arenas[at++];
+                                j->arenas[at - 1] = DEV_ARENA_NULL;
+                        }
+                }
+                g->dev_out_gen = 1;
+                g->dhdr->dev_out_gen = 1;
+                r = group_start_worker(g, msg, sizeof(msg));
+        }
+        gpu_jobs_free_arenas(g->d, j->arenas, j->n); /* what a failure left */
+        if (r < 0) {
+                log_err("%s", msg);
+                g->state = DV_GROUP_FAILED;
+                g->listed = false;
+                group_reply_all(g, r, msg);
+        } else {
+                log_info("group '%s' active: %d ranks", g->name, g->world);
+                group_reply_all(g, 0, "");
+        }
+        group_maybe_free(g);
+}
+
+/*
+ * A device group's GPU memory: each rank's input and an output per GPU that receives, made
+ * by a job, off the loop (gpu_jobs.h); the group starts when it is done.
+ * Return: 1 (the answer follows), or a status with msg.
+ */
+static int group_alloc_devices(Group *g, char *msg, size_t msglen) {
+        bool seen[DV_MAX_GPUS] = {false};
+        int n = g->world;
+        for (int k = 0; k < g->world; k++)
+                if (!seen[g->members[k].device]) {
+                        seen[g->members[k].device] = true;
+                        n++;
+                }
+        GpuJob *j = gpu_job_new(g->d, g, n);
+        if (!j) {
+                snprintf(msg, msglen, "devald could not set up group '%s': out of memory", g->name);
+                return DEVAL_ENOMEM;
+        }
+        memset(seen, 0, sizeof(seen));
+        for (int k = 0, at = 0; k < g->world; k++) { /* in the order group_devices_done() reads */
+                int dev = g->members[k].device;
+                j->arenas[at++] = (DevArena){.device = dev, .fd = -1, .size = ARENA_INITIAL};
+                if (!seen[dev]) {
+                        seen[dev] = true;
+                        j->arenas[at++] =
+                                (DevArena){.device = dev, .fd = -1, .size = ARENA_INITIAL};
+                }
+        }
+        j->done = group_devices_done;
+        if (gpu_job_start(j) < 0) {
+                free(j->arenas);
+                free(j);
+                snprintf(msg, msglen, "devald could not set up group '%s': no thread for its GPUs",
+                         g->name);
+                return DEVAL_ESYS;
+        }
+        g->jobs++;
+        g->state = DV_GROUP_STARTING;
+        return 1;
 }
 
 static int group_activate(Group *g, char *msg, size_t msglen) {
@@ -257,19 +365,18 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
         g->out_gen = 1;
         g->dhdr->out_gen = 1;
         g->dhdr->out_size = g->out.size;
-        if (g->device_group) {
-                for (int k = 0; k < g->world; k++) {
-                        int dev = g->members[k].device;
-                        if ((r = dev_arena_new(dev, ARENA_INITIAL, &g->members[k].din)) < 0)
-                                goto fail_gpu;
-                        if (g->dout[dev].device >= 0)
-                                continue;
-                        if ((r = dev_arena_new(dev, ARENA_INITIAL, &g->dout[dev])) < 0)
-                                goto fail_gpu;
-                }
-                g->dev_out_gen = 1;
-                g->dhdr->dev_out_gen = 1;
-        }
+        if (g->device_group) /* its GPU memory, made by a job: the rest once it is there */
+                return group_alloc_devices(g, msg, msglen);
+        return group_start_worker(g, msg, msglen);
+fail:
+        snprintf(msg, msglen, "devald could not set up group '%s': %s", g->name, deval_strerror(r));
+        return r;
+}
+
+/* The group's worker and what it needs: the group is active. 0, or a status with msg. */
+static int group_start_worker(Group *g, char *msg, size_t msglen) {
+        Daemon *d = g->d;
+        int r;
 
         g->timeout_ns = -1;
         for (int k = 0; k < g->world; k++) {
@@ -309,10 +416,6 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
 fail:
         snprintf(msg, msglen, "devald could not set up group '%s': %s", g->name, deval_strerror(r));
         return r;
-fail_gpu:
-        snprintf(msg, msglen, "devald could not set up group '%s' on its GPUs: %s", g->name,
-                 dv_gpu_error());
-        return r;
 }
 
 static void group_reply_all(Group *g, int status, const char *msg) {
@@ -324,8 +427,11 @@ static void group_reply_all(Group *g, int status, const char *msg) {
                         conn_reply(m->conn, status, msg);
                         continue;
                 }
+                /* the worker runs: the outputs are its to replace, under the lock */
+                pthread_mutex_lock(&g->lock);
                 int fds[6] = {g->ctl.fd, g->done.fd, m->in.fd, g->out.fd};
                 uint64_t sizes[6] = {g->ctl.size, g->done.size, m->in.size, g->out.size};
+                uint64_t gen = g->out_gen, dev_gen = g->dev_out_gen;
                 int n = 4;
                 if (g->device_group) {
                         fds[4] = m->din.fd;
@@ -334,12 +440,13 @@ static void group_reply_all(Group *g, int status, const char *msg) {
                         sizes[5] = g->dout[m->device].size;
                         n = 6;
                 }
+                pthread_mutex_unlock(&g->lock);
                 conn_reply_segments(
                         m->conn, &(ConnSegments){.fds = fds,
                                                  .sizes = sizes,
                                                  .n = n,
-                                                 .gen = g->out_gen,
-                                                 .dev_gen = g->dev_out_gen,
+                                                 .gen = gen,
+                                                 .dev_gen = dev_gen,
                                                  .flags = g->device_group ? DV_REPLY_DEVICE : 0});
                 /* the client maps its copies; devald keeps its own mappings */
                 close(m->in.fd);
@@ -449,6 +556,10 @@ int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msgle
                 g->listed = false;
                 group_reply_all(g, r, msg);
                 return 0;
+        }
+        if (r > 0) { /* starting: its GPU memory is being made */
+                log_debug("group '%s' starting: allocating its GPU memory", g->name);
+                return 1;
         }
         log_info("group '%s' active: %d ranks", g->name, g->world);
         group_reply_all(g, 0, "");
@@ -653,39 +764,83 @@ int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, s
         return 0;
 }
 
-/**
- * group_grow_dev_input() - group_grow_input() for a device group's device input arena.
- */
-int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char *msg,
-                         size_t msglen) {
-        Member *m = &g->members[rank];
-        DevArena a;
-        int r;
+/* The job that made a rank's larger device input is done: hand it over, or say why not. */
+static void group_dev_input_done(GpuJob *j) {
+        Group *g = j->g;
+        Member *m = &g->members[j->rank];
+        bool asking = m->conn == j->conn; /* the member that asked is still connected */
 
+        g->jobs--;
+        if (j->status == 0 && asking && g->state == DV_GROUP_ACTIVE) {
+                DevArena a = j->arenas[0];
+                j->arenas[0] = DEV_ARENA_NULL;
+                pthread_mutex_lock(&g->lock);
+                DevArena old = m->din_pending;
+                m->din_pending = a;
+                charge_commit(&j->charge);
+                pthread_mutex_unlock(&g->lock);
+                gpu_jobs_free_arenas(g->d, &old, 1);
+                /* the fd stays the group's: this rank's next growth is what replaces it */
+                conn_reply_segments(j->conn, &(ConnSegments){.fds = &a.fd,
+                                                             .sizes = &a.size,
+                                                             .n = 1,
+                                                             .flags = DV_REPLY_DEVICE});
+        } else {
+                charge_drop(&j->charge);
+                if (asking && j->status < 0) {
+                        char msg[DV_MSG_MAX];
+                        snprintf(msg, sizeof(msg),
+                                 "devald could not allocate %llu bytes on GPU %d: %.*s",
+                                 (unsigned long long)j->charge.want, m->device, DV_MSG_MAX - 96,
+                                 j->msg);
+                        conn_reply(j->conn, j->status, msg);
+                } else if (asking) {
+                        conn_reply(j->conn, DEVAL_EABORTED, "the group failed");
+                }
+        }
+        gpu_jobs_free_arenas(g->d, j->arenas, j->n); /* what was not handed over */
+        group_maybe_free(g);
+}
+
+/**
+ * group_grow_dev_input() - group_grow_input() for a device group's device input arena, made
+ * by a job off the loop (gpu_jobs.h): c is answered when it is done.
+ * Return: 1 (the answer follows), or DEVAL_ENOMEM / DEVAL_ESYS with msg.
+ */
+int group_grow_dev_input(Group *g, Conn *c, uint64_t size, char *msg, size_t msglen) {
+        Member *m = &g->members[c->rank];
         Charge ch;
+
         pthread_mutex_lock(&g->lock);
         uint64_t current = m->din_pending.ptr ? m->din_pending.size : m->din.size;
         pthread_mutex_unlock(&g->lock);
         char why[160];
         if (charge_take(g, current, size, &ch, why, sizeof(why)) < 0) {
                 snprintf(msg, msglen,
-                         "rank %d needs %llu bytes of device input, which would take %s", rank,
+                         "rank %d needs %llu bytes of device input, which would take %s", c->rank,
                          (unsigned long long)size, why);
                 return DEVAL_ENOMEM;
         }
-        if ((r = dev_arena_new(m->device, ch.want, &a)) < 0) {
-                charge_drop(&ch);
-                snprintf(msg, msglen, "devald could not allocate %llu bytes on GPU %d: %s",
-                         (unsigned long long)ch.want, m->device, dv_gpu_error());
-                return r;
+        GpuJob *j = gpu_job_new(g->d, g, 1);
+        if (j) {
+                j->arenas[0] = (DevArena){.device = m->device, .fd = -1, .size = ch.want};
+                j->conn = c;
+                j->rank = c->rank;
+                j->charge = ch;
+                j->done = group_dev_input_done;
         }
-        pthread_mutex_lock(&g->lock);
-        dev_arena_deinit(&m->din_pending);
-        m->din_pending = a;
-        charge_commit(&ch);
-        pthread_mutex_unlock(&g->lock);
-        *ret = a;
-        return 0;
+        if (!j || gpu_job_start(j) < 0) {
+                if (j) {
+                        free(j->arenas);
+                        free(j);
+                }
+                charge_drop(&ch);
+                snprintf(msg, msglen, "devald could not start allocating %llu bytes on GPU %d",
+                         (unsigned long long)ch.want, m->device);
+                return DEVAL_ESYS;
+        }
+        g->jobs++;
+        return 1;
 }
 
 /* rank's device output arena's fd (owned by the group), its size and generation, or -1. */

@@ -18,8 +18,7 @@ void group_maybe_free(Group *g);
 int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, size_t msglen);
 int group_output_fd(Group *g, uint64_t *size, uint64_t *gen);
 void group_expire_idle(Daemon *d, uint64_t now, int64_t *next_ns);
-int group_grow_dev_input(Group *g, int rank, uint64_t size, DevArena *ret, char *msg,
-                         size_t msglen);
+int group_grow_dev_input(Group *g, Conn *c, uint64_t size, char *msg, size_t msglen);
 int group_dev_output_fd(Group *g, int rank, uint64_t *size, uint64_t *gen);
 void group_stop_all(Daemon *d, int status, const char *why);
 Group *group_lookup(Daemon *d, const char *name);

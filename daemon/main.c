@@ -20,6 +20,7 @@
 #include "conn.h"
 #include "control.h"
 #include "daemon.h"
+#include "gpu_jobs.h"
 #include "gpu_worker.h"
 #include "group.h"
 #include "log.h"
@@ -117,7 +118,7 @@ int main(int argc, char **argv) {
                 log_err("cannot set up the event loop: %m");
                 return 1;
         }
-        if (backend_setup(&d) < 0)
+        if (backend_setup(&d) < 0 || gpu_jobs_init(&d) < 0)
                 return 1;
         int inherited = sd_listen_inherited(&d);
         if (inherited < 0 || (inherited == 0 && listen_on(&d) < 0))
@@ -172,6 +173,8 @@ int main(int argc, char **argv) {
                         void *p = evs[i].data.ptr;
                         if (p == &d.listen_fd) {
                                 conns_accept(&d);
+                        } else if (p == &d.jobs_fd) {
+                                gpu_jobs_finish(&d);
                         } else if (p == &d.signal_fd) {
                                 struct signalfd_siginfo si;
                                 if (read(d.signal_fd, &si, sizeof(si)) != sizeof(si))
@@ -204,6 +207,7 @@ int main(int argc, char **argv) {
         }
 
         sd_notify_state("STOPPING=1");
+        gpu_jobs_drain(&d); /* groups still starting fail now, and their members hear it */
         group_stop_all(&d, DEVAL_EDAEMON, "devald is shutting down");
         while (d.conns) {
                 Conn *c = d.conns;
@@ -217,6 +221,7 @@ int main(int argc, char **argv) {
                         d.groups->members[k].conn = NULL;
                 group_maybe_free(d.groups);
         }
+        gpu_jobs_drain(&d); /* what the groups' freeing gave back */
         if (d.gpu)
                 gpuw_stop();
         if (!d.socket_activated) /* systemd owns an activated socket's file */

@@ -51,6 +51,8 @@ static const char *state_name(uint32_t s) {
         switch (s) {
         case DV_GROUP_FORMING:
                 return "forming";
+        case DV_GROUP_STARTING:
+                return "starting";
         case DV_GROUP_ACTIVE:
                 return "active";
         case DV_GROUP_FAILED:

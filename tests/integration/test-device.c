@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -503,6 +504,95 @@ static void test_device_group_needs_cuda_backend(void **state) {
         assert_int_equal(harness_run(&H, 1, rank_host_backend, NULL, 20), 0);
 }
 
+/*
+ * devald's loop never waits for a GPU: with every device allocation taking 400 ms (the fake's
+ * $DEVAL_GPU_FAKE_ALLOC_MS), a device group of 2 ranks starts for over a second, during which
+ * deval-ctl shows it starting, and a host group that comes later joins and runs 50
+ * collectives, all before the device group's join returns; its ranks then grow their device
+ * inputs (more slow allocations) while the host group goes on.
+ */
+typedef struct {
+        double host_done;  /* when the host group's ranks finished */
+        double device_in;  /* when the device group's join returned */
+        double device_out; /* when its ranks finished their large gathers */
+        double host_more;  /* when the host group's second round finished */
+        int saw_starting;
+} SlowTimes;
+
+static SlowTimes *slow;
+
+static int rank_slow_alloc(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        (void)world;
+        deval_group *g;
+        if (rank < 2) { /* the device group */
+                CHECK_OK(join_on(h, "slowdev", rank, 2, rank, &g), NULL);
+                slow->device_in = harness_now();
+                /* large enough to grow each rank's device input: more slow allocations */
+                static float x[1 << 18];
+                for (int round = 0; round < 2; round++) {
+                        deval_tensor in = {.data = to_device(rank, x, sizeof(x)),
+                                           .dtype = DEVAL_F32,
+                                           .ndim = 1,
+                                           .shape = {(int64_t)DV_ARRAY_SIZE(x)},
+                                           .device = rank},
+                                     out;
+                        CHECK(in.data, "fake alloc");
+                        CHECK_OK(deval_gather(g, 1, &in, NULL, &out), g);
+                        CHECK(out.shape[0] == 2 * (int64_t)DV_ARRAY_SIZE(x), "rows");
+                        dv_gpu()->free(rank, (DvDevPtr)(uintptr_t)in.data);
+                }
+                slow->device_out = harness_now();
+                deval_leave(g);
+                return 0;
+        }
+        usleep(200 * 1000); /* the device group is starting by now */
+        if (rank == 2) {
+                char out[4096], args[128];
+                snprintf(args, sizeof(args), "status");
+                CHECK(harness_ctl(h, args, out, sizeof(out)) == 0, "status: %s", out);
+                slow->saw_starting = strstr(out, "starting") != NULL;
+        }
+        CHECK_OK(harness_join(h, "slowhost", rank - 2, 2, 10000, &g), NULL);
+        for (int i = 0; i < 50; i++)
+                CHECK_OK(deval_barrier(g), g);
+        slow->host_done = harness_now();
+        while (!slow->device_in)
+                usleep(1000);
+        for (int i = 0; i < 50; i++) {
+                int64_t v = rank;
+                deval_tensor t = {.data = &v, .dtype = DEVAL_I64, .ndim = 0, .device = -1};
+                CHECK_OK(deval_reduce(g, &t, DEVAL_SUM), g);
+                CHECK(v == 5, "sum %lld", (long long)v);
+        }
+        slow->host_more = harness_now();
+        deval_leave(g);
+        return 0;
+}
+
+static void test_slow_gpu_never_stalls_devald(void **state) {
+        (void)state;
+        slow = mmap(NULL, sizeof(*slow), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        assert_true(slow != MAP_FAILED);
+        memset(slow, 0, sizeof(*slow));
+        harness_stop(&H);
+        setenv("DEVAL_GPU_FAKE", "2", 1);
+        setenv("DEVAL_GPU_FAKE_ALLOC_MS", "400", 1); /* devald's GPU workers inherit it */
+        const char *extra[] = {"--backend", "cuda", NULL};
+        harness_start(&H, extra);
+        unsetenv("DEVAL_GPU_FAKE_ALLOC_MS"); /* the ranks' own fake allocations are quick */
+        int failed = harness_run(&H, 4, rank_slow_alloc, NULL, 60);
+        after_cuda(state);
+        assert_int_equal(failed, 0);
+        printf("slow GPU: the host group ran 50 barriers %.3f s before the device group's join "
+               "returned\n",
+               slow->device_in - slow->host_done);
+        assert_true(slow->saw_starting);
+        assert_true(slow->host_done < slow->device_in);
+        assert_true(slow->host_more > 0 && slow->device_out > 0);
+        munmap(slow, sizeof(*slow));
+}
+
 /* Is pid gone: no such process, or a zombie nobody reaped yet? */
 static bool gone(pid_t pid) {
         char path[64], buf[512];
@@ -621,6 +711,7 @@ int main(void) {
                 cmocka_unit_test(test_forty_gpus),
                 cmocka_unit_test(test_device_group_legacy_ipc),
                 cmocka_unit_test(test_sticky_error_contained),
+                cmocka_unit_test(test_slow_gpu_never_stalls_devald),
                 cmocka_unit_test(test_workers_end_with_devald),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
