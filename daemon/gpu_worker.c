@@ -683,6 +683,10 @@ static int gw_run(Gw *gw, const GwReq *req, const DvKernelSeg *segs, const uint6
         return api->run_plan(gw->device, segs, starts, req->nsegs, out->ptr, ptrs, req->nsrcs);
 }
 
+/* A request devald and this worker disagree on: the worker stops. Not a DEVAL_E* (-1 is
+ * DEVAL_EINVAL, which a driver call may return and devald must hear). */
+#define GW_STOP INT_MIN
+
 /* Serve one request; fills rep and *ret_fd (to send). Return: -1 at end of stream. */
 static int gw_serve(Gw *gw, int sock, GwRep *rep, int *ret_fd) {
         GwReq req;
@@ -723,7 +727,7 @@ static int gw_serve(Gw *gw, int sock, GwRep *rep, int *ret_fd) {
         }
         case GW_RUN: {
                 if (req.nsegs > GW_MAX_SEGS || req.nsrcs > GW_MAX_SRCS) {
-                        r = -1;
+                        r = GW_STOP;
                         break;
                 }
                 size_t nseg = req.nsegs, nsrc = req.nsrcs;
@@ -734,18 +738,18 @@ static int gw_serve(Gw *gw, int sock, GwRep *rep, int *ret_fd) {
                     recv_all(sock, segs, nseg * sizeof(*segs), NULL, -1) < 0 ||
                     recv_all(sock, starts, (nseg + 1) * sizeof(*starts), NULL, -1) < 0 ||
                     recv_all(sock, srcs, nsrc * sizeof(*srcs), NULL, -1) < 0) {
-                        r = -1;
+                        r = GW_STOP;
                         break;
                 }
                 r = gw_run(gw, &req, segs, starts, srcs);
                 break;
         }
         default:
-                r = -1;
+                r = GW_STOP;
         }
         if (fd >= 0)
                 close(fd);
-        if (r == -1)
+        if (r == GW_STOP)
                 return -1; /* devald and this worker disagree on the protocol: stop */
         rep->status = r;
         rep->sticky = r < 0 && dv_gpu_sticky();
