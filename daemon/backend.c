@@ -6,6 +6,10 @@
 #define _GNU_SOURCE
 #include "backend.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "config.h"
 #include "daemon.h"
 #include "gpu_worker.h"
@@ -15,9 +19,9 @@
 /*
  * The cuda backend: the GPUs devald sees, by UUID (ranks name theirs by UUID, since their
  * ordinals depend on their CUDA_VISIBLE_DEVICES). auto falls back to host without a GPU.
- * Return: 0, or -1 after saying why.
+ * Return: 0, or -ENODEV / -EIO with why.
  */
-int backend_setup(Daemon *d) {
+int backend_setup(Daemon *d, char *why, size_t whylen) {
         if (strcmp(arg_backend, "host") == 0)
                 return 0;
         const DvGpuApi *gpu = dv_gpu();
@@ -28,18 +32,19 @@ int backend_setup(Daemon *d) {
                                  n < 1 && !dv_gpu_error()[0] ? "none visible" : dv_gpu_error());
                         return 0;
                 }
-                log_err("backend cuda: %s",
-                        n < 1 && !dv_gpu_error()[0] ? "no GPU visible" : dv_gpu_error());
-                return -1;
+                snprintf(why, whylen, "backend cuda: %s",
+                         n < 1 && !dv_gpu_error()[0] ? "no GPU visible" : dv_gpu_error());
+                return -ENODEV;
         }
         d->ngpus = DV_MIN(n, DV_MAX_GPUS);
         for (int k = 0; k < d->ngpus; k++)
                 if (gpu->device_uuid(k, d->gpu_uuid[k]) < 0) {
-                        log_err("backend cuda: %s", dv_gpu_error());
-                        return -1;
+                        snprintf(why, whylen, "backend cuda: %s", dv_gpu_error());
+                        return -EIO;
                 }
-        if (gpuw_start(d->ngpus) < 0)
-                return -1;
+        int r = gpuw_start(d->ngpus, why, whylen);
+        if (r < 0)
+                return r;
         d->gpu = gpu;
         log_info("backend cuda (%s driver): %d GPU%s", gpu->name, d->ngpus,
                  d->ngpus == 1 ? "" : "s");

@@ -4,7 +4,9 @@
  */
 #pragma once
 
+#include <stddef.h>
+
 #include "daemon.h"
 
-/* Set up arg_backend's backend: 0, or -1 after saying why. */
-int backend_setup(Daemon *d);
+/* Set up arg_backend's backend: 0, or a negative errno with why. */
+int backend_setup(Daemon *d, char *why, size_t whylen);

@@ -22,15 +22,16 @@
 
 /**
  * gpu_jobs_init() - the eventfd that jobs post to, in d's epoll (its data: &d->jobs_fd).
- * Return: 0, or -1 after logging why.
+ * Return: 0, or a negative errno with why.
  */
-int gpu_jobs_init(Daemon *d) {
+int gpu_jobs_init(Daemon *d, char *why, size_t whylen) {
         pthread_mutex_init(&d->jobs_lock, NULL);
         d->jobs_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &d->jobs_fd};
         if (d->jobs_fd < 0 || epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->jobs_fd, &ev) < 0) {
-                log_err("cannot set up devald's GPU jobs: %m");
-                return -1;
+                int e = errno;
+                snprintf(why, whylen, "cannot set up devald's GPU jobs: %s", strerror(e));
+                return -e;
         }
         return 0;
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "arena.h"
@@ -39,8 +40,8 @@ struct GpuJob {
         GpuJob *next;
 };
 
-/* The job table: its eventfd into d's epoll. 0, or -1 after logging. */
-int gpu_jobs_init(Daemon *d);
+/* The job table: its eventfd into d's epoll. 0, or a negative errno with why. */
+int gpu_jobs_init(Daemon *d, char *why, size_t whylen);
 /* A job of n arenas for g (NULL: none), zeroed but for those: NULL out of memory. */
 GpuJob *gpu_job_new(Daemon *d, Group *g, int n);
 /* Start j on a thread of its own: 0, or DEVAL_ESYS (j untouched, still the caller's). */

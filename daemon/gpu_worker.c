@@ -341,13 +341,15 @@ static int worker_call(Worker *w, struct iovec *iov, int niov, int fd_out, GwRep
 
 /**
  * gpuw_start() - start the workers of GPUs 0..ngpus-1 (the ordinals devald sees).
- * Return: 0, or -1 after logging which could not start.
+ * Return: 0, or a negative errno with why (which could not start).
  */
-int gpuw_start(int ngpus) {
+int gpuw_start(int ngpus, char *why, size_t whylen) {
         ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
         if (n <= 0) {
-                log_err("cannot find devald's own executable for its GPU workers: %m");
-                return -1;
+                int e = errno;
+                snprintf(why, whylen, "cannot find devald's own executable for its GPU workers: %s",
+                         strerror(e));
+                return -e;
         }
         self_exe[n] = '\0';
         nworkers = DV_MIN(ngpus, DV_MAX_GPUS);
@@ -358,8 +360,8 @@ int gpuw_start(int ngpus) {
                 w->sock = -1;
                 /* a worker whose test copy faulted gets one more try, without test copies */
                 if (worker_spawn(w) < 0 && (!w->no_p2p || worker_spawn(w) < 0)) {
-                        log_err("%s", dv_gpu_error());
-                        return -1;
+                        snprintf(why, whylen, "%s", dv_gpu_error());
+                        return -EIO;
                 }
         }
         return 0;

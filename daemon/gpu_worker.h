@@ -28,8 +28,8 @@ typedef struct {
         uint64_t bytes; /* how many bytes of it the plan reads */
 } GpuwSrc;
 
-/* Start one worker per GPU (0..ngpus-1); 0, or -1 after logging why. */
-int gpuw_start(int ngpus);
+/* Start one worker per GPU (0..ngpus-1); 0, or a negative errno with why. */
+int gpuw_start(int ngpus, char *why, size_t whylen);
 /* Stop every worker and wait for them. */
 void gpuw_stop(void);
 /* The peers whose memory GPU device's kernel reads directly (bit k: GPU k). */

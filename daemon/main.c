@@ -27,9 +27,11 @@
 #include "sd_daemon.h"
 #include "util.h"
 
-static int listen_on(Daemon *d) {
+/* Listen on d->socket_path, replacing a stale socket file. 0, or a negative errno with why. */
+static int listen_on(Daemon *d, char *why, size_t whylen) {
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
         char dir[sizeof(d->socket_path)];
+        int e;
 
         snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->socket_path);
         snprintf(dir, sizeof(dir), "%s", d->socket_path);
@@ -37,30 +39,33 @@ static int listen_on(Daemon *d) {
         if (slash && slash != dir) {
                 *slash = '\0';
                 if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-                        log_err("cannot create %s: %m", dir);
-                        return -1;
+                        e = errno;
+                        snprintf(why, whylen, "cannot create %s: %s", dir, strerror(e));
+                        return -e;
                 }
         }
         int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) {
-                log_err("socket: %m");
-                return -1;
+                e = errno;
+                snprintf(why, whylen, "socket: %s", strerror(e));
+                return -e;
         }
         /* a socket file left by a devald that died is stale: nobody answers on it */
         int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-                log_err("another devald already listens on %s", d->socket_path);
+                snprintf(why, whylen, "another devald already listens on %s", d->socket_path);
                 close(probe);
                 close(fd);
-                return -1;
+                return -EADDRINUSE;
         }
         if (probe >= 0)
                 close(probe);
         unlink(d->socket_path);
         if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 128) < 0) {
-                log_err("cannot listen on %s: %m", d->socket_path);
+                e = errno;
+                snprintf(why, whylen, "cannot listen on %s: %s", d->socket_path, strerror(e));
                 close(fd);
-                return -1;
+                return -e;
         }
         /* every user may connect (as devald.socket's SocketMode=0666 says): each group is
          * kept to the uid that made it */
@@ -118,11 +123,14 @@ int main(int argc, char **argv) {
                 log_err("cannot set up the event loop: %m");
                 return 1;
         }
-        if (backend_setup(&d) < 0 || gpu_jobs_init(&d) < 0)
+        char why[512];
+        int inherited;
+        if (backend_setup(&d, why, sizeof(why)) < 0 || gpu_jobs_init(&d, why, sizeof(why)) < 0 ||
+            (inherited = sd_listen_inherited(&d, why, sizeof(why))) < 0 ||
+            (inherited == 0 && listen_on(&d, why, sizeof(why)) < 0)) {
+                log_err("%s", why);
                 return 1;
-        int inherited = sd_listen_inherited(&d);
-        if (inherited < 0 || (inherited == 0 && listen_on(&d) < 0))
-                return 1;
+        }
         const char *wd = getenv("WATCHDOG_USEC"), *wd_pid = getenv("WATCHDOG_PID");
         if (wd && (!wd_pid || strtol(wd_pid, NULL, 10) == getpid()))
                 d.watchdog_ns = strtoull(wd, NULL, 10) * 1000;

@@ -37,9 +37,9 @@ void sd_notify_state(const char *state) {
 /*
  * Socket activation (sd_listen_fds(3) in a few lines): with LISTEN_PID our pid and
  * LISTEN_FDS=1, fd 3 is a listening socket that systemd made from devald.socket.
- * Return: 1 when it was taken, 0 when there is none, -1 when it is unusable.
+ * Return: 1 when it was taken, 0 when there is none, -EINVAL with why when it is unusable.
  */
-int sd_listen_inherited(Daemon *d) {
+int sd_listen_inherited(Daemon *d, char *why, size_t whylen) {
         const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
         int type = 0;
         socklen_t len = sizeof(type);
@@ -52,14 +52,15 @@ int sd_listen_inherited(Daemon *d) {
         unsetenv("LISTEN_FDS");
         unsetenv("LISTEN_FDNAMES");
         if (strcmp(fds, "1") != 0) {
-                log_err("systemd passed %s sockets; devald takes exactly one", fds);
-                return -1;
+                snprintf(why, whylen, "systemd passed %s sockets; devald takes exactly one", fds);
+                return -EINVAL;
         }
         if (getsockopt(3, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_SEQPACKET ||
             getsockname(3, (struct sockaddr *)&sa, &salen) < 0 || sa.sun_family != AF_UNIX) {
-                log_err("the socket systemd passed is not a SOCK_SEQPACKET Unix socket "
-                        "(ListenSequentialPacket= in devald.socket)");
-                return -1;
+                snprintf(why, whylen,
+                         "the socket systemd passed is not a SOCK_SEQPACKET Unix socket "
+                         "(ListenSequentialPacket= in devald.socket)");
+                return -EINVAL;
         }
         fcntl(3, F_SETFD, FD_CLOEXEC);
         fcntl(3, F_SETFL, fcntl(3, F_GETFL) | O_NONBLOCK);
