@@ -13,18 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "copy.h"
 #include "daemon.h"
 #include "dtype.h"
 #include "util.h"
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #define PARALLEL_MIN (2u << 20)
 #define PIECE_BYTES  (256u << 10)
-#define STREAM_MIN   (8u << 20) /* past this, the output will not stay in cache anyway */
-#define ROW_MAX      4096       /* rows up to this size are assembled, then streamed */
 
 typedef struct {
         uint32_t seg;
@@ -51,63 +46,6 @@ typedef struct {
         Work *work;
 } Pool;
 
-static void fill_pattern(uint8_t *dst, uint64_t len, const uint8_t *pat, size_t es) {
-        if (len == es) {
-                memcpy(dst, pat, es);
-                return;
-        }
-        bool same = true;
-        for (size_t i = 1; i < es; i++)
-                same &= pat[i] == pat[0];
-        if (same) {
-                memset(dst, pat[0], len);
-                return;
-        }
-        uint64_t done = DV_MIN(len, (uint64_t)es);
-        memcpy(dst, pat, done);
-        while (done < len) { /* double the filled prefix */
-                uint64_t n = DV_MIN(done, len - done);
-                memcpy(dst + done, dst, n);
-                done += n;
-        }
-}
-
-/* memcpy, or with job->stream, 16-byte non-temporal stores for the aligned middle. */
-static void copy_out(const ExecJob *job, uint8_t *dst, const uint8_t *src, uint64_t len) {
-#if defined(__SSE2__)
-        if (job->stream && len >= 256) {
-                uint64_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-                memcpy(dst, src, head);
-                dst += head;
-                src += head;
-                len -= head;
-                for (; len >= 64; len -= 64, dst += 64, src += 64) {
-                        __m128i a = _mm_loadu_si128((const __m128i *)src);
-                        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
-                        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
-                        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
-                        _mm_stream_si128((__m128i *)dst, a);
-                        _mm_stream_si128((__m128i *)(dst + 16), b);
-                        _mm_stream_si128((__m128i *)(dst + 32), c);
-                        _mm_stream_si128((__m128i *)(dst + 48), d);
-                }
-                for (; len >= 16; len -= 16, dst += 16, src += 16)
-                        _mm_stream_si128((__m128i *)dst, _mm_loadu_si128((const __m128i *)src));
-        }
-#endif
-        memcpy(dst, src, len);
-}
-
-/* Non-temporal stores are weakly ordered: fence them before the step is published. */
-static void stream_fence(const ExecJob *job) {
-#if defined(__SSE2__)
-        if (job->stream)
-                _mm_sfence();
-#else
-        (void)job;
-#endif
-}
-
 /*
  * A row padded at its end is a copy segment followed by a fill segment of the same pieces
  * (the plan opens them together). Run them piece by piece, so each output cache line is
@@ -132,35 +70,36 @@ static void item_run(const ExecJob *job, const Item *it) {
                 size_t es = dv_dtype_size(job->plan->out[f->tensor].dtype);
                 const uint8_t *pat = job->plan->fill[f->tensor];
                 if (job->stream && f->dst == s->dst + s->len && s->len + f->len == s->dst_stride &&
-                    s->dst_stride <= ROW_MAX) {
+                    s->dst_stride <= DV_ROW_MAX) {
                         /* the row is exactly copy + pad: assemble it, then stream it whole */
-                        _Alignas(64) uint8_t row[ROW_MAX];
-                        fill_pattern(row + s->len, f->len, pat, es);
+                        _Alignas(64) uint8_t row[DV_ROW_MAX];
+                        dv_fill_pattern(row + s->len, f->len, pat, es);
                         for (uint64_t c = it->c0; c < it->c1; c++) {
                                 memcpy(row, src + c * s->src_stride, s->len);
-                                copy_out(job, job->out + s->dst + c * s->dst_stride, row,
-                                         s->dst_stride);
+                                dv_copy_out(job->stream, job->out + s->dst + c * s->dst_stride, row,
+                                            s->dst_stride);
                         }
                         return;
                 }
                 for (uint64_t c = it->c0; c < it->c1; c++) {
                         memcpy(job->out + s->dst + c * s->dst_stride, src + c * s->src_stride,
                                s->len);
-                        fill_pattern(job->out + f->dst + c * f->dst_stride, f->len, pat, es);
+                        dv_fill_pattern(job->out + f->dst + c * f->dst_stride, f->len, pat, es);
                 }
                 return;
         }
         if (s->kind == DV_SEG_COPY) {
                 const uint8_t *src = job->src(job->ctx, s->rank, s->tensor) + s->src;
                 for (uint64_t c = it->c0; c < it->c1; c++)
-                        copy_out(job, job->out + s->dst + c * s->dst_stride + it->b0,
-                                 src + c * s->src_stride + it->b0, len);
+                        dv_copy_out(job->stream, job->out + s->dst + c * s->dst_stride + it->b0,
+                                    src + c * s->src_stride + it->b0, len);
         } else {
                 size_t es = dv_dtype_size(job->plan->out[s->tensor].dtype);
                 const uint8_t *pat = job->plan->fill[s->tensor];
                 for (uint64_t c = it->c0; c < it->c1; c++) {
                         /* pieces start on element boundaries, so the pattern lines up */
-                        fill_pattern(job->out + s->dst + c * s->dst_stride + it->b0, len, pat, es);
+                        dv_fill_pattern(job->out + s->dst + c * s->dst_stride + it->b0, len, pat,
+                                        es);
                 }
         }
 }
@@ -169,7 +108,7 @@ static void work_run(Work *w) {
         for (;;) {
                 size_t i = atomic_fetch_add_explicit(&w->next, 1, memory_order_relaxed);
                 if (i >= w->nitems) {
-                        stream_fence(w->job);
+                        dv_stream_fence(w->job->stream);
                         return;
                 }
                 item_run(w->job, &w->items[i]);
@@ -287,7 +226,7 @@ void exec_host(Group *g, const ExecJob *arg) {
         for (size_t i = 0; i < plan->nsegs; i++)
                 total += plan->segs[i].len * plan->segs[i].count;
         ExecJob copy = *arg, *job = &copy;
-        job->stream = total >= STREAM_MIN;
+        job->stream = total >= DV_STREAM_MIN;
 
         if (total >= PARALLEL_MIN && g->d->threads > 1 && !g->pool)
                 g->pool = pool_new(g->d->threads - 1);
@@ -307,7 +246,7 @@ void exec_host(Group *g, const ExecJob *arg) {
                                 it.pad = (uint32_t)++i;
                         item_run(job, &it);
                 }
-                stream_fence(job);
+                dv_stream_fence(job->stream);
                 return;
         }
         Work w = {.job = job, .items = items, .nitems = nitems};

@@ -18,6 +18,7 @@
 #include "arena.h"
 #include "check.h"
 #include "client.h"
+#include "copy.h"
 #include "dtype.h"
 #include "fault.h"
 #include "kernel_plan.h"
@@ -516,6 +517,40 @@ static int share_bytes(deval_group *g) {
 }
 
 /*
+ * Write checked own segment k into the direct output; with stream, a copy whose rows are
+ * completed by the pad segment after it (the plan opens them together) is written row by
+ * row, assembled in a buffer and streamed whole, so each output line is written once.
+ * Return: the segments written beyond k (0, or 1 for that pad).
+ */
+static uint32_t own_write(deval_group *g, const DvKernelSeg *segs, uint32_t k, uint32_t n,
+                          bool stream) {
+        const DvKernelSeg *s = &segs[k], *f = k + 1 < n ? &segs[k + 1] : NULL;
+        uint8_t *out = g->direct;
+
+        if (s->kind == DV_KSEG_FILL) {
+                for (uint64_t c = 0; c < s->count; c++)
+                        dv_fill_pattern(out + s->dst + c * s->dst_stride, s->len, s->pat, s->elem);
+                return 0;
+        }
+        const uint8_t *src = g->own_src[s->src] + s->src_off;
+        if (stream && f && f->kind == DV_KSEG_FILL && f->count == s->count &&
+            f->dst == s->dst + s->len && f->dst_stride == s->dst_stride &&
+            s->len + f->len == s->dst_stride && s->dst_stride <= DV_ROW_MAX) {
+                _Alignas(64) uint8_t row[DV_ROW_MAX];
+                dv_fill_pattern(row + s->len, f->len, f->pat, f->elem);
+                for (uint64_t c = 0; c < s->count; c++) {
+                        memcpy(row, src + c * s->src_stride, s->len);
+                        dv_copy_out(true, out + s->dst + c * s->dst_stride, row, s->dst_stride);
+                }
+                return 1;
+        }
+        for (uint64_t c = 0; c < s->count; c++)
+                dv_copy_out(stream, out + s->dst + c * s->dst_stride, src + c * s->src_stride,
+                            s->len);
+        return 0;
+}
+
+/*
  * This rank's rows of a step every rank writes into the direct output (DV_SHARE_OWN): the
  * plan's segments of its own sources, read where this rank's own record says its inputs lie
  * (never where the shared slot says), each checked against those inputs and the direct
@@ -525,7 +560,7 @@ static int share_bytes(deval_group *g) {
 static int share_own(deval_group *g, uint32_t seq) {
         const DvShare *sh = g->share;
         uint32_t nsegs = sh->nsegs, per = sh->per_rank, mine = 0;
-        uint64_t gen = sh->gen;
+        uint64_t gen = sh->gen, sh_total = sh->total;
 
         if (nsegs > DV_SHARE_SEGS || per != (uint32_t)g->own_n || per == 0)
                 return -1;
@@ -556,8 +591,11 @@ static int share_own(deval_group *g, uint32_t seq) {
                 segs[mine++] = s;
         }
         DV_FAULT("fast_direct", seq);
+        /* a large output will not stay in the caches: stream it, as devald's executor does */
+        bool stream = sh_total >= DV_STREAM_MIN;
         for (uint32_t k = 0; k < mine; k++)
-                dv_kseg_run(&segs[k], 0, segs[k].len * segs[k].count, g->direct, g->own_src);
+                k += own_write(g, segs, k, mine, stream);
+        dv_stream_fence(stream);
         g->direct_seq = seq;
         return 0;
 }

@@ -669,8 +669,9 @@ static int64_t direct_b(int r, int k, int64_t i) {
         return (int64_t)r * 1000000000 + k * 1000000 + i;
 }
 
+/* round 7 is past the size from which ranks stream their rows (DV_STREAM_MIN) */
 static int64_t direct_rows(int r, int k) {
-        return (k + 1) * 300 + r * 7;
+        return (k == 7 ? 40000 : (k + 1) * 300) + r * 7;
 }
 
 /*
@@ -678,7 +679,7 @@ static int64_t direct_rows(int r, int k) {
  * inputs inline (it stages them), the others' in their own memory, in the same steps; two
  * tensors per rank, ragged in rows and columns, padded first or last, in rank or strided
  * order; sizes growing round by round, so that the runner grows the direct output and the
- * other ranks follow its generation. Every result exact, and (white box) written into the
+ * other ranks follow its generation, up to a result large enough to be streamed. Every result exact, and (white box) written into the
  * direct output. Then steps the ranks cannot run come back unrun, go to devald staged and
  * fail naming what differs (a dtype, an op), and the group goes on.
  */
@@ -688,7 +689,7 @@ static int rank_direct(const Harness *h, int rank, int world, void *arg) {
         setenv("DEVAL_DIRECT_MIN", rank == 3 ? "18446744073709551615" : "0", 1);
         CHECK_OK(harness_join(h, "direct", rank, world, 20000, &g), NULL);
         uint64_t gens = 0, gen = 0;
-        for (int k = 0; k < 6; k++) {
+        for (int k = 0; k < 8; k += k == 5 ? 2 : 1) {
                 int64_t rows = direct_rows(rank, k), cols = 3 + rank + k;
                 float *a = malloc((size_t)(rows * cols) * sizeof(float));
                 int64_t *b = malloc((size_t)rows * sizeof(int64_t));
