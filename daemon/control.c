@@ -26,14 +26,14 @@
 static void group_info(const Group *g, uint64_t now, DvGroupInfo *i) {
         memcpy(i->name, g->name, sizeof(i->name));
         i->uid = (uint32_t)g->uid;
-        i->state = (uint32_t)g->state;
+        i->state = (uint32_t)g->loop.state;
         /* the worker fails a group on a timeout without touching the main thread's state */
         pthread_mutex_lock((pthread_mutex_t *)&g->lock);
-        if (g->abort_status && g->state == DV_GROUP_ACTIVE)
+        if (g->locked.abort_status && g->loop.state == DV_GROUP_ACTIVE)
                 i->state = DV_GROUP_FAILED;
         pthread_mutex_unlock((pthread_mutex_t *)&g->lock);
         i->world_size = g->world;
-        i->joined = g->joined;
+        i->joined = g->loop.joined;
         i->collectives = atomic_load(&((Group *)g)->collectives);
         i->bytes_moved = atomic_load(&((Group *)g)->bytes_moved);
         i->age_us = (now - g->created_ns) / 1000;
@@ -73,7 +73,7 @@ static void handle_status(Daemon *d, Conn *c) {
                 DvGroupInfo *i = &r->groups[r->ngroups++];
                 group_info(g, now, i);
                 pthread_mutex_lock(&g->lock);
-                i->bytes_mapped = g->bytes_mapped;
+                i->bytes_mapped = g->locked.bytes_mapped;
                 pthread_mutex_unlock(&g->lock);
         }
         ssize_t k = dv_send_msg(c->fd, r, len, NULL, 0, MSG_DONTWAIT);
@@ -127,18 +127,19 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
         r->timeout_ms = g->timeout_ns < 0 ? -1 : (int32_t)(g->timeout_ns / 1000000);
         group_info(g, dv_now_ns(), &r->info);
         pthread_mutex_lock(&g->lock);
-        r->waiting_seq = g->waiting_seq;
+        r->waiting_seq = g->locked.waiting_seq;
         r->worker_tid = atomic_load(&g->worker_tid);
         r->numa = g->numa;
         snprintf(r->worker_cpus, sizeof(r->worker_cpus), "%s", g->worker_cpus);
         uint64_t now = dv_now_ns();
-        if (g->waiting_since_ns && now > g->waiting_since_ns)
-                r->waiting_ms = (uint32_t)DV_MIN((now - g->waiting_since_ns) / 1000000, UINT32_MAX);
-        uint32_t n = DV_MIN(g->lat_n, 256u), lat[256];
-        memcpy(lat, g->lat_us, n * sizeof(*lat));
+        if (g->locked.waiting_since_ns && now > g->locked.waiting_since_ns)
+                r->waiting_ms =
+                        (uint32_t)DV_MIN((now - g->locked.waiting_since_ns) / 1000000, UINT32_MAX);
+        uint32_t n = DV_MIN(g->locked.lat_n, 256u), lat[256];
+        memcpy(lat, g->locked.lat_us, n * sizeof(*lat));
         r->latency_n = n;
-        r->info.bytes_mapped = g->bytes_mapped;
-        snprintf(r->abort_msg, sizeof(r->abort_msg), "%s", g->abort_msg);
+        r->info.bytes_mapped = g->locked.bytes_mapped;
+        snprintf(r->abort_msg, sizeof(r->abort_msg), "%s", g->locked.abort_msg);
         for (int k = 0; k < g->world; k++) {
                 const Member *m = &g->members[k];
                 DvRankInfo *ri = &r->ranks[k];
@@ -176,11 +177,12 @@ static void handle_abort(Daemon *d, Conn *c, const DvNameReq *req) {
                 return;
         char msg[DV_MSG_MAX];
         log_info("group '%s' aborted by uid %u (pid %d)", g->name, (unsigned)c->uid, (int)c->pid);
-        if (g->state == DV_GROUP_FORMING) { /* nobody is in a collective yet: tell the joiners */
+        /* forming: nobody is in a collective yet, so tell the joiners */
+        if (g->loop.state == DV_GROUP_FORMING) {
                 snprintf(msg, sizeof(msg), "group '%s' was aborted by uid %u before it formed",
                          g->name, (unsigned)c->uid);
-                g->listed = false;
-                g->state = DV_GROUP_FAILED;
+                g->loop.listed = false;
+                g->loop.state = DV_GROUP_FAILED;
                 for (int k = 0; k < g->world; k++)
                         if (g->members[k].conn)
                                 conn_reply(g->members[k].conn, DEVAL_EABORTED, msg);
@@ -260,7 +262,7 @@ bool control_handle(Daemon *d, Conn *c) {
         case DV_MSG_GROW: {
                 Group *g = c->group;
                 Arena a;
-                if (!g || g->state != DV_GROUP_ACTIVE) {
+                if (!g || g->loop.state != DV_GROUP_ACTIVE) {
                         conn_reply(c, g ? DEVAL_EABORTED : DEVAL_EPROTO,
                                    "this connection has no active group");
                         return true;
@@ -285,9 +287,10 @@ bool control_handle(Daemon *d, Conn *c) {
                 Group *g = c->group;
                 Arena a;
                 uint64_t gen;
-                if (!g || g->state != DV_GROUP_ACTIVE || g->device_group || m.grow.device) {
+                if (!g || g->loop.state != DV_GROUP_ACTIVE || g->device_group || m.grow.device) {
                         conn_reply(c,
-                                   g && g->state != DV_GROUP_ACTIVE ? DEVAL_EABORTED : DEVAL_EPROTO,
+                                   g && g->loop.state != DV_GROUP_ACTIVE ? DEVAL_EABORTED
+                                                                         : DEVAL_EPROTO,
                                    "this connection has no active host group");
                         return true;
                 }
@@ -303,7 +306,7 @@ bool control_handle(Daemon *d, Conn *c) {
         case DV_MSG_DEV_OUTPUT: {
                 Group *g = c->group;
                 uint64_t size, gen;
-                int fd = g && g->state != DV_GROUP_FORMING && g->device_group
+                int fd = g && g->loop.state != DV_GROUP_FORMING && g->device_group
                                  ? group_dev_output_fd(g, c->rank, &size, &gen)
                                  : -1;
                 if (fd < 0) {
@@ -320,7 +323,7 @@ bool control_handle(Daemon *d, Conn *c) {
         case DV_MSG_OUTPUT: {
                 Group *g = c->group;
                 uint64_t size, gen;
-                if (!g || g->state == DV_GROUP_FORMING) {
+                if (!g || g->loop.state == DV_GROUP_FORMING) {
                         conn_reply(c, DEVAL_EPROTO, "this connection has no active group");
                         return true;
                 }

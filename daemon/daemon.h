@@ -4,8 +4,10 @@
  * and the shared-memory arenas a group owns.
  *
  * Threads: the main thread runs the epoll loop and owns connections and the group list; each
- * active group has one worker thread that runs its collectives. Fields a worker and the main
- * thread share are under Group.lock and say so.
+ * active group has one worker thread that runs its collectives; GPU jobs (gpu_jobs.h) make
+ * the device calls that would block the loop. A Group's fields are laid out by owner: what
+ * it is (read-only once its worker runs), loop (the main thread's), locked (shared, written
+ * under its lock), work (its worker's) and the atomics; a Member's fields say whose they are.
  */
 #pragma once
 
@@ -87,63 +89,74 @@ typedef struct {
 } EvalPass;
 
 struct Group {
-        Group *next;
+        Group *next; /* the main thread's: the daemon's list */
         Daemon *d;
+
+        /* What it is: set as it forms and starts, read-only once its worker runs. */
         char name[DV_GROUP_NAME_MAX];
         char launcher[DV_LAUNCHER_MAX]; /* what named it from the job's environment, or "" */
         uid_t uid;
         Usage *usage; /* its uid's */
         int world;
-        int joined;
-        int state;   /* DV_GROUP_*, main thread's */
-        bool listed; /* still findable by name */
         uint64_t created_ns;
-        int64_t timeout_ns; /* < 0: none */
-        uint64_t spin_ns;   /* the worker busy-waits this long for arrivals before sleeping */
-        Member *members;
-
-        Arena ctl; /* the ranks write it: slots, the arrive word */
+        bool device_group;    /* every rank's tensors live on a GPU (cuda backend) */
+        int64_t timeout_ns;   /* < 0: none */
+        uint64_t spin_ns;     /* the worker busy-waits this long for arrivals before sleeping */
+        int numa;             /* where its worker runs and its output lives; -1: anywhere */
+        char worker_cpus[64]; /* the cores its worker is bound to; "" when not bound */
+        Member *members;      /* [world]; each field says whose it is */
+        Arena ctl;            /* the ranks write it: slots, the arrive word */
         DvCtlHeader *hdr;
         Arena done; /* devald writes it; the ranks map it read-only */
         DvDoneHeader *dhdr;
-
+        DvCtlLayout layout; /* of the control segment: devald's copy, never read back from it */
         pthread_t worker;
-        bool worker_started;
         pthread_mutex_t lock;
-        /* under lock */
-        Arena out;
-        uint64_t out_gen;
-        bool device_group;          /* every rank's tensors live on a GPU (cuda backend) */
-        DevArena dout[DV_MAX_GPUS]; /* device groups: one output per GPU that receives */
-        uint64_t dev_out_gen;
-        Arena direct; /* host groups: what ranks write (output_direct()); main thread's */
-        uint64_t direct_gen;
-        int abort_status;
-        char abort_msg[DV_MSG_MAX];
-        uint64_t bytes_mapped;
-        int fds_charged;           /* descriptors counted against its uid (main thread's) */
-        int jobs;                  /* GPU jobs running for it, which keep it (main thread's) */
-        uint32_t waiting_seq;      /* the step the worker waits for */
-        uint64_t waiting_since_ns; /* under lock: its first arrival; 0: none yet */
-        Flight flight;             /* the last collectives, for deval-ctl dump and post-mortems */
-        int numa;                  /* where its worker runs and its output lives; -1: anywhere */
-        char worker_cpus[64];      /* the cores its worker is bound to; "" when not bound */
+
+        /* The main thread's. */
+        struct {
+                int state;   /* DV_GROUP_* */
+                bool listed; /* still findable by name */
+                int joined;
+                bool worker_started;
+                int fds_charged; /* descriptors counted against its uid */
+                int jobs;        /* GPU jobs running for it, which keep it (gpu_jobs.h) */
+                Arena direct;    /* host groups: what the ranks write (output_direct()) */
+                uint64_t direct_gen;
+        } loop;
+
+        /* The worker's and the main thread's: written under lock. The thread that alone
+         * writes a field (the worker: outputs, waiting_*, lat_*) reads it without. */
+        struct {
+                Arena out;
+                uint64_t out_gen;
+                DevArena dout[DV_MAX_GPUS]; /* device groups: one output per GPU that receives */
+                uint64_t dev_out_gen;
+                int abort_status;
+                char abort_msg[DV_MSG_MAX];
+                uint64_t bytes_mapped;
+                uint32_t waiting_seq;      /* the step the worker waits for */
+                uint64_t waiting_since_ns; /* its first arrival; 0: none yet */
+                Flight flight; /* the last collectives, for deval-ctl dump and post-mortems */
+                uint32_t lat_us[256]; /* ring of step latencies (first arrival to completion) */
+                uint32_t lat_n;
+        } locked;
+
+        /* The worker's. */
+        struct {
+                EvalPass pass;
+                int64_t *pass_load; /* [PASS_STREAMS * world]: the ranks' counters, being checked */
+                DvRequest *reqs;
+                uint64_t *arrivals; /* [world], for the recorder */
+                void *pool;
+                uint64_t fast_moved; /* the fast area's bytes_moved when the worker last looked */
+        } work;
+
+        /* Anyone's, atomically. */
         _Atomic int worker_tid;
-        uint32_t lat_us[256]; /* ring of step latencies (first arrival to completion) */
-        uint32_t lat_n;
-
-        /* worker's */
-        EvalPass pass;
-        int64_t *pass_load; /* [PASS_STREAMS * world]: the ranks' counters, being checked */
-        DvRequest *reqs;
-        uint64_t *arrivals; /* [world], for the recorder */
-        void *pool;
-
         _Atomic uint64_t collectives;
         _Atomic uint64_t done_ns; /* when the worker last completed a collective */
         _Atomic uint64_t bytes_moved;
-        uint64_t fast_moved; /* the fast area's bytes_moved when the worker last looked */
-        DvCtlLayout layout;  /* of the control segment: devald's copy, never read back from it */
 };
 
 struct Conn {

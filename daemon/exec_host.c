@@ -228,9 +228,9 @@ void exec_host(Group *g, const ExecJob *arg) {
         ExecJob copy = *arg, *job = &copy;
         job->stream = total >= DV_STREAM_MIN;
 
-        if (total >= PARALLEL_MIN && g->d->threads > 1 && !g->pool)
-                g->pool = pool_new(g->d->threads - 1);
-        Pool *p = g->pool;
+        if (total >= PARALLEL_MIN && g->d->threads > 1 && !g->work.pool)
+                g->work.pool = pool_new(g->d->threads - 1);
+        Pool *p = g->work.pool;
         size_t nitems = 0;
         Item *items = NULL;
         if (total >= PARALLEL_MIN && p && p->n > 0)

@@ -19,7 +19,7 @@
  */
 char *group_flight_json(Group *g, size_t *ret_len) {
         pthread_mutex_lock(&g->lock);
-        char *json = flight_json(&g->flight, g->name, ret_len);
+        char *json = flight_json(&g->locked.flight, g->name, ret_len);
         pthread_mutex_unlock(&g->lock);
         return json;
 }

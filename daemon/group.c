@@ -27,7 +27,7 @@
 /* The live group called name (forming or active), or NULL. */
 Group *group_lookup(Daemon *d, const char *name) {
         for (Group *g = d->groups; g; g = g->next)
-                if (g->listed && strcmp(g->name, name) == 0)
+                if (g->loop.listed && strcmp(g->name, name) == 0)
                         return g;
         return NULL;
 }
@@ -41,7 +41,7 @@ static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret)
                 free(g);
                 return DEVAL_ENOMEM;
         }
-        if (flight_init(&g->flight, req->world_size) < 0) {
+        if (flight_init(&g->locked.flight, req->world_size) < 0) {
                 free(g->members);
                 free(g);
                 return DEVAL_ENOMEM;
@@ -53,7 +53,7 @@ static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret)
                 g->members[r].numa = -1;
         }
         for (int k = 0; k < DV_MAX_GPUS; k++)
-                g->dout[k] = DEV_ARENA_NULL;
+                g->locked.dout[k] = DEV_ARENA_NULL;
         g->device_group = req->has_device != 0;
         g->numa = -1;
         g->d = d;
@@ -63,10 +63,10 @@ static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret)
         g->usage = usage;
         usage->groups++;
         g->world = req->world_size;
-        g->state = DV_GROUP_FORMING;
-        g->listed = true;
+        g->loop.state = DV_GROUP_FORMING;
+        g->loop.listed = true;
         g->created_ns = dv_now_ns();
-        g->ctl = g->done = g->out = g->direct = ARENA_NULL;
+        g->ctl = g->done = g->locked.out = g->loop.direct = ARENA_NULL;
         pthread_mutex_init(&g->lock, NULL);
         g->next = d->groups;
         d->groups = g;
@@ -78,12 +78,12 @@ static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret)
 static void group_free(Group *g) {
         Daemon *d = g->d;
 
-        if (g->worker_started) {
+        if (g->loop.worker_started) {
                 pthread_mutex_lock(&g->lock);
-                if (!g->abort_status) {
-                        g->abort_status = DEVAL_EABORTED;
-                        snprintf(g->abort_msg, sizeof(g->abort_msg), "group '%s' was closed",
-                                 g->name);
+                if (!g->locked.abort_status) {
+                        g->locked.abort_status = DEVAL_EABORTED;
+                        snprintf(g->locked.abort_msg, sizeof(g->locked.abort_msg),
+                                 "group '%s' was closed", g->name);
                 }
                 pthread_mutex_unlock(&g->lock);
                 atomic_fetch_add_explicit(&g->hdr->arrive, 1, memory_order_release);
@@ -103,23 +103,23 @@ static void group_free(Group *g) {
                 gpu_jobs_free_arenas(d, &g->members[r].din, 1);
                 gpu_jobs_free_arenas(d, &g->members[r].din_pending, 1);
         }
-        gpu_jobs_free_arenas(d, g->dout, DV_MAX_GPUS);
+        gpu_jobs_free_arenas(d, g->locked.dout, DV_MAX_GPUS);
         arena_deinit(&g->ctl);
         arena_deinit(&g->done);
-        arena_deinit(&g->out);
-        arena_deinit(&g->direct);
-        exec_pool_free(g->pool);
-        free(g->pass.rows);
-        free(g->pass_load);
-        free(g->pass.parked);
-        free(g->reqs);
-        free(g->arrivals);
+        arena_deinit(&g->locked.out);
+        arena_deinit(&g->loop.direct);
+        exec_pool_free(g->work.pool);
+        free(g->work.pass.rows);
+        free(g->work.pass_load);
+        free(g->work.pass.parked);
+        free(g->work.reqs);
+        free(g->work.arrivals);
         free(g->members);
-        flight_deinit(&g->flight);
+        flight_deinit(&g->locked.flight);
         pthread_mutex_destroy(&g->lock);
         log_info("group '%s' freed", g->name);
-        atomic_fetch_sub(&g->usage->bytes, g->bytes_mapped);
-        g->usage->fds -= g->fds_charged;
+        atomic_fetch_sub(&g->usage->bytes, g->locked.bytes_mapped);
+        g->usage->fds -= g->loop.fds_charged;
         g->usage->groups--;
         usage_put(d, g->usage);
         free(g);
@@ -127,7 +127,7 @@ static void group_free(Group *g) {
 
 /* Free the group once no connection refers to it any more. */
 void group_maybe_free(Group *g) {
-        if (g->jobs)
+        if (g->loop.jobs)
                 return;
         for (int r = 0; r < g->world; r++)
                 if (g->members[r].conn)
@@ -181,7 +181,7 @@ static void group_devices_done(GpuJob *j) {
         char msg[DV_MSG_MAX];
         int r = j->status;
 
-        g->jobs--;
+        g->loop.jobs--;
         if (r < 0)
                 snprintf(msg, sizeof(msg), "devald could not set up group '%s' on its GPUs: %.*s",
                          g->name, DV_MSG_MAX - 128, j->msg);
@@ -192,20 +192,20 @@ static void group_devices_done(GpuJob *j) {
                         int dev = g->members[k].device;
                         g->members[k].din = j->arenas[at++];
                         j->arenas[at - 1] = DEV_ARENA_NULL;
-                        if (g->dout[dev].device < 0) {
-                                g->dout[dev] = j->arenas[at++];
+                        if (g->locked.dout[dev].device < 0) {
+                                g->locked.dout[dev] = j->arenas[at++];
                                 j->arenas[at - 1] = DEV_ARENA_NULL;
                         }
                 }
-                g->dev_out_gen = 1;
+                g->locked.dev_out_gen = 1;
                 g->dhdr->dev_out_gen = 1;
                 r = group_start_worker(g, msg, sizeof(msg));
         }
         gpu_jobs_free_arenas(g->d, j->arenas, j->n); /* what a failure left */
         if (r < 0) {
                 log_err("%s", msg);
-                g->state = DV_GROUP_FAILED;
-                g->listed = false;
+                g->loop.state = DV_GROUP_FAILED;
+                g->loop.listed = false;
                 group_reply_all(g, r, msg);
         } else {
                 log_info("group '%s' active: %d ranks", g->name, g->world);
@@ -250,8 +250,8 @@ static int group_alloc_devices(Group *g, char *msg, size_t msglen) {
                          g->name);
                 return DEVAL_ESYS;
         }
-        g->jobs++;
-        g->state = DV_GROUP_STARTING;
+        g->loop.jobs++;
+        g->loop.state = DV_GROUP_STARTING;
         return 1;
 }
 
@@ -308,8 +308,8 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                          (unsigned long long)d->max_user_bytes);
                 return DEVAL_ENOMEM;
         }
-        g->bytes_mapped = total; /* reserved: group_free() gives it back */
-        g->fds_charged = fds;
+        g->locked.bytes_mapped = total; /* reserved: group_free() gives it back */
+        g->loop.fds_charged = fds;
         g->usage->fds += fds;
         /*
          * Placement: each rank's input on the NUMA node it runs on (it writes it); the worker
@@ -359,12 +359,12 @@ static int group_activate(Group *g, char *msg, size_t msglen) {
                 topo_prefer_memory(g->members[k].in.map, ARENA_INITIAL, g->members[k].numa);
         }
         snprintf(name, sizeof(name), "deval-out-%s", g->name);
-        if ((r = arena_new(name, ARENA_INITIAL, ARENA_OUTPUT, &g->out)) < 0)
+        if ((r = arena_new(name, ARENA_INITIAL, ARENA_OUTPUT, &g->locked.out)) < 0)
                 goto fail;
-        topo_prefer_memory(g->out.map, ARENA_INITIAL, g->numa);
-        g->out_gen = 1;
+        topo_prefer_memory(g->locked.out.map, ARENA_INITIAL, g->numa);
+        g->locked.out_gen = 1;
         g->dhdr->out_gen = 1;
-        g->dhdr->out_size = g->out.size;
+        g->dhdr->out_size = g->locked.out.size;
         if (g->device_group) /* its GPU memory, made by a job: the rest once it is there */
                 return group_alloc_devices(g, msg, msglen);
         return group_start_worker(g, msg, msglen);
@@ -390,12 +390,13 @@ static int group_start_worker(Group *g, char *msg, size_t msglen) {
                 g->spin_ns = (uint64_t)d->spin_us * 1000;
         else
                 g->spin_ns = ncpu >= g->world + 2 ? 20000 : 0;
-        g->reqs = calloc((size_t)g->world, sizeof(*g->reqs));
-        g->arrivals = calloc((size_t)g->world, sizeof(*g->arrivals));
-        g->pass.rows = calloc((size_t)PASS_STREAMS * (size_t)g->world, sizeof(int64_t));
-        g->pass_load = calloc((size_t)PASS_STREAMS * (size_t)g->world, sizeof(int64_t));
-        g->pass.parked = calloc((size_t)g->world, sizeof(bool));
-        if (!g->reqs || !g->arrivals || !g->pass.rows || !g->pass_load || !g->pass.parked) {
+        g->work.reqs = calloc((size_t)g->world, sizeof(*g->work.reqs));
+        g->work.arrivals = calloc((size_t)g->world, sizeof(*g->work.arrivals));
+        g->work.pass.rows = calloc((size_t)PASS_STREAMS * (size_t)g->world, sizeof(int64_t));
+        g->work.pass_load = calloc((size_t)PASS_STREAMS * (size_t)g->world, sizeof(int64_t));
+        g->work.pass.parked = calloc((size_t)g->world, sizeof(bool));
+        if (!g->work.reqs || !g->work.arrivals || !g->work.pass.rows || !g->work.pass_load ||
+            !g->work.pass.parked) {
                 r = DEVAL_ENOMEM;
                 goto fail;
         }
@@ -403,7 +404,7 @@ static int group_start_worker(Group *g, char *msg, size_t msglen) {
                 r = DEVAL_ESYS;
                 goto fail;
         }
-        g->worker_started = true;
+        g->loop.worker_started = true;
         /* the ranks may run their first steps without it: deval-ctl shows it from the start
          * (its thread id comes from the thread itself, within microseconds) */
         for (int i = 0; i < 10000 && !atomic_load(&g->worker_tid); i++)
@@ -411,7 +412,7 @@ static int group_start_worker(Group *g, char *msg, size_t msglen) {
         if (topo_bind_thread(g->worker, g->numa, g->worker_cpus, sizeof(g->worker_cpus)) == 0)
                 log_debug("group '%s': worker on NUMA node %d (cpus %s)", g->name, g->numa,
                           g->worker_cpus);
-        g->state = DV_GROUP_ACTIVE;
+        g->loop.state = DV_GROUP_ACTIVE;
         return 0;
 fail:
         snprintf(msg, msglen, "devald could not set up group '%s': %s", g->name, deval_strerror(r));
@@ -429,15 +430,15 @@ static void group_reply_all(Group *g, int status, const char *msg) {
                 }
                 /* the worker runs: the outputs are its to replace, under the lock */
                 pthread_mutex_lock(&g->lock);
-                int fds[6] = {g->ctl.fd, g->done.fd, m->in.fd, g->out.fd};
-                uint64_t sizes[6] = {g->ctl.size, g->done.size, m->in.size, g->out.size};
-                uint64_t gen = g->out_gen, dev_gen = g->dev_out_gen;
+                int fds[6] = {g->ctl.fd, g->done.fd, m->in.fd, g->locked.out.fd};
+                uint64_t sizes[6] = {g->ctl.size, g->done.size, m->in.size, g->locked.out.size};
+                uint64_t gen = g->locked.out_gen, dev_gen = g->locked.dev_out_gen;
                 int n = 4;
                 if (g->device_group) {
                         fds[4] = m->din.fd;
                         sizes[4] = m->din.size;
-                        fds[5] = g->dout[m->device].fd;
-                        sizes[5] = g->dout[m->device].size;
+                        fds[5] = g->locked.dout[m->device].fd;
+                        sizes[5] = g->locked.dout[m->device].size;
                         n = 6;
                 }
                 pthread_mutex_unlock(&g->lock);
@@ -545,15 +546,15 @@ int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msgle
                 req->timeout_ms > 0 ? dv_now_ns() + (uint64_t)req->timeout_ms * 1000000ull : 0;
         c->group = g;
         c->rank = req->rank;
-        g->joined++;
+        g->loop.joined++;
         log_debug("group '%s': rank %d joined (pid %d)", g->name, req->rank, (int)c->pid);
-        if (g->joined < g->world)
+        if (g->loop.joined < g->world)
                 return 1;
 
         if ((r = group_activate(g, msg, msglen)) < 0) {
                 log_err("%s", msg);
-                g->state = DV_GROUP_FAILED;
-                g->listed = false;
+                g->loop.state = DV_GROUP_FAILED;
+                g->loop.listed = false;
                 group_reply_all(g, r, msg);
                 return 0;
         }
@@ -576,23 +577,23 @@ void group_fail(Group *g, int status, const char *fmt, ...) {
         bool first = false;
 
         pthread_mutex_lock(&g->lock);
-        if (!g->abort_status) {
-                g->abort_status = status;
+        if (!g->locked.abort_status) {
+                g->locked.abort_status = status;
                 va_start(ap, fmt);
-                vsnprintf(g->abort_msg, sizeof(g->abort_msg), fmt, ap);
+                vsnprintf(g->locked.abort_msg, sizeof(g->locked.abort_msg), fmt, ap);
                 va_end(ap);
                 first = true;
         }
         pthread_mutex_unlock(&g->lock);
         /* a rank leaving after its last collective is how a group normally ends */
         if (first)
-                log_printf(status == DEVAL_EPEER && strstr(g->abort_msg, "left the group")
+                log_printf(status == DEVAL_EPEER && strstr(g->locked.abort_msg, "left the group")
                                    ? LOG_LEVEL_DEBUG
                                    : LOG_LEVEL_INFO,
-                           "group '%s' failed: %s", g->name, g->abort_msg);
-        g->state = DV_GROUP_FAILED;
-        g->listed = false;
-        if (g->worker_started) {
+                           "group '%s' failed: %s", g->name, g->locked.abort_msg);
+        g->loop.state = DV_GROUP_FAILED;
+        g->loop.listed = false;
+        if (g->loop.worker_started) {
                 atomic_fetch_add_explicit(&g->hdr->arrive, 1, memory_order_release);
                 dv_futex_wake(&g->hdr->arrive);
         }
@@ -601,7 +602,7 @@ void group_fail(Group *g, int status, const char *fmt, ...) {
 /* What the group is doing now, for messages: "during collective #7 (gather)". */
 static void group_where(Group *g, char *buf, size_t len) {
         pthread_mutex_lock(&g->lock);
-        uint32_t seq = g->waiting_seq;
+        uint32_t seq = g->locked.waiting_seq;
         pthread_mutex_unlock(&g->lock);
         for (int k = 0; k < g->world; k++) {
                 DvSlot *s = &g->hdr->slots[k];
@@ -626,16 +627,16 @@ void group_member_gone(Group *g, int rank, bool left) {
         char where[128];
 
         m->conn = NULL;
-        if (g->state == DV_GROUP_FORMING) {
+        if (g->loop.state == DV_GROUP_FORMING) {
                 m->state = MEMBER_EMPTY;
-                g->joined--;
+                g->loop.joined--;
                 log_debug("group '%s': rank %d gave up before the group formed", g->name, rank);
                 return;
         }
         if (m->state != MEMBER_JOINED)
                 return;
         m->state = left ? MEMBER_LEFT : MEMBER_DEAD;
-        if (g->state != DV_GROUP_ACTIVE)
+        if (g->loop.state != DV_GROUP_ACTIVE)
                 return;
         char how[96];
         proc_state(m->pid, how, sizeof(how));
@@ -650,7 +651,7 @@ void group_member_gone(Group *g, int rank, bool left) {
 /* Answer joins whose deadline passed with DEVAL_ETIMEDOUT naming the missing ranks. */
 void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns) {
         for (Group *g = d->groups; g; g = g->next) {
-                if (g->state != DV_GROUP_FORMING)
+                if (g->loop.state != DV_GROUP_FORMING)
                         continue;
                 for (int k = 0; k < g->world; k++) {
                         Member *m = &g->members[k];
@@ -666,7 +667,7 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns) {
                         int n = snprintf(msg, sizeof(msg),
                                          "group '%s' did not form within %d ms: %d of %d ranks "
                                          "joined; never joined:",
-                                         g->name, m->timeout_ms, g->joined, g->world);
+                                         g->name, m->timeout_ms, g->loop.joined, g->world);
                         for (int j = 0; j < g->world && n < (int)sizeof(msg) - 16; j++)
                                 if (g->members[j].state == MEMBER_EMPTY)
                                         n += snprintf(msg + n, sizeof(msg) - (size_t)n, " %d", j);
@@ -678,7 +679,7 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns) {
         }
         for (Group **p = &d->groups; *p;) {
                 Group *g = *p;
-                if (g->state == DV_GROUP_FORMING && g->joined == 0) {
+                if (g->loop.state == DV_GROUP_FORMING && g->loop.joined == 0) {
                         group_free(g); /* unlinks *p */
                         continue;
                 }
@@ -696,7 +697,7 @@ void group_expire_idle(Daemon *d, uint64_t now, int64_t *next_ns) {
                 return;
         uint64_t limit = (uint64_t)d->idle_timeout_s * 1000000000ull;
         for (Group *g = d->groups; g; g = g->next) {
-                if (g->state != DV_GROUP_FORMING && g->state != DV_GROUP_ACTIVE)
+                if (g->loop.state != DV_GROUP_FORMING && g->loop.state != DV_GROUP_ACTIVE)
                         continue;
                 uint64_t last = atomic_load_explicit(&g->done_ns, memory_order_relaxed);
                 last = DV_MAX(last, g->created_ns);
@@ -707,7 +708,7 @@ void group_expire_idle(Daemon *d, uint64_t now, int64_t *next_ns) {
                                 *next_ns = left;
                         continue;
                 }
-                if (g->state == DV_GROUP_FORMING) {
+                if (g->loop.state == DV_GROUP_FORMING) {
                         /* group_expire_joins() answers the ranks that came, at once */
                         for (int k = 0; k < g->world; k++)
                                 if (g->members[k].state == MEMBER_JOINED) {
@@ -770,8 +771,8 @@ static void group_dev_input_done(GpuJob *j) {
         Member *m = &g->members[j->rank];
         bool asking = m->conn == j->conn; /* the member that asked is still connected */
 
-        g->jobs--;
-        if (j->status == 0 && asking && g->state == DV_GROUP_ACTIVE) {
+        g->loop.jobs--;
+        if (j->status == 0 && asking && g->loop.state == DV_GROUP_ACTIVE) {
                 DevArena a = j->arenas[0];
                 j->arenas[0] = DEV_ARENA_NULL;
                 pthread_mutex_lock(&g->lock);
@@ -839,7 +840,7 @@ int group_grow_dev_input(Group *g, Conn *c, uint64_t size, char *msg, size_t msg
                          (unsigned long long)ch.want, m->device);
                 return DEVAL_ESYS;
         }
-        g->jobs++;
+        g->loop.jobs++;
         return 1;
 }
 
@@ -849,9 +850,9 @@ int group_dev_output_fd(Group *g, int rank, uint64_t *size, uint64_t *gen) {
         if (dev < 0)
                 return -1;
         pthread_mutex_lock(&g->lock);
-        int fd = g->dout[dev].fd;
-        *size = g->dout[dev].size;
-        *gen = g->dev_out_gen;
+        int fd = g->locked.dout[dev].fd;
+        *size = g->locked.dout[dev].size;
+        *gen = g->locked.dev_out_gen;
         pthread_mutex_unlock(&g->lock);
         return fd;
 }
@@ -859,9 +860,9 @@ int group_dev_output_fd(Group *g, int rank, uint64_t *size, uint64_t *gen) {
 /* The current output arena's fd (owned by the group), its size and generation, or -1. */
 int group_output_fd(Group *g, uint64_t *size, uint64_t *gen) {
         pthread_mutex_lock(&g->lock);
-        int fd = g->out.fd;
-        *size = g->out.size;
-        *gen = g->out_gen;
+        int fd = g->locked.out.fd;
+        *size = g->locked.out.size;
+        *gen = g->locked.out_gen;
         pthread_mutex_unlock(&g->lock);
         return fd;
 }
@@ -869,7 +870,7 @@ int group_output_fd(Group *g, uint64_t *size, uint64_t *gen) {
 /* Fail every group with status (devald is stopping) and wait for their workers. */
 void group_stop_all(Daemon *d, int status, const char *why) {
         for (Group *g = d->groups; g; g = g->next) {
-                if (g->state == DV_GROUP_FORMING) {
+                if (g->loop.state == DV_GROUP_FORMING) {
                         for (int k = 0; k < g->world; k++)
                                 if (g->members[k].conn)
                                         conn_reply(g->members[k].conn, status, why);
@@ -878,8 +879,8 @@ void group_stop_all(Daemon *d, int status, const char *why) {
                 group_fail(g, status, "%s", why);
         }
         for (Group *g = d->groups; g; g = g->next)
-                if (g->worker_started) {
+                if (g->loop.worker_started) {
                         pthread_join(g->worker, NULL);
-                        g->worker_started = false;
+                        g->loop.worker_started = false;
                 }
 }

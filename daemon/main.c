@@ -220,7 +220,7 @@ int main(int argc, char **argv) {
         while (d.conns) {
                 Conn *c = d.conns;
                 if (c->group)
-                        c->group->state = DV_GROUP_CLOSING;
+                        c->group->loop.state = DV_GROUP_CLOSING;
                 conn_close(&d, c);
         }
         conns_reap(&d);

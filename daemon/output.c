@@ -56,14 +56,14 @@ static int output_replace(Group *g, Arena *slot, uint64_t *gen, int kind, const 
  * Return: 0, or DEVAL_ENOMEM with msg.
  */
 int output_ensure(Group *g, uint64_t size, char *msg, size_t msglen) {
-        if (size <= g->out.size)
+        if (size <= g->locked.out.size)
                 return 0;
-        int r = output_replace(g, &g->out, &g->out_gen, ARENA_OUTPUT, "deval-out", size, msg,
-                               msglen);
+        int r = output_replace(g, &g->locked.out, &g->locked.out_gen, ARENA_OUTPUT, "deval-out",
+                               size, msg, msglen);
         if (r < 0)
                 return r;
-        g->dhdr->out_gen = g->out_gen;
-        g->dhdr->out_size = g->out.size;
+        g->dhdr->out_gen = g->locked.out_gen;
+        g->dhdr->out_size = g->locked.out.size;
         return 0;
 }
 
@@ -73,7 +73,7 @@ int output_ensure(Group *g, uint64_t size, char *msg, size_t msglen) {
  */
 int output_ensure_dev(Group *g, uint64_t size, char *msg, size_t msglen) {
         for (int dev = 0; dev < DV_MAX_GPUS; dev++) {
-                DevArena *cur = &g->dout[dev], a;
+                DevArena *cur = &g->locked.dout[dev], a;
                 if (cur->device < 0 || size <= cur->size)
                         continue;
                 Charge ch;
@@ -94,11 +94,11 @@ int output_ensure_dev(Group *g, uint64_t size, char *msg, size_t msglen) {
                 pthread_mutex_lock(&g->lock);
                 DevArena old = *cur;
                 *cur = a; /* its fd stays open: ranks fetch it with DV_MSG_DEV_OUTPUT */
-                g->dev_out_gen++;
+                g->locked.dev_out_gen++;
                 charge_commit(&ch);
                 pthread_mutex_unlock(&g->lock);
                 dev_arena_deinit(&old);
-                g->dhdr->dev_out_gen = g->dev_out_gen;
+                g->dhdr->dev_out_gen = g->locked.dev_out_gen;
         }
         return 0;
 }
@@ -111,13 +111,13 @@ int output_ensure_dev(Group *g, uint64_t size, char *msg, size_t msglen) {
  * or DEVAL_ENOMEM / an allocation failure with msg.
  */
 int output_direct(Group *g, uint64_t size, Arena *ret, uint64_t *gen, char *msg, size_t msglen) {
-        if (size > g->direct.size || g->direct.fd < 0) {
-                int r = output_replace(g, &g->direct, &g->direct_gen, ARENA_SHARED, "deval-direct",
-                                       size, msg, msglen);
+        if (size > g->loop.direct.size || g->loop.direct.fd < 0) {
+                int r = output_replace(g, &g->loop.direct, &g->loop.direct_gen, ARENA_SHARED,
+                                       "deval-direct", size, msg, msglen);
                 if (r < 0)
                         return r;
         }
-        *ret = g->direct;
-        *gen = g->direct_gen;
+        *ret = g->loop.direct;
+        *gen = g->loop.direct_gen;
         return 0;
 }

@@ -68,7 +68,7 @@ static bool in_inline(const Step *s, int k) {
 
 /* Where rank k's host input of this step lies: its input arena, or its inline bytes. */
 static const uint8_t *in_base(const Group *g, const DvRequest *q) {
-        int k = (int)(q - g->reqs);
+        int k = (int)(q - g->work.reqs);
         if (q->flags & DV_REQ_INLINE)
                 return g->ctl.map + g->layout.inl_off + (uint64_t)k * g->layout.inline_size;
         return g->members[k].in.map;
@@ -167,7 +167,7 @@ static int plan_status(Step *s, int r, const DvPlan *p) {
 
 /* Which eval-pass stream a request counts in (a call site, tensors or objects); -1: none. */
 static int pass_stream(const Group *g, const DvRequest *q) {
-        if (!g->pass.active || q->site >= DV_PASS_SITES)
+        if (!g->work.pass.active || q->site >= DV_PASS_SITES)
                 return -1;
         if (q->op == DV_OP_GATHER_METRICS)
                 return (int)q->site;
@@ -193,10 +193,10 @@ static void plan_input(Step *s, int n, const DvShape *shapes, const int64_t *val
                             .max_out = g->d->max_group_bytes};
         if (stream >= 0) {
                 in->in_pass = true;
-                in->order = g->pass.order;
-                in->num_samples = g->pass.num_samples;
-                in->pass_total = g->pass.total[stream];
-                in->pass_rows = &g->pass.rows[stream * g->world];
+                in->order = g->work.pass.order;
+                in->num_samples = g->work.pass.num_samples;
+                in->pass_total = g->work.pass.total[stream];
+                in->pass_rows = &g->work.pass.rows[stream * g->world];
         }
 }
 
@@ -204,10 +204,10 @@ static void pass_advance(Group *g, const DvRequest *q, const DvPlan *p) {
         int stream = pass_stream(g, q);
         if (stream < 0)
                 return;
-        g->pass.used |= 1u << stream;
+        g->work.pass.used |= 1u << stream;
         for (int k = 0; k < g->world; k++) {
-                g->pass.rows[stream * g->world + k] += p->contributed[k];
-                g->pass.total[stream] += p->contributed[k];
+                g->work.pass.rows[stream * g->world + k] += p->contributed[k];
+                g->work.pass.total[stream] += p->contributed[k];
         }
 }
 
@@ -232,7 +232,7 @@ static DvPassShared *pass_shared(const Group *g) {
  */
 static int pass_load(Step *s) {
         Group *g = s->g;
-        EvalPass *ps = &g->pass;
+        EvalPass *ps = &g->work.pass;
         const DvPassShared *sh = pass_shared(g);
         size_t n = (size_t)PASS_STREAMS * (size_t)g->world;
 
@@ -241,7 +241,7 @@ static int pass_load(Step *s) {
         int64_t total[PASS_STREAMS];
         uint32_t used = sh->used;
         memcpy(total, sh->total, sizeof(total));
-        int64_t *rows = g->pass_load;
+        int64_t *rows = g->work.pass_load;
         memcpy(rows, sh->rows, n * sizeof(*rows));
         for (int st = 0; st < PASS_STREAMS; st++) {
                 if (!dv_pass_counts_ok(&rows[st * g->world], g->world, total[st]) ||
@@ -260,7 +260,7 @@ static int pass_load(Step *s) {
 
 /* After every step: the pass's state, for the ranks that run the next gathers for metrics. */
 static void pass_store(Group *g) {
-        const EvalPass *ps = &g->pass;
+        const EvalPass *ps = &g->work.pass;
         DvPassShared *sh = pass_shared(g);
         sh->order = ps->order;
         sh->num_samples = ps->num_samples;
@@ -320,19 +320,19 @@ static void pass_empty(DvRequest *q, const DvRequest *tmpl, uint32_t seq) {
  */
 static int pass_park(Step *s) {
         Group *g = s->g;
-        EvalPass *ps = &g->pass;
+        EvalPass *ps = &g->work.pass;
         int tmpl = -1, first = -1;
 
         /* device results live on GPUs: a parked rank could not keep them to replay */
         if (!ps->active || g->device_group)
                 return 0;
         for (int k = 0; k < g->world && tmpl < 0; k++)
-                if (!ps->parked[k] && g->reqs[k].op != DV_OP_EVAL_END)
+                if (!ps->parked[k] && g->work.reqs[k].op != DV_OP_EVAL_END)
                         tmpl = k;
         if (tmpl < 0)
                 return 0; /* every rank has ended the pass: this step closes it */
         for (int k = 0; k < g->world; k++) {
-                if (ps->parked[k] || g->reqs[k].op != DV_OP_EVAL_END)
+                if (ps->parked[k] || g->work.reqs[k].op != DV_OP_EVAL_END)
                         continue;
                 ps->parked[k] = true;
                 ps->nparked++;
@@ -345,7 +345,7 @@ static int pass_park(Step *s) {
         for (int k = 0; k < g->world && first < 0; k++)
                 if (ps->parked[k])
                         first = k;
-        const DvRequest *t = &g->reqs[tmpl];
+        const DvRequest *t = &g->work.reqs[tmpl];
         switch (t->op) {
         case DV_OP_GATHER:
         case DV_OP_GATHER_METRICS:
@@ -364,7 +364,7 @@ static int pass_park(Step *s) {
         }
         for (int k = 0; k < g->world; k++)
                 if (ps->parked[k])
-                        pass_empty(&g->reqs[k], t, s->seq);
+                        pass_empty(&g->work.reqs[k], t, s->seq);
         return 0;
 }
 
@@ -375,7 +375,7 @@ static int check_gather_opts(Step *s) {
         SAME_ON_ALL(s, root, "%d", "root");
         bool metrics =
                 s->reqs[0].op == DV_OP_GATHER_METRICS || s->reqs[0].op == DV_OP_OBJECTS_METRICS;
-        for (int k = 0; metrics && s->g->pass.active && k < s->g->world; k++) {
+        for (int k = 0; metrics && s->g->work.pass.active && k < s->g->world; k++) {
                 if (s->reqs[k].site >= DV_PASS_SITES)
                         return step_fail(s, DEVAL_EPROTO,
                                          "malformed request from rank %d (pid %d): call site %u", k,
@@ -436,9 +436,10 @@ static int exec_device(Step *s, const DvPlan *p, bool pad) {
                                                            .off = s->reqs[k].t[i].offset,
                                                            .bytes = s->reqs[k].t[i].nbytes};
         for (int dev = 0; dev < DV_MAX_GPUS; dev++) {
-                if (g->dout[dev].device < 0)
+                if (g->locked.dout[dev].device < 0)
                         continue;
-                r = gpuw_run(dev, segs, starts, (uint32_t)p->nsegs, &g->dout[dev], srcs, nsrcs);
+                r = gpuw_run(dev, segs, starts, (uint32_t)p->nsegs, &g->locked.dout[dev], srcs,
+                             nsrcs);
                 if (r < 0)
                         return step_fail(s, r, "collective #%u (%s): the copy on GPU %d failed: %s",
                                          s->seq, dv_op_name(s->reqs[0].op), dev, dv_gpu_error());
@@ -485,7 +486,7 @@ static int step_gather(Step *s) {
                 if ((r = output_ensure(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
                         goto out_msg;
                 SrcCtx ctx = {.g = g, .reqs = s->reqs};
-                ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->out.map};
+                ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->locked.out.map};
                 exec_host(g, &job);
         }
         pass_advance(g, &s->reqs[0], &p);
@@ -579,7 +580,7 @@ static int step_objects(Step *s) {
                 dv_plan_deinit(&p);
                 goto out;
         }
-        uint8_t *o = g->out.map;
+        uint8_t *o = g->locked.out.map;
         uint64_t li = 0, bo = 0;
         for (size_t j = 0; j < p.nruns; j++) {
                 const DvRun *run = &p.runs[j];
@@ -652,7 +653,7 @@ static int step_pad(Step *s) {
                 if ((r = output_ensure(g, p.out_end, s->msg, sizeof(s->msg))) < 0)
                         goto out;
                 SrcCtx ctx = {.g = g, .reqs = s->reqs, .first_tensor = true};
-                ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->out.map};
+                ExecJob job = {.plan = &p, .src = src_of, .ctx = &ctx, .out = g->locked.out.map};
                 exec_host(g, &job);
         }
         atomic_fetch_add_explicit(&g->bytes_moved, p.out_end, memory_order_relaxed);
@@ -702,7 +703,7 @@ static int step_reduce(Step *s) {
                                 in_base(g, &s->reqs[k]) + s->reqs[k].t[0].offset + e * es;
                         dv_reduce_accumulate(t->dtype, op, acc, x, n);
                 }
-                dv_reduce_finish(t->dtype, op, W, acc, g->out.map + e * es, n);
+                dv_reduce_finish(t->dtype, op, W, acc, g->locked.out.map + e * es, n);
         }
         atomic_fetch_add_explicit(&g->bytes_moved, t->nbytes, memory_order_relaxed);
         DvShape sh = dv_shape_of(t);
@@ -739,7 +740,7 @@ static int step_broadcast(Step *s, bool bytes) {
         const DvTensorDesc *t = &s->reqs[root].t[0];
         if ((r = output_ensure(g, t->nbytes, s->msg, sizeof(s->msg))) < 0)
                 return r;
-        memcpy(g->out.map, in_base(g, &s->reqs[root]) + t->offset, t->nbytes);
+        memcpy(g->locked.out.map, in_base(g, &s->reqs[root]) + t->offset, t->nbytes);
         atomic_fetch_add_explicit(&g->bytes_moved, t->nbytes, memory_order_relaxed);
         DvShape sh = dv_shape_of(t);
         for (int k = 0; k < W; k++) {
@@ -752,7 +753,7 @@ static int step_broadcast(Step *s, bool bytes) {
 
 /* Every stream the pass gathered in must have returned all num_samples samples. */
 static int pass_check_complete(Step *s) {
-        const EvalPass *ps = &s->g->pass;
+        const EvalPass *ps = &s->g->work.pass;
         for (int st = 0; st < PASS_STREAMS; st++) {
                 if (!(ps->used & (1u << st)))
                         continue;
@@ -772,7 +773,7 @@ static int pass_check_complete(Step *s) {
 
 static int step_eval(Step *s, bool begin) {
         Group *g = s->g;
-        EvalPass *ps = &g->pass;
+        EvalPass *ps = &g->work.pass;
 
         if (!begin) {
                 if (!ps->active)
@@ -892,19 +893,19 @@ static int step_dispatch(Step *s) {
  * Return: the step's status (0 or a negative DEVAL_E*), as every rank will see it.
  */
 int step_run(Group *g, uint32_t seq) {
-        Step s = {.g = g, .seq = seq, .reqs = g->reqs, .h = g->hdr};
-        EvalPass *ps = &g->pass;
+        Step s = {.g = g, .seq = seq, .reqs = g->work.reqs, .h = g->hdr};
+        EvalPass *ps = &g->work.pass;
 
         for (int k = 0; k < g->world; k++) {
-                memcpy(&g->reqs[k], &g->hdr->slots[k].req, sizeof(DvRequest));
+                memcpy(&g->work.reqs[k], &g->hdr->slots[k].req, sizeof(DvRequest));
                 memset(&g->dhdr->res[k], 0, offsetof(DvResult, t));
         }
         int r = step_dispatch(&s);
         for (int k = 0; k < g->world; k++) { /* what a parked rank needs to replay it */
                 DvResult *res = res_of(&s, k);
-                res->op = g->reqs[k].op;
-                res->site = g->reqs[k].site;
-                res->batch = g->reqs[k].batch;
+                res->op = g->work.reqs[k].op;
+                res->site = g->work.reqs[k].site;
+                res->batch = g->work.reqs[k].batch;
         }
         /* a failure while devald answers for parked ranks is theirs too, when the pass closes */
         if (r < 0 && ps->active && ps->nparked && !ps->status) {
@@ -912,12 +913,12 @@ int step_run(Group *g, uint32_t seq) {
                 snprintf(ps->msg, sizeof(ps->msg),
                          "collective #%u (%s) failed after this rank "
                          "ended the pass: %.*s",
-                         seq, dv_op_name(g->reqs[0].op), DV_MSG_MAX - 96, s.msg);
+                         seq, dv_op_name(g->work.reqs[0].op), DV_MSG_MAX - 96, s.msg);
         }
         /* ranks that called eval_end and were not parked have their answer with this step */
         ps->released = false;
         for (int k = 0; k < g->world; k++)
-                ps->released |= g->reqs[k].op == DV_OP_EVAL_END && !ps->parked[k];
+                ps->released |= g->work.reqs[k].op == DV_OP_EVAL_END && !ps->parked[k];
         /* released ranks no longer answer for themselves in this pass: it is over for all
          * (only a close that failed before step_eval(), from a malformed request, gets here
          * with the pass still open) */

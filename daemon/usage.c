@@ -65,7 +65,7 @@ bool usage_reserve(Usage *u, uint64_t limit, uint64_t n) {
 int charge_take(Group *g, uint64_t current, uint64_t size, Charge *ret, char *why, size_t whylen) {
         uint64_t max = g->d->max_group_bytes, user_max = g->d->max_user_bytes;
         pthread_mutex_lock(&g->lock);
-        uint64_t others = g->bytes_mapped - current;
+        uint64_t others = g->locked.bytes_mapped - current;
         pthread_mutex_unlock(&g->lock);
         if (size > max || others + size > max) {
                 snprintf(why, whylen, "group '%s' past its quota of %llu bytes (--max-group-bytes)",
@@ -91,7 +91,7 @@ int charge_take(Group *g, uint64_t current, uint64_t size, Charge *ret, char *wh
 }
 
 void charge_commit(Charge *c) {
-        c->g->bytes_mapped += c->want - c->current;
+        c->g->locked.bytes_mapped += c->want - c->current;
 }
 
 void charge_drop(Charge *c) {

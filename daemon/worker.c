@@ -35,8 +35,8 @@ static void worker_publish_abort(Group *g) {
         DvDoneHeader *h = g->dhdr;
 
         pthread_mutex_lock(&g->lock);
-        memcpy(h->abort_msg, g->abort_msg, sizeof(h->abort_msg));
-        int status = g->abort_status;
+        memcpy(h->abort_msg, g->locked.abort_msg, sizeof(h->abort_msg));
+        int status = g->locked.abort_status;
         pthread_mutex_unlock(&g->lock);
         /* release: abort_msg is complete before a client can see abort_status */
         atomic_store_explicit(&h->abort_status, status, memory_order_release);
@@ -45,7 +45,7 @@ static void worker_publish_abort(Group *g) {
 
 static int worker_aborted(Group *g) {
         pthread_mutex_lock(&g->lock);
-        int s = g->abort_status;
+        int s = g->locked.abort_status;
         pthread_mutex_unlock(&g->lock);
         return s;
 }
@@ -66,7 +66,7 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
                 if (seq > 1)
                         n += snprintf(msg + n, sizeof(msg) - (size_t)n,
                                       " never arrived, still after collective #%u (%s);", seq - 1,
-                                      dv_op_name(g->reqs[k].op));
+                                      dv_op_name(g->work.reqs[k].op));
                 else
                         n += snprintf(msg + n, sizeof(msg) - (size_t)n,
                                       " never arrived at its first collective;");
@@ -109,12 +109,12 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
                         arrived[k] = g->members[k].arrived_ns ? g->members[k].arrived_ns : 1;
                 }
         pthread_mutex_lock(&g->lock);
-        if (!g->abort_status) {
-                g->abort_status = DEVAL_ETIMEDOUT;
-                memcpy(g->abort_msg, msg, sizeof(msg));
+        if (!g->locked.abort_status) {
+                g->locked.abort_status = DEVAL_ETIMEDOUT;
+                memcpy(g->locked.abort_msg, msg, sizeof(msg));
         }
         if (reqs && arrived)
-                flight_record(&g->flight, seq, reqs, arrived, DEVAL_ETIMEDOUT, msg, 0);
+                flight_record(&g->locked.flight, seq, reqs, arrived, DEVAL_ETIMEDOUT, msg, 0);
         pthread_mutex_unlock(&g->lock);
         free(reqs);
         free(arrived);
@@ -125,8 +125,8 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
 /* The worker waits for step seq now, for deval-ctl: nobody has arrived yet. */
 static void worker_waiting(Group *g, uint32_t seq) {
         pthread_mutex_lock(&g->lock);
-        g->waiting_seq = seq;
-        g->waiting_since_ns = 0;
+        g->locked.waiting_seq = seq;
+        g->locked.waiting_since_ns = 0;
         pthread_mutex_unlock(&g->lock);
 }
 
@@ -139,8 +139,8 @@ static void worker_fast_done(Group *g, uint32_t seq, uint32_t done) {
         DvFast *f = &g->hdr->fast;
         uint32_t n = done - seq + 1;
         uint64_t moved = atomic_load_explicit(&f->bytes_moved, memory_order_relaxed);
-        uint64_t delta = moved - g->fast_moved;
-        g->fast_moved = moved;
+        uint64_t delta = moved - g->work.fast_moved;
+        g->work.fast_moved = moved;
         int executor = f->executor;
 
         /* the ranks agreed on it, or it would not have run there: a rank already at the next
@@ -156,16 +156,17 @@ static void worker_fast_done(Group *g, uint32_t seq, uint32_t done) {
                 const DvSlot *sl = &g->hdr->slots[k];
                 bool mine = sl->req.seq == done;
                 if (at >= 0)
-                        memcpy(&g->reqs[k], &g->hdr->slots[mine ? k : at].req, sizeof(DvRequest));
+                        memcpy(&g->work.reqs[k], &g->hdr->slots[mine ? k : at].req,
+                               sizeof(DvRequest));
                 else
-                        g->reqs[k] = (DvRequest){.seq = done, .op = f->res.op};
+                        g->work.reqs[k] = (DvRequest){.seq = done, .op = f->res.op};
                 /* arrival times only when every rank's are still there */
-                g->arrivals[k] = own == g->world && sl->arrived_ns ? sl->arrived_ns : 1;
+                g->work.arrivals[k] = own == g->world && sl->arrived_ns ? sl->arrived_ns : 1;
         }
         char msg[200];
         snprintf(msg, sizeof(msg), "collectives #%u..#%u ran on the ranks; rank %d ran the last",
                  seq, done, executor);
-        flight_record(&g->flight, done, g->reqs, g->arrivals, 0, msg, delta);
+        flight_record(&g->locked.flight, done, g->work.reqs, g->work.arrivals, 0, msg, delta);
         /* the figures of the last DV_FAST_STATS of them, as their runners saw them */
         for (uint32_t s = n > DV_FAST_STATS ? done - DV_FAST_STATS + 1 : seq;
              (int32_t)(done - s) >= 0; s++) {
@@ -176,7 +177,7 @@ static void worker_fast_done(Group *g, uint32_t seq, uint32_t done) {
                         g->members[st.last].times_last++;
                         g->members[st.last].late_ns += (uint64_t)st.late_us * 1000;
                 }
-                g->lat_us[g->lat_n++ % 256] = st.lat_us;
+                g->locked.lat_us[g->locked.lat_n++ % 256] = st.lat_us;
         }
         pthread_mutex_unlock(&g->lock);
         atomic_fetch_add_explicit(&g->collectives, n, memory_order_relaxed);
@@ -235,7 +236,7 @@ static int worker_wait(Group *g, uint32_t *seq) {
                 if (arrived && !first_ns) {
                         first_ns = earliest;
                         pthread_mutex_lock(&g->lock);
-                        g->waiting_since_ns = earliest;
+                        g->locked.waiting_since_ns = earliest;
                         pthread_mutex_unlock(&g->lock);
                 }
                 int64_t wait_ns = SLICE_NS;
@@ -304,18 +305,18 @@ void *worker_main(void *arg) {
                         snprintf(step_msg, sizeof(step_msg), "%.*s", DV_MSG_MAX - 1, g->dhdr->msg);
                 pthread_mutex_lock(&g->lock);
                 for (int k = 0; k < g->world; k++)
-                        g->arrivals[k] = g->members[k].arrived_ns;
-                flight_record(&g->flight, seq, g->reqs, g->arrivals, r, step_msg,
+                        g->work.arrivals[k] = g->members[k].arrived_ns;
+                flight_record(&g->locked.flight, seq, g->work.reqs, g->work.arrivals, r, step_msg,
                               atomic_load_explicit(&g->bytes_moved, memory_order_relaxed) - moved);
                 pthread_mutex_unlock(&g->lock);
                 log_debug("group '%s': collective #%u (%s) took %llu us: %s", g->name, seq,
-                          dv_op_name(g->reqs[0].op),
+                          dv_op_name(g->work.reqs[0].op),
                           (unsigned long long)((dv_now_ns() - t0) / 1000), deval_strerror(r));
                 atomic_fetch_add_explicit(&g->collectives, 1, memory_order_relaxed);
                 atomic_store_explicit(&g->done_ns, dv_now_ns(), memory_order_relaxed);
                 DV_FAULT("before_wake", seq);
                 /* release: res and msg are written before a rank parked in eval_end sees it */
-                if (g->pass.released)
+                if (g->work.pass.released)
                         atomic_store_explicit(&g->dhdr->pass_end_seq, seq, memory_order_release);
                 /* release: every slot's res and msg are written before done_seq says so */
                 atomic_store_explicit(&g->dhdr->done_seq, seq, memory_order_release);
@@ -326,7 +327,7 @@ void *worker_main(void *arg) {
                         g->members[last].times_last++;
                         g->members[last].late_ns += g->members[last].arrived_ns - first_ns;
                 }
-                g->lat_us[g->lat_n++ % 256] =
+                g->locked.lat_us[g->locked.lat_n++ % 256] =
                         (uint32_t)DV_MIN((done_ns - first_ns) / 1000, (uint64_t)UINT32_MAX);
                 pthread_mutex_unlock(&g->lock);
                 for (int k = 0; k < g->world; k++)
@@ -346,8 +347,8 @@ static bool worker_behind(Group *g) {
                 return false;
         uint32_t done = atomic_load_explicit(&g->hdr->fast.done_seq, memory_order_acquire);
         pthread_mutex_lock(&g->lock);
-        uint32_t waiting = g->waiting_seq;
-        int failed = g->abort_status;
+        uint32_t waiting = g->locked.waiting_seq;
+        int failed = g->locked.abort_status;
         pthread_mutex_unlock(&g->lock);
         return !failed && (int32_t)(done - waiting) >= 0 && done - waiting < (1u << 30);
 }

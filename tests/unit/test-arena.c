@@ -79,9 +79,9 @@ static Fixture *fixture(uint64_t group_max, uint64_t user_max) {
         snprintf(f->g.name, sizeof(f->g.name), "grow");
         pthread_mutex_init(&f->g.lock, NULL);
         /* as a group starts: its first output arena, reserved and counted */
-        assert_int_equal(arena_new("deval-test-out", 256 << 10, ARENA_OUTPUT, &f->g.out), 0);
+        assert_int_equal(arena_new("deval-test-out", 256 << 10, ARENA_OUTPUT, &f->g.locked.out), 0);
         assert_true(usage_reserve(&f->u, user_max, 256 << 10));
-        f->g.bytes_mapped = 256 << 10;
+        f->g.locked.bytes_mapped = 256 << 10;
         return f;
 }
 
@@ -92,31 +92,31 @@ static void test_output_growth(void **state) {
         char msg[256];
         /* fits: nothing changes */
         assert_int_equal(output_ensure(g, 100 << 10, msg, sizeof(msg)), 0);
-        assert_int_equal(g->out_gen, 0);
+        assert_int_equal(g->locked.out_gen, 0);
         /* past it: half again, a new generation, told to the ranks, charged */
-        memset(g->out.map, 7, g->out.size);
+        memset(g->locked.out.map, 7, g->locked.out.size);
         assert_int_equal(output_ensure(g, 300 << 10, msg, sizeof(msg)), 0);
-        assert_int_equal(g->out.size, 384 << 10);
-        assert_int_equal(g->out_gen, 1);
+        assert_int_equal(g->locked.out.size, 384 << 10);
+        assert_int_equal(g->locked.out_gen, 1);
         assert_int_equal(f->done.out_gen, 1);
         assert_int_equal(f->done.out_size, 384 << 10);
-        assert_int_equal(g->bytes_mapped, 384 << 10);
+        assert_int_equal(g->locked.bytes_mapped, 384 << 10);
         assert_int_equal(atomic_load(&f->u.bytes), 384 << 10);
-        assert_int_equal(g->out.map[0], 0); /* a fresh arena */
-        g->out.map[g->out.size - 1] = 1;
+        assert_int_equal(g->locked.out.map[0], 0); /* a fresh arena */
+        g->locked.out.map[g->locked.out.size - 1] = 1;
         /* a large one: what it needs, page-aligned */
         assert_int_equal(output_ensure(g, (40 << 20) + 1, msg, sizeof(msg)), 0);
-        assert_int_equal(g->out.size, (40 << 20) + 4096);
-        assert_int_equal(g->out_gen, 2);
-        assert_int_equal(g->bytes_mapped, (40 << 20) + 4096);
+        assert_int_equal(g->locked.out.size, (40 << 20) + 4096);
+        assert_int_equal(g->locked.out_gen, 2);
+        assert_int_equal(g->locked.bytes_mapped, (40 << 20) + 4096);
         /* past the group's quota: refused, named, nothing changed */
         assert_int_equal(output_ensure(g, 70 << 20, msg, sizeof(msg)), DEVAL_ENOMEM);
         assert_non_null(strstr(msg, "the result needs 73400320 bytes"));
         assert_non_null(strstr(msg, "--max-group-bytes"));
-        assert_int_equal(g->out.size, (40 << 20) + 4096);
-        assert_int_equal(g->out_gen, 2);
+        assert_int_equal(g->locked.out.size, (40 << 20) + 4096);
+        assert_int_equal(g->locked.out_gen, 2);
         assert_int_equal(atomic_load(&f->u.bytes), (40 << 20) + 4096);
-        arena_deinit(&g->out);
+        arena_deinit(&g->locked.out);
         free(f);
 }
 
@@ -127,8 +127,8 @@ static void test_output_growth_user_quota(void **state) {
         assert_int_equal(output_ensure(&f->g, 2 << 20, msg, sizeof(msg)), DEVAL_ENOMEM);
         assert_non_null(strstr(msg, "--max-user-bytes"));
         assert_int_equal(atomic_load(&f->u.bytes), 256 << 10); /* nothing kept */
-        assert_int_equal(f->g.out_gen, 0);
-        arena_deinit(&f->g.out);
+        assert_int_equal(f->g.locked.out_gen, 0);
+        arena_deinit(&f->g.locked.out);
         free(f);
 }
 
@@ -136,7 +136,7 @@ static void test_direct_output(void **state) {
         (void)state;
         Fixture *f = fixture(8 << 20, 128 << 20);
         Group *g = &f->g;
-        g->direct = ARENA_NULL;
+        g->loop.direct = ARENA_NULL;
         Arena a;
         uint64_t gen = 99;
         char msg[256];
@@ -151,7 +151,7 @@ static void test_direct_output(void **state) {
         assert_int_equal(output_direct(g, 1 << 20, &a, &gen, msg, sizeof(msg)), 0);
         assert_int_equal(gen, 2);
         assert_true(a.size >= 1 << 20);
-        assert_int_equal(g->bytes_mapped, (256 << 10) + a.size);
+        assert_int_equal(g->locked.bytes_mapped, (256 << 10) + a.size);
         uint8_t *w = mmap(NULL, a.size, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, 0);
         assert_true(w != MAP_FAILED);
         w[a.size - 1] = 5;
@@ -165,10 +165,10 @@ static void test_direct_output(void **state) {
         /* past the group's quota: refused, named, nothing changed */
         assert_int_equal(output_direct(g, 9 << 20, &a, &gen, msg, sizeof(msg)), DEVAL_ENOMEM);
         assert_non_null(strstr(msg, "--max-group-bytes"));
-        assert_int_equal(g->direct_gen, 2);
-        assert_int_equal(g->direct.size, size);
-        arena_deinit(&g->direct);
-        arena_deinit(&g->out);
+        assert_int_equal(g->loop.direct_gen, 2);
+        assert_int_equal(g->loop.direct.size, size);
+        arena_deinit(&g->loop.direct);
+        arena_deinit(&g->locked.out);
         free(f);
 }
 

@@ -213,6 +213,6 @@ int main(void) {
                 cmocka_unit_test(test_fake_gpu_matches_host),
         };
         int r = cmocka_run_group_tests(tests, NULL, NULL);
-        exec_pool_free(group_.pool);
+        exec_pool_free(group_.work.pool);
         return r;
 }

@@ -89,7 +89,7 @@ static void group_init(Group *g, Daemon *d, Usage *u, uint64_t mapped) {
         g->d = d;
         g->usage = u;
         g->uid = u->uid;
-        g->bytes_mapped = mapped;
+        g->locked.bytes_mapped = mapped;
         snprintf(g->name, sizeof(g->name), "eval");
         pthread_mutex_init(&g->lock, NULL);
 }
@@ -107,8 +107,8 @@ static void test_growth_and_quotas(void **state) {
         assert_int_equal(ch.want, 3u << 19);
         assert_int_equal(atomic_load(&u.bytes), ch.want - (1u << 20)); /* the growth, taken */
         charge_commit(&ch); /* in place: the group counts it */
-        assert_int_equal(g.bytes_mapped, (2u << 20) + ch.want - (1u << 20));
-        g.bytes_mapped = 2u << 20;
+        assert_int_equal(g.locked.bytes_mapped, (2u << 20) + ch.want - (1u << 20));
+        g.locked.bytes_mapped = 2u << 20;
         /* a large request gets what it asks, page-aligned */
         atomic_store(&u.bytes, 0);
         assert_int_equal(charge_take(&g, 1u << 20, 100000000, &ch, why, sizeof(why)), 0);
@@ -116,7 +116,7 @@ static void test_growth_and_quotas(void **state) {
         charge_drop(&ch);
         assert_int_equal(atomic_load(&u.bytes), 0);
         /* near the group's quota: no headroom, just what is needed */
-        g.bytes_mapped = (1u << 30) - (100u << 20);
+        g.locked.bytes_mapped = (1u << 30) - (100u << 20);
         assert_int_equal(charge_take(&g, 1u << 20, 80u << 20, &ch, why, sizeof(why)), 0);
         assert_int_equal(ch.want, 80u << 20);
         atomic_store(&u.bytes, 0);
@@ -127,7 +127,7 @@ static void test_growth_and_quotas(void **state) {
         assert_non_null(strstr(why, "'eval'"));
         assert_int_equal(atomic_load(&u.bytes), 0);
         /* the uid's quota across groups: the headroom first goes, then the request */
-        g.bytes_mapped = 1u << 20;
+        g.locked.bytes_mapped = 1u << 20;
         atomic_store(&u.bytes, (3u << 29) - (64u << 20));
         assert_int_equal(charge_take(&g, 1u << 20, 60u << 20, &ch, why, sizeof(why)), 0);
         assert_int_equal(ch.want, 60u << 20);
