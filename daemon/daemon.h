@@ -119,6 +119,7 @@ struct Group {
                 bool listed; /* still findable by name */
                 int joined;
                 bool worker_started;
+                bool reaping;    /* a job waits for its worker to end a step (group_free()) */
                 int fds_charged; /* descriptors counted against its uid */
                 int jobs;        /* GPU jobs running for it, which keep it (gpu_jobs.h) */
                 Arena direct;    /* host groups: what the ranks write (output_direct()) */

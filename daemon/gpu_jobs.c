@@ -55,8 +55,12 @@ static void job_free(GpuJob *j) {
         free(j);
 }
 
-/* The blocking part: every allocation (undone on a failure), or every free. */
+/* The blocking part: its own work, every allocation (undone on a failure), or every free. */
 static void job_work(GpuJob *j) {
+        if (j->work) {
+                j->work(j);
+                return;
+        }
         if (j->free) {
                 for (int i = 0; i < j->n; i++)
                         dev_arena_deinit(&j->arenas[i]);

@@ -3,10 +3,10 @@
  * gpu_jobs.h - device memory made and given back off devald's event loop (gpu_jobs.c).
  *
  * Allocating or freeing device memory waits on the GPU's worker process, which may be in a
- * copy kernel for up to its timeout: on the event loop that would stall every group and
- * deval-ctl. So the loop hands such calls to a job, a thread of its own that makes them and
- * posts the job back (an eventfd in the loop's epoll); the loop then finishes it, on the main
- * thread. A job's group is its owner's to hold (group.c counts them in g->jobs).
+ * copy kernel for up to its timeout, and so may joining a group's worker thread in the middle
+ * of a step: on the event loop that would stall every group and deval-ctl. So the loop hands
+ * such calls to a job, a thread of its own that makes them and posts the job back (an
+ * eventfd in the loop's epoll); the loop then finishes it, on the main thread. A job's group is its owner's to hold (group.c counts them in g->jobs).
  */
 #pragma once
 
@@ -24,8 +24,9 @@ typedef struct GpuJob GpuJob;
 struct GpuJob {
         Daemon *d;
         Group *g; /* NULL: a job of no group's (freeing what a freed group held) */
-        /* on the job's thread: allocate arenas[0..n) (each .device and .size set), or free
-         * them when free is set; any failure gives back what it made */
+        /* on the job's thread: work(j) when set; else allocate arenas[0..n) (each .device
+         * and .size set), or free them when free is set; any failure gives back what it made */
+        void (*work)(GpuJob *j);
         bool free;
         int n;
         DevArena *arenas; /* [n] */

@@ -10,6 +10,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "check.h"
 #include "daemon.h"
@@ -75,20 +76,73 @@ static int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret)
         return 0;
 }
 
+static void group_free(Group *g);
+
+/* On a job's thread: the group's worker ends its step (a GPU kernel: up to its timeout). */
+static void group_reap_work(GpuJob *j) {
+        pthread_join(j->g->worker, NULL);
+}
+
+/* Back on the loop: the worker has ended; the rest of the group goes now. */
+static void group_reaped(GpuJob *j) {
+        Group *g = j->g;
+        g->loop.jobs--;
+        g->loop.worker_started = false;
+        g->loop.reaping = false;
+        group_free(g);
+}
+
+/*
+ * Stop the group's worker: told between steps, it ends at once, but one in the middle of a
+ * step ends after it. That is waited for here up to 20 ms; past that, a job waits for it and
+ * the group is freed when it is done (the group stays listed, closing, till then).
+ * Return: true when the worker has ended, false when a job took the wait.
+ */
+static bool group_stop_worker(Group *g) {
+        pthread_mutex_lock(&g->lock);
+        if (!g->locked.abort_status) {
+                g->locked.abort_status = DEVAL_EABORTED;
+                snprintf(g->locked.abort_msg, sizeof(g->locked.abort_msg), "group '%s' was closed",
+                         g->name);
+        }
+        pthread_mutex_unlock(&g->lock);
+        atomic_fetch_add_explicit(&g->hdr->arrive, 1, memory_order_release);
+        dv_futex_wake(&g->hdr->arrive);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 20 * 1000 * 1000;
+        if (until.tv_nsec >= 1000000000) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000;
+        }
+        if (pthread_timedjoin_np(g->worker, NULL, &until) == 0)
+                return true;
+        GpuJob *j = gpu_job_new(g->d, g, 0);
+        if (j) {
+                j->work = group_reap_work;
+                j->done = group_reaped;
+                if (gpu_job_start(j) == 0) {
+                        g->loop.jobs++;
+                        g->loop.reaping = true;
+                        g->loop.state = DV_GROUP_CLOSING;
+                        g->loop.listed = false; /* its name is free for a new group */
+                        log_debug("group '%s': its worker ends its step, off the loop", g->name);
+                        return false;
+                }
+                free(j->arenas);
+                free(j);
+        }
+        pthread_join(g->worker, NULL); /* no thread for a job: here, then */
+        return true;
+}
+
 static void group_free(Group *g) {
         Daemon *d = g->d;
 
         if (g->loop.worker_started) {
-                pthread_mutex_lock(&g->lock);
-                if (!g->locked.abort_status) {
-                        g->locked.abort_status = DEVAL_EABORTED;
-                        snprintf(g->locked.abort_msg, sizeof(g->locked.abort_msg),
-                                 "group '%s' was closed", g->name);
-                }
-                pthread_mutex_unlock(&g->lock);
-                atomic_fetch_add_explicit(&g->hdr->arrive, 1, memory_order_release);
-                dv_futex_wake(&g->hdr->arrive);
-                pthread_join(g->worker, NULL);
+                if (!group_stop_worker(g))
+                        return;
+                g->loop.worker_started = false;
         }
         for (Group **p = &d->groups; *p; p = &(*p)->next)
                 if (*p == g) {
@@ -879,7 +933,7 @@ void group_stop_all(Daemon *d, int status, const char *why) {
                 group_fail(g, status, "%s", why);
         }
         for (Group *g = d->groups; g; g = g->next)
-                if (g->loop.worker_started) {
+                if (g->loop.worker_started && !g->loop.reaping) { /* a job joins the others */
                         pthread_join(g->worker, NULL);
                         g->loop.worker_started = false;
                 }

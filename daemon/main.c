@@ -225,9 +225,12 @@ int main(int argc, char **argv) {
         }
         conns_reap(&d);
         while (d.groups) { /* only groups no connection held are left; free them */
-                for (int k = 0; k < d.groups->world; k++)
-                        d.groups->members[k].conn = NULL;
-                group_maybe_free(d.groups);
+                Group *g = d.groups;
+                for (int k = 0; k < g->world; k++)
+                        g->members[k].conn = NULL;
+                group_maybe_free(g);
+                if (d.groups == g) /* a job holds it: its done() frees it */
+                        gpu_jobs_drain(&d);
         }
         gpu_jobs_drain(&d); /* what the groups' freeing gave back */
         if (d.gpu)

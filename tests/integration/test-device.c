@@ -694,6 +694,77 @@ static void test_workers_end_with_devald(void **state) {
         assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/*
+ * A device group whose ranks are killed while its step is in a GPU kernel that does not end
+ * (the fake's $DEVAL_GPU_FAKE_HANG): devald's loop does not wait for the group's worker to
+ * finish that step. deval-ctl shows the group closing, a host group joins and runs, and once
+ * the kernel ends the group is freed.
+ */
+static int rank_hang_killed(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(join_on(h, "hangkill", rank, world, rank, &g), NULL);
+        CHECK_OK(gather_once(g, rank, rank, 0), g);
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == 0) {
+                FILE *f = fopen(hang_file, "w");
+                CHECK(f, "cannot create %s", hang_file);
+                fclose(f);
+        }
+        CHECK_OK(deval_barrier(g), g);
+        gather_once(g, rank, rank, 1); /* in the kernel until this rank is killed */
+        return 1;
+}
+
+static int rank_quick(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "quick", rank, world, 10000, &g), NULL);
+        for (int i = 0; i < 20; i++)
+                CHECK_OK(deval_barrier(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_group_freed_off_the_loop(void **state) {
+        (void)state;
+        static char out[16384];
+        snprintf(hang_file, sizeof(hang_file), "/tmp/deval-test-hangkill-%d", (int)getpid());
+        unlink(hang_file);
+        harness_stop(&H);
+        setenv("DEVAL_GPU_FAKE", "2", 1);
+        setenv("DEVAL_GPU_FAKE_HANG", hang_file, 1);
+        const char *extra[] = {"--backend", "cuda", NULL};
+        harness_start(&H, extra);
+        unsetenv("DEVAL_GPU_FAKE_HANG");
+        pid_t ranks[2];
+        for (int k = 0; k < 2; k++)
+                if ((ranks[k] = fork()) == 0)
+                        _exit(rank_hang_killed(&H, k, 2, NULL));
+        while (access(hang_file, F_OK) != 0)
+                usleep(10000);
+        usleep(300000); /* both ranks' step is in the kernels now */
+        for (int k = 0; k < 2; k++) {
+                kill(ranks[k], SIGKILL);
+                waitpid(ranks[k], NULL, 0);
+        }
+        usleep(300000); /* devald saw them go, failed the group and went to free it */
+        int rc = harness_ctl(&H, "status", out, sizeof(out));
+        bool closing = rc == 0 && strstr(out, "hangkill") && strstr(out, "closing");
+        int quick = harness_run(&H, 2, rank_quick, NULL, 20);
+        unlink(hang_file); /* the kernels end; the group goes */
+        bool freed = false;
+        for (int i = 0; i < 500 && !freed; i++) {
+                usleep(10000);
+                freed = harness_ctl(&H, "status", out, sizeof(out)) == 0 &&
+                        !strstr(out, "hangkill");
+        }
+        after_cuda(state);
+        assert_true(closing);
+        assert_int_equal(quick, 0);
+        assert_true(freed);
+}
+
 int main(void) {
 #ifndef DEVAL_FAKE_GPU
         fprintf(stderr, "a build without the GPU table's fake (-Dfake_gpu=disabled): skipped\n");
@@ -713,6 +784,7 @@ int main(void) {
                 cmocka_unit_test(test_sticky_error_contained),
                 cmocka_unit_test(test_slow_gpu_never_stalls_devald),
                 cmocka_unit_test(test_workers_end_with_devald),
+                cmocka_unit_test(test_group_freed_off_the_loop),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
