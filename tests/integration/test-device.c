@@ -607,14 +607,14 @@ static bool gone(pid_t pid) {
         return p && p[1] == ' ' && p[2] == 'Z';
 }
 
-/* A device group's rank: one gather, then another that the test makes hang in the GPU's
- * kernel (the fake's $DEVAL_GPU_FAKE_HANG) until devald is killed under it. */
+/* A rank of device group arg: one gather, then another that the test makes hang in the
+ * GPU's kernel (the fake's $DEVAL_GPU_FAKE_HANG) until devald is killed under it, or the
+ * rank itself. */
 static char hang_file[128];
 
 static int rank_hang(const Harness *h, int rank, int world, void *arg) {
-        (void)arg;
         deval_group *g;
-        CHECK_OK(join_on(h, "hang", rank, world, rank, &g), NULL);
+        CHECK_OK(join_on(h, arg, rank, world, rank, &g), NULL);
         CHECK_OK(gather_once(g, rank, rank, 0), g);
         CHECK_OK(deval_barrier(g), g);
         if (rank == 0) {
@@ -666,7 +666,7 @@ static void test_workers_end_with_devald(void **state) {
         assert_int_equal(n, 2); /* one per fake GPU */
         pid_t runner = fork();
         if (runner == 0)
-                _exit(harness_run(&H, 2, rank_hang, NULL, 30));
+                _exit(harness_run(&H, 2, rank_hang, (void *)"hang", 30));
         /* the second gather is in the workers' kernels, which wait on the file */
         while (access(hang_file, F_OK) != 0)
                 usleep(10000);
@@ -700,22 +700,6 @@ static void test_workers_end_with_devald(void **state) {
  * finish that step. deval-ctl shows the group closing, a host group joins and runs, and once
  * the kernel ends the group is freed.
  */
-static int rank_hang_killed(const Harness *h, int rank, int world, void *arg) {
-        (void)arg;
-        deval_group *g;
-        CHECK_OK(join_on(h, "hangkill", rank, world, rank, &g), NULL);
-        CHECK_OK(gather_once(g, rank, rank, 0), g);
-        CHECK_OK(deval_barrier(g), g);
-        if (rank == 0) {
-                FILE *f = fopen(hang_file, "w");
-                CHECK(f, "cannot create %s", hang_file);
-                fclose(f);
-        }
-        CHECK_OK(deval_barrier(g), g);
-        gather_once(g, rank, rank, 1); /* in the kernel until this rank is killed */
-        return 1;
-}
-
 static int rank_quick(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g;
@@ -740,7 +724,7 @@ static void test_group_freed_off_the_loop(void **state) {
         pid_t ranks[2];
         for (int k = 0; k < 2; k++)
                 if ((ranks[k] = fork()) == 0)
-                        _exit(rank_hang_killed(&H, k, 2, NULL));
+                        _exit(rank_hang(&H, k, 2, (void *)"hangkill"));
         while (access(hang_file, F_OK) != 0)
                 usleep(10000);
         usleep(300000); /* both ranks' step is in the kernels now */
