@@ -9,7 +9,8 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 
-#include "daemon.h"
+#include "deval.h"
+
 #include "gpu_worker.h"
 #include "util.h"
 

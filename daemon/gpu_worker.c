@@ -31,9 +31,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "deval.h"
+
 #include "log.h"
 #include "util.h"
+#include "wire.h"
 
 enum {
         GW_ALLOC = 1, /* size -> ptr, and the export descriptor */

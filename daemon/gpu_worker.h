@@ -20,7 +20,21 @@
 
 #include "gpu.h"
 
-typedef struct DevArena DevArena;
+/*
+ * Device memory a group shares with its ranks (cuda backend), made by the GPU's worker
+ * process; devald holds the export descriptor, which maps it into the ranks and into other
+ * GPUs' workers.
+ */
+typedef struct DevArena {
+        int device;   /* devald's ordinal; -1: none */
+        int fd;       /* the export descriptor */
+        DvDevPtr ptr; /* where the worker mapped it (nonzero: allocated) */
+        uint64_t size;
+        uint64_t id;  /* names it to the workers */
+        uint32_t gen; /* the worker generation that made it */
+} DevArena;
+
+#define DEV_ARENA_NULL ((DevArena){.device = -1, .fd = -1})
 
 typedef struct {
         const DevArena *arena;
