@@ -578,9 +578,13 @@ static void test_forked_child(void **state) {
         assert_int_equal(harness_run(&H, 2, rank_forks, NULL, 20), 0);
 }
 
-/* A client that writes garbage into its slot fails the step with EPROTO naming it. */
+/*
+ * A client that writes garbage into its slot fails the step with EPROTO naming it: a tensor
+ * far outside its arena, or (arg "direct") a well-formed one flagged as lying in its own
+ * memory (DV_REQ_DIRECT), which devald must refuse rather than read its arena instead.
+ */
 static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
-        (void)arg;
+        bool direct = arg && strcmp(arg, "direct") == 0;
         deval_group *g;
         /* the honest rank stages its input, so that devald sees the forged request beside it;
          * with its input in its own memory (DV_REQ_DIRECT), the step is not devald's to run */
@@ -590,6 +594,7 @@ static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
         deval_tensor t = {.data = x, .dtype = DEVAL_F32, .ndim = 1, .shape = {2}, .device = -1},
                      out;
         if (rank == 1) {
+                usleep(200000); /* the others have arrived: this rank hands the step over */
                 /* forge a request: a tensor far outside the arena */
                 DvSlot *s = &g->hdr->slots[rank];
                 memset(&s->req, 0, offsetof(DvRequest, t));
@@ -603,6 +608,11 @@ static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
                                              .shape = {1 << 28},
                                              .offset = 1ull << 40,
                                              .nbytes = 1ull << 30};
+                if (direct) {
+                        s->req.t[0] = (DvTensorDesc){
+                                .dtype = DEVAL_F32, .ndim = 1, .shape = {2}, .nbytes = 8};
+                        s->req.flags = DV_REQ_DIRECT;
+                }
                 g->seq++;
                 atomic_store(&s->arrived_seq, g->seq);
                 /* the last to arrive hands the step to devald */
@@ -624,7 +634,9 @@ static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
         } else {
                 int r = deval_gather(g, 1, &t, NULL, &out);
                 CHECK(r == DEVAL_EPROTO, "got %s: %s", deval_strerror(r), deval_errmsg(g));
-                CHECK(strstr(deval_errmsg(g), "rank 1"), "'%s'", deval_errmsg(g));
+                CHECK(strstr(deval_errmsg(g), "rank 1") &&
+                              (!direct || strstr(deval_errmsg(g), "own memory")),
+                      "'%s'", deval_errmsg(g));
         }
         /* the group goes on */
         CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g);
@@ -888,6 +900,7 @@ static void test_other_protocol_version(void **state) {
 static void test_hostile_client(void **state) {
         (void)state;
         assert_int_equal(harness_run(&H, 3, rank_hostile, NULL, 20), 0);
+        assert_int_equal(harness_run(&H, 3, rank_hostile, (void *)"direct", 20), 0);
 }
 
 int main(void) {
