@@ -8,9 +8,12 @@
  *     DEVAL_FAULT=PHASE:ACTION[:MS][@SEQ]
  *
  * PHASE names the point: in libdeval before_write (inputs not yet in the arena),
- * before_arrive (written, not yet announced), after_arrive (announced, not yet waiting);
- * in the rank that runs a small step itself (fast.c) fast_run (about to run it) and
- * fast_publish (its result written, not yet published); in devald daemon_copy (a step
+ * before_arrive (written, not yet announced), after_arrive (announced, not yet waiting),
+ * wait_done (waiting: the step not seen done, a failure not yet looked for); in the rank
+ * that runs a small step itself (fast.c) fast_run (about to run it), fast_plan (garbage: a
+ * junk segment in the plan every rank copies from) and fast_publish (its result written,
+ * not yet published); in every rank of such a step fast_share (its share not yet copied)
+ * and fast_direct (its own rows checked, not yet copied); in devald daemon_copy (a step
  * validated, its copy not done) and before_wake (results written, ranks not yet woken).
  * ACTION is exit (_exit(3): no goodbye), abort, sigkill, sigstop, sleep for MS milliseconds,
  * or garbage, which the point itself acts on (fast_publish: the result is overwritten with

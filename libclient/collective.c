@@ -190,9 +190,13 @@ static int coll_arrive(deval_group *g, const char *fn, bool *fast) {
                 uint32_t w = atomic_load_explicit(&f->wake, memory_order_acquire);
                 if (coll_done(g, seq, fast))
                         return 0;
+                DV_FAULT("wait_done", seq);
+                /* A failure seen now may have come after this step was done: another rank
+                 * saw it done and left before this one looked. The failure's release store
+                 * comes after that done_seq, so a second look at done_seq sees it. */
                 int s = atomic_load_explicit(&d->abort_status, memory_order_acquire);
                 if (s)
-                        return group_fail_local(g, s, d->abort_msg);
+                        return coll_done(g, seq, fast) ? 0 : group_fail_local(g, s, d->abort_msg);
                 if (dv_fast_share_due(g, seq)) { /* the runner's plan: copy a share of it */
                         dv_fast_share(g, seq);
                         continue;
@@ -209,6 +213,8 @@ static int coll_arrive(deval_group *g, const char *fn, bool *fast) {
                         continue;
                 }
                 if (limit >= 0 && (int64_t)(now - start) > limit) {
+                        if (coll_done(g, seq, fast))
+                                return 0;
                         char msg[256];
                         snprintf(msg, sizeof(msg), "%s: collective #%u did not finish within %d ms",
                                  fn, seq, g->timeout_ms);
@@ -220,6 +226,8 @@ static int coll_arrive(deval_group *g, const char *fn, bool *fast) {
                         dv_futex_wait(&f->wake, w, SLICE_NS);
                 atomic_fetch_sub_explicit(&f->sleepers, 1, memory_order_seq_cst);
                 if (!dv_daemon_alive(g)) {
+                        if (coll_done(g, seq, fast)) /* done before devald went */
+                                return 0;
                         /* devald publishes its shutdown before it hangs up: prefer its words */
                         s = atomic_load_explicit(&d->abort_status, memory_order_acquire);
                         if (s)

@@ -445,6 +445,42 @@ static void test_runner_writes_garbage(void **state) {
         assert_int_equal(r, 0);
 }
 
+/*
+ * A step done, then a rank that leaves at once: a rank that looked for the step's end just
+ * before it and for a failure just after (the wait_done point holds it between the two)
+ * still gets the step, not the failure the leave caused. Barrier #2 runs on rank 0, the last
+ * to arrive, which leaves right after it.
+ */
+static int rank_done_then_left(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "donethenleft", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == 0) {
+                usleep(200000); /* rank 1 waits in #2 by now, held at wait_done */
+                CHECK_OK(deval_barrier(g), g);
+                deval_leave(g);
+                return 0;
+        }
+        setenv("DEVAL_FAULT", "wait_done:sleep:600@2", 1);
+        int r = deval_barrier(g);
+        unsetenv("DEVAL_FAULT");
+        CHECK(r == 0, "#2 was done before rank 0 left, yet: %s: %s", deval_strerror(r),
+              deval_errmsg(g));
+        r = deval_barrier(g); /* and now the group has failed */
+        CHECK(r == DEVAL_EPEER && strstr(deval_errmsg(g), "rank 0"), "#3: %s: %s",
+              deval_strerror(r), deval_errmsg(g));
+        deval_leave(g);
+        return 0;
+}
+
+static void test_done_then_left(void **state) {
+        (void)state;
+        if (!FAULTS_BUILT)
+                skip();
+        assert_int_equal(harness_run(&H, 2, rank_done_then_left, NULL, 20), 0);
+}
+
 /* An aborted group: every later call fails at once. */
 static int rank_aborted(const Harness *h, int rank, int world, void *arg) {
         const char *name = arg;
@@ -681,6 +717,7 @@ int main(void) {
                 cmocka_unit_test(test_other_group_untouched),
                 cmocka_unit_test(test_flight_recorder),
                 cmocka_unit_test(test_runner_writes_garbage),
+                cmocka_unit_test(test_done_then_left),
                 /* last: these stop and start devald themselves */
                 cmocka_unit_test(test_daemon_restarts),
                 cmocka_unit_test(test_daemon_faults),
