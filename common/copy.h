@@ -79,3 +79,19 @@ static inline void dv_fill_pattern(uint8_t *dst, uint64_t len, const uint8_t *pa
                 done += n;
         }
 }
+
+/*
+ * count rows of stride bytes, streamed whole: row c is len bytes from src + c * src_stride,
+ * then the es-byte element pat up to stride (stride <= DV_ROW_MAX). Each is assembled in a
+ * buffer first, so every output line is written once, by one non-temporal store.
+ */
+static inline void dv_stream_padded_rows(uint8_t *dst, uint64_t stride, const uint8_t *src,
+                                         uint64_t src_stride, uint64_t len, uint64_t count,
+                                         const uint8_t *pat, size_t es) {
+        _Alignas(64) uint8_t row[DV_ROW_MAX];
+        dv_fill_pattern(row + len, stride - len, pat, es);
+        for (uint64_t c = 0; c < count; c++) {
+                memcpy(row, src + c * src_stride, len);
+                dv_copy_out(true, dst + c * stride, row, stride);
+        }
+}

@@ -72,13 +72,9 @@ static void item_run(const ExecJob *job, const Item *it) {
                 if (job->stream && f->dst == s->dst + s->len && s->len + f->len == s->dst_stride &&
                     s->dst_stride <= DV_ROW_MAX) {
                         /* the row is exactly copy + pad: assemble it, then stream it whole */
-                        _Alignas(64) uint8_t row[DV_ROW_MAX];
-                        dv_fill_pattern(row + s->len, f->len, pat, es);
-                        for (uint64_t c = it->c0; c < it->c1; c++) {
-                                memcpy(row, src + c * s->src_stride, s->len);
-                                dv_copy_out(job->stream, job->out + s->dst + c * s->dst_stride, row,
-                                            s->dst_stride);
-                        }
+                        dv_stream_padded_rows(job->out + s->dst + it->c0 * s->dst_stride,
+                                              s->dst_stride, src + it->c0 * s->src_stride,
+                                              s->src_stride, s->len, it->c1 - it->c0, pat, es);
                         return;
                 }
                 for (uint64_t c = it->c0; c < it->c1; c++) {

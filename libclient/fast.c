@@ -536,12 +536,8 @@ static uint32_t own_write(deval_group *g, const DvKernelSeg *segs, uint32_t k, u
         if (stream && f && f->kind == DV_KSEG_FILL && f->count == s->count &&
             f->dst == s->dst + s->len && f->dst_stride == s->dst_stride &&
             s->len + f->len == s->dst_stride && s->dst_stride <= DV_ROW_MAX) {
-                _Alignas(64) uint8_t row[DV_ROW_MAX];
-                dv_fill_pattern(row + s->len, f->len, f->pat, f->elem);
-                for (uint64_t c = 0; c < s->count; c++) {
-                        memcpy(row, src + c * s->src_stride, s->len);
-                        dv_copy_out(true, out + s->dst + c * s->dst_stride, row, s->dst_stride);
-                }
+                dv_stream_padded_rows(out + s->dst, s->dst_stride, src, s->src_stride, s->len,
+                                      s->count, f->pat, f->elem);
                 return 1;
         }
         for (uint64_t c = 0; c < s->count; c++)
