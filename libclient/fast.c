@@ -115,6 +115,22 @@ static bool kernel_segs(deval_group *g, const DvPlan *p, int per_rank, bool firs
         return true;
 }
 
+/* Publish plan p (at most DV_SHARE_SEGS segments) for every rank to copy from, in mode
+ * (DvShare): what both modes share; the caller adds what its mode needs. */
+static DvShare *share_set(deval_group *g, uint32_t mode, const DvPlan *p, const DvKernelSeg *segs,
+                          const uint64_t *starts, size_t nsrc, uint32_t seq) {
+        DvShare *sh = g->share;
+        sh->mode = mode;
+        sh->nsegs = (uint32_t)p->nsegs;
+        sh->nsrcs = (uint32_t)nsrc;
+        sh->total = starts[p->nsegs];
+        memcpy(sh->segs, segs, p->nsegs * sizeof(*segs));
+        memcpy(sh->starts, starts, (p->nsegs + 1) * sizeof(*starts));
+        if (DV_FAULT_SAYS("fast_plan", seq, "garbage"))
+                memset(sh->segs, 0xa5, sizeof(sh->segs[0]));
+        return sh;
+}
+
 /* The largest result a direct step plans for; devald's quota decides before that. */
 #define DIRECT_MAX (1ull << 46)
 
@@ -203,34 +219,18 @@ static bool fast_gather(deval_group *g, const DvRequest *q, bool direct, DvResul
                 if (p->nsegs > DV_SHARE_SEGS ||
                     (p->out_end > g->direct_size && dv_direct_output(g, p->out_end) < 0))
                         return false;
-                DvShare *sh = g->share;
-                sh->mode = DV_SHARE_OWN;
+                DvShare *sh = share_set(g, DV_SHARE_OWN, p, segs, starts, nsrc, q[0].seq);
                 sh->per_rank = (uint32_t)n;
                 sh->gen = g->direct_gen;
-                sh->nsegs = (uint32_t)p->nsegs;
-                sh->nsrcs = (uint32_t)nsrc;
-                sh->total = starts[p->nsegs];
-                memcpy(sh->segs, segs, p->nsegs * sizeof(*segs));
-                memcpy(sh->starts, starts, (p->nsegs + 1) * sizeof(*starts));
-                if (DV_FAULT_SAYS("fast_plan", q[0].seq, "garbage"))
-                        memset(sh->segs, 0xa5, sizeof(sh->segs[0]));
                 *shared = true;
         } else if (W > 1 && p->nsegs > 0 && p->out_end >= g->share_min &&
                    p->nsegs <= DV_SHARE_SEGS) {
                 /* every rank copies a share of it (dv_fast_share()) */
-                DvShare *sh = g->share;
-                sh->mode = DV_SHARE_BYTES;
-                sh->nsegs = (uint32_t)p->nsegs;
-                sh->nsrcs = (uint32_t)nsrc;
-                sh->total = starts[p->nsegs];
-                memcpy(sh->segs, segs, p->nsegs * sizeof(*segs));
-                memcpy(sh->starts, starts, (p->nsegs + 1) * sizeof(*starts));
+                DvShare *sh = share_set(g, DV_SHARE_BYTES, p, segs, starts, nsrc, q[0].seq);
                 for (int k = 0; k < W; k++)
                         for (int i = 0; i < n; i++)
                                 sh->src_off[k * n + i] =
                                         (uint64_t)k * g->inl_size + q[k].t[i].offset;
-                if (DV_FAULT_SAYS("fast_plan", q[0].seq, "garbage"))
-                        memset(sh->segs, 0xa5, sizeof(sh->segs[0]));
                 *shared = true;
         } else {
                 dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast_out,
