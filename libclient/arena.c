@@ -59,6 +59,17 @@ static int request_arena(deval_group *g, const void *req, size_t len, uint64_t m
         return 0;
 }
 
+/* Map the arena devald answered with (fd, size bytes) with prot, naming what on a failure. */
+static int map_reply(deval_group *g, int fd, uint64_t size, int prot, const char *what,
+                     void **ret) {
+        int r = dv_map_fd(fd, size, prot, ret);
+        if (r < 0)
+                return dv_set_err(g, r == -EPROTO ? DEVAL_EPROTO : DEVAL_ENOMEM,
+                                  "cannot map %llu bytes of %s: %s", (unsigned long long)size, what,
+                                  strerror(-r));
+        return 0;
+}
+
 /**
  * dv_reserve_input() - make sure the input arena holds size bytes, asking devald to grow it.
  * Return: 0, DEVAL_ENOMEM past the group's quota, or a connection failure.
@@ -73,10 +84,8 @@ int dv_reserve_input(deval_group *g, uint64_t size) {
                 return 0;
         if ((r = request_arena(g, &req, sizeof(req), size, &rep, &fd)) < 0)
                 return r;
-        if ((r = dv_map_fd(fd, rep.size[0], PROT_READ | PROT_WRITE, &p)) < 0)
-                return dv_set_err(g, r == -EPROTO ? DEVAL_EPROTO : DEVAL_ENOMEM,
-                                  "cannot map %llu bytes of input: %s",
-                                  (unsigned long long)rep.size[0], strerror(-r));
+        if ((r = map_reply(g, fd, rep.size[0], PROT_READ | PROT_WRITE, "input", &p)) < 0)
+                return r;
         /* what deval_input_buffer() handed out moves along with the arena */
         if (g->in_keep)
                 memcpy(p, g->in, DV_MIN(g->in_keep, g->in_size));
@@ -100,10 +109,8 @@ int dv_refresh_output(deval_group *g) {
                 return 0;
         if ((r = request_arena(g, &req, sizeof(req), 0, &rep, &fd)) < 0)
                 return r;
-        if ((r = dv_map_fd(fd, rep.size[0], PROT_READ, &p)) < 0)
-                return dv_set_err(g, r == -EPROTO ? DEVAL_EPROTO : DEVAL_ENOMEM,
-                                  "cannot map %llu bytes of output: %s",
-                                  (unsigned long long)rep.size[0], strerror(-r));
+        if ((r = map_reply(g, fd, rep.size[0], PROT_READ, "output", &p)) < 0)
+                return r;
         munmap((void *)g->out, g->out_size ? g->out_size : 1);
         g->out = p;
         g->out_size = rep.size[0];
@@ -129,10 +136,8 @@ int dv_direct_output(deval_group *g, uint64_t size) {
                 close(fd);
                 return 0;
         }
-        if ((r = dv_map_fd(fd, rep.size[0], PROT_READ | PROT_WRITE, &p)) < 0)
-                return dv_set_err(g, r == -EPROTO ? DEVAL_EPROTO : DEVAL_ENOMEM,
-                                  "cannot map %llu bytes of direct output: %s",
-                                  (unsigned long long)rep.size[0], strerror(-r));
+        if ((r = map_reply(g, fd, rep.size[0], PROT_READ | PROT_WRITE, "direct output", &p)) < 0)
+                return r;
         if (g->direct)
                 munmap(g->direct, g->direct_size ? g->direct_size : 1);
         g->direct = p;
