@@ -612,6 +612,19 @@ static bool gone(pid_t pid) {
  * rank itself. */
 static char hang_file[128];
 
+/* devald --backend cuda on 2 fake GPUs whose kernels hang while hang_file (named after tag)
+ * exists; it does not yet. */
+static void start_hanging_devald(const char *tag) {
+        snprintf(hang_file, sizeof(hang_file), "/tmp/deval-test-%s-%d", tag, (int)getpid());
+        unlink(hang_file);
+        harness_stop(&H);
+        setenv("DEVAL_GPU_FAKE", "2", 1);
+        setenv("DEVAL_GPU_FAKE_HANG", hang_file, 1); /* devald's GPU workers inherit it */
+        const char *extra[] = {"--backend", "cuda", NULL};
+        harness_start(&H, extra);
+        unsetenv("DEVAL_GPU_FAKE_HANG");
+}
+
 static int rank_hang(const Harness *h, int rank, int world, void *arg) {
         deval_group *g;
         CHECK_OK(join_on(h, arg, rank, world, rank, &g), NULL);
@@ -636,14 +649,7 @@ static int rank_hang(const Harness *h, int rank, int world, void *arg) {
  */
 static void test_workers_end_with_devald(void **state) {
         (void)state;
-        snprintf(hang_file, sizeof(hang_file), "/tmp/deval-test-hang-%d", (int)getpid());
-        unlink(hang_file);
-        harness_stop(&H);
-        setenv("DEVAL_GPU_FAKE", "2", 1);
-        setenv("DEVAL_GPU_FAKE_HANG", hang_file, 1);
-        const char *extra[] = {"--backend", "cuda", NULL};
-        harness_start(&H, extra);
-        unsetenv("DEVAL_GPU_FAKE_HANG");
+        start_hanging_devald("hang");
         pid_t workers[8];
         int n = 0;
         DIR *proc = opendir("/proc");
@@ -713,14 +719,7 @@ static int rank_quick(const Harness *h, int rank, int world, void *arg) {
 static void test_group_freed_off_the_loop(void **state) {
         (void)state;
         static char out[16384];
-        snprintf(hang_file, sizeof(hang_file), "/tmp/deval-test-hangkill-%d", (int)getpid());
-        unlink(hang_file);
-        harness_stop(&H);
-        setenv("DEVAL_GPU_FAKE", "2", 1);
-        setenv("DEVAL_GPU_FAKE_HANG", hang_file, 1);
-        const char *extra[] = {"--backend", "cuda", NULL};
-        harness_start(&H, extra);
-        unsetenv("DEVAL_GPU_FAKE_HANG");
+        start_hanging_devald("hangkill");
         pid_t ranks[2];
         for (int k = 0; k < 2; k++)
                 if ((ranks[k] = fork()) == 0)
