@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  5
+#define DV_PROTO_VERSION  6
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -298,6 +298,31 @@ typedef struct {
 #define DV_INLINE_MAX   (1u << 20)
 #define DV_FAST_OUT_MIN (64u << 10)
 
+/*
+ * A small reduce or a barrier every rank runs by itself (mirrored): no rank runs it for the
+ * others, so it costs one crossing of each rank's record and no publication. Before it
+ * arrives, every rank describes its step in its record of the step's parity, with its input
+ * (op 0: a step it cannot mirror), and stores seq last. Once every rank's record of seq is
+ * there, every rank decides the same from the same records: when all describe the same
+ * reduce (op, dtype, shape, bytes) or all a barrier, each reduces the inputs itself, in rank
+ * order, as devald would; otherwise they go on as for any step (DvFast). A rank writes its
+ * record of step seq + 2 only after every rank has arrived at seq + 1, so after every rank
+ * has read the records of seq: two records a rank suffice. Rank 0 stores mirror_seq (DvFast)
+ * after each, for devald's worker, which would otherwise wait for the step.
+ */
+#define DV_MIRROR_BYTES 96
+typedef struct {
+        alignas(64) _Atomic uint32_t seq; /* the step described; stored (release) last */
+        uint32_t op;                      /* DV_OP_REDUCE, DV_OP_BARRIER; 0: not mirrored */
+        int32_t dtype;
+        int32_t reduce_op;
+        int32_t ndim;
+        uint32_t nbytes;     /* of data, DV_MIRROR_BYTES at most */
+        uint64_t arrived_ns; /* CLOCK_MONOTONIC at the arrival, for devald's figures only */
+        int64_t shape[DEVAL_MAX_DIMS];
+        uint8_t data[DV_MIRROR_BYTES];
+} DvMirror;
+
 typedef struct {
         /* Bumped (release) by the client once req is complete; read (acquire) by the worker. */
         alignas(64) _Atomic uint32_t arrived_seq;
@@ -309,6 +334,7 @@ typedef struct {
         int64_t pad_len;
         uint32_t reserved1[8];
         DvRequest req;
+        DvMirror mirror[2]; /* [seq % 2] */
 } DvSlot;
 
 /*
@@ -320,6 +346,8 @@ typedef struct {
  * step, and any disagreement or malformed request, it hands to devald (handoff_seq, then the
  * arrive word), whose worker checks it as always and names what was wrong; unless some
  * rank's input is in its own memory (DV_REQ_DIRECT), when it publishes the step unrun.
+ * A step every rank mirrors (DvMirror) never comes here: only one the records do not agree
+ * on does, its ranks counting themselves in once they have read every record.
  *
  * This is memory every rank of the group writes: a rank trusts the other ranks of its group
  * with the results of the steps they run, as it trusts them with their inputs; ranks and
@@ -353,6 +381,11 @@ typedef struct {
         _Atomic uint64_t bytes_moved;    /* by the steps the ranks ran, for devald's figures */
         DvResult res;                    /* done_seq's result, the same for every rank */
         DvFastStat stats[DV_FAST_STATS]; /* [seq % DV_FAST_STATS] */
+        /* written by rank 0 alone: the last step mirrored (DvMirror), and the bytes of the
+         * results of those steps, for devald's figures */
+        alignas(64) _Atomic uint32_t mirror_seq;
+        uint32_t reserved3;
+        _Atomic uint64_t mirror_bytes;
 } DvFast;
 
 /*
@@ -487,6 +520,7 @@ _Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
 _Static_assert(sizeof(DvGroupInfo) == 128, "wire layout");
 _Static_assert(sizeof(DvRankInfo) == 48, "wire layout");
 _Static_assert(sizeof(DvSlot) % 64 == 0, "slots on their own cache lines");
+_Static_assert(sizeof(DvMirror) == 192, "a mirror record is three cache lines");
 _Static_assert(sizeof(DvCtlHeader) % 64 == 0, "slots on their own cache lines");
 
 const char *dv_op_name(uint32_t op);

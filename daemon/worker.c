@@ -130,15 +130,48 @@ static void worker_waiting(Group *g, uint32_t seq) {
         pthread_mutex_unlock(&g->lock);
 }
 
+/* Take c as the last step the ranks finished, when it is at or after seq: a rank's word,
+ * believed only as far as a group could have run since. */
+static void ranks_done_take(uint32_t seq, uint32_t c, bool *any, uint32_t *done) {
+        if ((int32_t)(c - seq) < 0 || c - seq >= (1u << 30))
+                return;
+        if (!*any || (int32_t)(c - *done) > 0)
+                *done = c;
+        *any = true;
+}
+
 /*
- * Steps up to done ran on the ranks (fast.c): count them, and record the last in the flight
+ * The last step the ranks finished without devald, when it is seq or later: one a rank ran
+ * (fast.done_seq), one every rank mirrored (fast.mirror_seq, stored by rank 0), or the step
+ * before one some rank arrived at, which it could not do before that step was done (should
+ * rank 0 stop before it says so). Return: whether there is one, in *done.
+ */
+static bool ranks_done(Group *g, uint32_t seq, uint32_t *done) {
+        DvFast *f = &g->hdr->fast;
+        bool any = false;
+        ranks_done_take(seq, atomic_load_explicit(&f->done_seq, memory_order_acquire), &any, done);
+        ranks_done_take(seq, atomic_load_explicit(&f->mirror_seq, memory_order_acquire), &any,
+                        done);
+        for (int k = 0; k < g->world; k++)
+                ranks_done_take(
+                        seq,
+                        atomic_load_explicit(&g->hdr->slots[k].arrived_seq, memory_order_acquire) -
+                                1,
+                        &any, done);
+        return any;
+}
+
+/*
+ * Steps up to done ran on the ranks (fast.c, mirror.c): count them, and record the last in the flight
  * recorder with the requests still in the slots (a rank already at the next step shows as
  * not arrived).
  */
 static void worker_fast_done(Group *g, uint32_t seq, uint32_t done) {
         DvFast *f = &g->hdr->fast;
         uint32_t n = done - seq + 1;
-        uint64_t moved = atomic_load_explicit(&f->bytes_moved, memory_order_relaxed);
+        uint64_t moved = atomic_load_explicit(&f->bytes_moved, memory_order_relaxed) +
+                         atomic_load_explicit(&f->mirror_bytes, memory_order_relaxed);
+        bool mirrored = atomic_load_explicit(&f->mirror_seq, memory_order_relaxed) == done;
         uint64_t delta = moved - g->work.fast_moved;
         g->work.fast_moved = moved;
         int executor = f->executor;
@@ -164,8 +197,14 @@ static void worker_fast_done(Group *g, uint32_t seq, uint32_t done) {
                 g->work.arrivals[k] = own == g->world && sl->arrived_ns ? sl->arrived_ns : 1;
         }
         char msg[200];
-        snprintf(msg, sizeof(msg), "collectives #%u..#%u ran on the ranks; rank %d ran the last",
-                 seq, done, executor);
+        if (mirrored)
+                snprintf(msg, sizeof(msg),
+                         "collectives #%u..#%u ran on the ranks; every rank ran the last", seq,
+                         done);
+        else
+                snprintf(msg, sizeof(msg),
+                         "collectives #%u..#%u ran on the ranks; rank %d ran the last", seq, done,
+                         executor);
         flight_record(&g->locked.flight, done, g->work.reqs, g->work.arrivals, 0, msg, delta);
         /* the figures of the last DV_FAST_STATS of them, as their runners saw them */
         for (uint32_t s = n > DV_FAST_STATS ? done - DV_FAST_STATS + 1 : seq;
@@ -203,9 +242,8 @@ static int worker_wait(Group *g, uint32_t *seq) {
                 int s = worker_aborted(g);
                 if (s)
                         return s;
-                /* a rank's word: believed only as far as a group could have run since */
-                uint32_t done = atomic_load_explicit(&h->fast.done_seq, memory_order_acquire);
-                if ((int32_t)(done - *seq) >= 0 && done - *seq < (1u << 30)) {
+                uint32_t done;
+                if (ranks_done(g, *seq, &done)) {
                         worker_fast_done(g, *seq, done);
                         *seq = done + 1;
                         first_ns = 0;
@@ -345,12 +383,11 @@ void *worker_main(void *arg) {
 static bool worker_behind(Group *g) {
         if (!g->hdr || !atomic_load(&g->worker_tid))
                 return false;
-        uint32_t done = atomic_load_explicit(&g->hdr->fast.done_seq, memory_order_acquire);
         pthread_mutex_lock(&g->lock);
-        uint32_t waiting = g->locked.waiting_seq;
+        uint32_t waiting = g->locked.waiting_seq, done;
         int failed = g->locked.abort_status;
         pthread_mutex_unlock(&g->lock);
-        return !failed && (int32_t)(done - waiting) >= 0 && done - waiting < (1u << 30);
+        return !failed && ranks_done(g, waiting, &done);
 }
 
 void worker_catch_up(Group *g, uint64_t deadline_ns) {

@@ -363,6 +363,8 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         wait_policy(g, world_size);
         const char *rs = getenv("DEVAL_RANK_STEPS");
         g->rank_steps = !(rs && (strcmp(rs, "0") == 0 || strcmp(rs, "no") == 0));
+        const char *mi = getenv("DEVAL_MIRROR");
+        g->mirror = !(mi && (strcmp(mi, "0") == 0 || strcmp(mi, "no") == 0));
         g->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
         if (g->timeout_ms < 0)
                 g->timeout_ms = -1;

@@ -4,6 +4,7 @@
  */
 #pragma once
 
+#include <stdalign.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -67,6 +68,14 @@ struct deval_group {
         uint64_t share_min;    /* outputs from this size up are copied by every rank */
         uint32_t share_did;    /* the last step this rank copied its share of */
         DvResult fast_res;     /* this rank's copy of the result of a step a rank ran */
+        /* steps every rank runs by itself (mirror.c) */
+        bool mirror;           /* small reduces and barriers may be ($DEVAL_MIRROR=0: never) */
+        int mirror_next;       /* the first rank whose record of the step is not seen yet */
+        uint64_t mirror_bytes; /* rank 0: bytes of the results of those steps, for devald */
+        DvRequest mirror_req;  /* its copy of its own request, with one tensor */
+        DvMirror mirror_own;   /* this rank's description of the step in flight */
+        DvResult mirror_res;   /* the result of the last one */
+        alignas(64) uint8_t mirror_out[DV_MIRROR_BYTES];
         /* the direct output (DV_REQ_DIRECT), mapped writable once a step needed it */
         uint8_t *direct;
         uint64_t direct_size;
@@ -95,6 +104,8 @@ bool dv_fast_inline_ok(const deval_group *g, uint64_t end);
 void dv_fast_arrive(deval_group *g, uint32_t seq);
 void dv_fast_share(deval_group *g, uint32_t seq);
 bool dv_fast_share_due(const deval_group *g, uint32_t seq);
+bool dv_mirror_post(deval_group *g, uint32_t seq, uint64_t now);
+int dv_mirror_run(deval_group *g, uint32_t seq);
 
 void dv_replay_clear(deval_group *g);
 int dv_replay_keep(deval_group *g, const char *fn, const DvResult *res);

@@ -152,25 +152,52 @@ bool dv_daemon_alive(const deval_group *g) {
         return poll(&p, 1, 0) == 0;
 }
 
-/* Step seq is done: by devald (*fast false), or by the rank that arrived last (*fast true). */
-static bool coll_done(const deval_group *g, uint32_t seq, bool *fast) {
+/* Who ran a step this rank saw done (coll_arrive()). */
+enum {
+        BY_DEVALD, /* the result is in the completion segment and the output arena */
+        BY_RANK,   /* the last rank to arrive ran it: DvFast */
+        BY_MIRROR  /* this rank ran it, as every rank did (mirror.c) */
+};
+
+/* Step seq is done: by devald (*by BY_DEVALD), or by the rank that arrived last (BY_RANK). */
+static bool coll_done(const deval_group *g, uint32_t seq, int *by) {
         /* acquire pairs with the release stores after every result was written */
         if (atomic_load_explicit(&g->hdr->fast.done_seq, memory_order_seq_cst) == seq) {
-                *fast = true;
+                *by = BY_RANK;
                 return true;
         }
         uint32_t done = atomic_load_explicit(&g->done->done_seq, memory_order_acquire);
-        *fast = false;
+        *by = BY_DEVALD;
         return (int32_t)(done - seq) >= 0;
 }
 
 /*
- * coll_arrive() - arrive at the step filled in this rank's slot (for g->seq + 1) and wait
- * until it is done: by this rank, if it is the last and the step is one the ranks run, by
- * another rank, or by devald. Return: 0 with *fast saying which result area holds the
- * result, or the group's failure, which sticks.
+ * Is step seq done? While this rank waits to mirror it (*mirror), it is done once every
+ * rank's record is there and this rank ran it (BY_MIRROR); when the records say it is not a
+ * step to mirror, this rank counts itself in as for any other (*mirror turns false).
  */
-static int coll_arrive(deval_group *g, const char *fn, bool *fast) {
+static bool step_done(deval_group *g, uint32_t seq, bool *mirror, int *by) {
+        if (*mirror) {
+                int m = dv_mirror_run(g, seq);
+                if (m > 0) {
+                        *by = BY_MIRROR;
+                        return true;
+                }
+                if (m == 0)
+                        return false;
+                *mirror = false;
+                dv_fast_arrive(g, seq);
+        }
+        return coll_done(g, seq, by);
+}
+
+/*
+ * coll_arrive() - arrive at the step filled in this rank's slot (for g->seq + 1) and wait
+ * until it is done: by every rank, if it is one they mirror; by this rank, if it is the last
+ * and the step is one the ranks run; by another rank, or by devald. Return: 0 with *by
+ * saying where the result is, or the group's failure, which sticks.
+ */
+static int coll_arrive(deval_group *g, const char *fn, int *by) {
         DvCtlHeader *h = g->hdr;
         DvFast *f = &h->fast;
         const DvDoneHeader *d = g->done;
@@ -181,14 +208,16 @@ static int coll_arrive(deval_group *g, const char *fn, bool *fast) {
 
         DV_FAULT("before_arrive", seq);
         slot->arrived_ns = start;
+        bool mirror = dv_mirror_post(g, seq, start);
         /* release: the request is complete before the others or devald can see the arrival */
         atomic_store_explicit(&slot->arrived_seq, seq, memory_order_release);
-        dv_fast_arrive(g, seq);
+        if (!mirror)
+                dv_fast_arrive(g, seq);
         DV_FAULT("after_arrive", seq);
 
         for (;;) {
                 uint32_t w = atomic_load_explicit(&f->wake, memory_order_acquire);
-                if (coll_done(g, seq, fast))
+                if (step_done(g, seq, &mirror, by))
                         return 0;
                 DV_FAULT("wait_done", seq);
                 /* A failure seen now may have come after this step was done: another rank
@@ -196,7 +225,9 @@ static int coll_arrive(deval_group *g, const char *fn, bool *fast) {
                  * comes after that done_seq, so a second look at done_seq sees it. */
                 int s = atomic_load_explicit(&d->abort_status, memory_order_acquire);
                 if (s)
-                        return coll_done(g, seq, fast) ? 0 : group_fail_local(g, s, d->abort_msg);
+                        return step_done(g, seq, &mirror, by)
+                                       ? 0
+                                       : group_fail_local(g, s, d->abort_msg);
                 if (dv_fast_share_due(g, seq)) { /* the runner's plan: copy a share of it */
                         dv_fast_share(g, seq);
                         continue;
@@ -213,7 +244,7 @@ static int coll_arrive(deval_group *g, const char *fn, bool *fast) {
                         continue;
                 }
                 if (limit >= 0 && (int64_t)(now - start) > limit) {
-                        if (coll_done(g, seq, fast))
+                        if (step_done(g, seq, &mirror, by))
                                 return 0;
                         char msg[256];
                         snprintf(msg, sizeof(msg), "%s: collective #%u did not finish within %d ms",
@@ -222,11 +253,11 @@ static int coll_arrive(deval_group *g, const char *fn, bool *fast) {
                 }
                 /* seq_cst with the finisher: it sees this sleeper, or this sees its done_seq */
                 atomic_fetch_add_explicit(&f->sleepers, 1, memory_order_seq_cst);
-                if (!coll_done(g, seq, fast))
+                if (!step_done(g, seq, &mirror, by))
                         dv_futex_wait(&f->wake, w, SLICE_NS);
                 atomic_fetch_sub_explicit(&f->sleepers, 1, memory_order_seq_cst);
                 if (!dv_daemon_alive(g)) {
-                        if (coll_done(g, seq, fast)) /* done before devald went */
+                        if (step_done(g, seq, &mirror, by)) /* done before devald went */
                                 return 0;
                         /* devald publishes its shutdown before it hangs up: prefer its words */
                         s = atomic_load_explicit(&d->abort_status, memory_order_acquire);
@@ -348,12 +379,19 @@ static int coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResu
         const DvResult *res = &d->res[g->rank];
         int r;
 
-        bool fast;
+        int by;
         int restaged = 0;
         g->in_keep = 0; /* the buffer served this collective */
         for (;;) {
-                if ((r = coll_arrive(g, fn, &fast)) < 0)
+                if ((r = coll_arrive(g, fn, &by)) < 0)
                         return r;
+                if (by == BY_MIRROR) {
+                        g->view = g->mirror_out;
+                        g->view_size = sizeof(g->mirror_out);
+                        *ret = &g->mirror_res;
+                        return 0;
+                }
+                bool fast = by == BY_RANK;
                 if (fast && (r = fast_result(g, fn, pass_end, ret)) != FAST_RESTAGED)
                         return r;
                 if (fast) { /* not run: once, for a direct input; never twice in a row */

@@ -789,6 +789,173 @@ static void test_direct_gathers(void **state) {
         assert_int_equal(harness_run(&H, 4, rank_direct, NULL, 60), 0);
 }
 
+/*
+ * Small reduces and barriers every rank runs by itself (mirror.c), between steps of every
+ * other kind, with ranks arriving in changing orders: each result exact, and (white box)
+ * mirrored exactly where every rank could mirror it. A reduce too large to mirror, one with a
+ * rank's input in its input buffer, and ranks that disagree on the shape go the other ways,
+ * the last to devald, which names it. With arg 1, rank 1 never mirrors ($DEVAL_MIRROR=0):
+ * no step is mirrored and every result is still exact. deval-ctl counts every step.
+ */
+static int rank_mirror(const Harness *h, int rank, int world, void *arg) {
+        bool refuser = arg && rank == 1;
+        deval_group *g;
+        if (refuser)
+                setenv("DEVAL_MIRROR", "0", 1);
+        CHECK_OK(harness_join(h, arg ? "mirror-off" : "mirror", rank, world, 10000, &g), NULL);
+        unsetenv("DEVAL_MIRROR");
+        bool all = g->rank_steps && !arg; /* every rank mirrors what it can */
+        uint64_t bytes = 0;
+        int n = 0;
+        for (int i = 0; i < 200; i++, n++) {
+                if ((i * 7 + rank * 3) % 5 == 0) /* arrive in another order */
+                        usleep((useconds_t)(20 * rank));
+                bool mirrorable = false;
+                switch (i % 5) {
+                case 0: { /* 16 bytes: mirrored */
+                        float x[4];
+                        for (int e = 0; e < 4; e++)
+                                x[e] = (float)(rank * 10 + i + e);
+                        deval_tensor t = {.data = x,
+                                          .dtype = DEVAL_F32,
+                                          .ndim = 2,
+                                          .shape = {2, 2},
+                                          .device = -1};
+                        CHECK_OK(deval_reduce(g, &t, DEVAL_SUM), g);
+                        for (int e = 0; e < 4; e++)
+                                CHECK(x[e] == (float)(10 * world * (world - 1) / 2 +
+                                                      world * (i + e)),
+                                      "step %d: element %d is %g", i, e, (double)x[e]);
+                        mirrorable = true;
+                        bytes += sizeof(x);
+                        break;
+                }
+                case 1:
+                        CHECK_OK(deval_barrier(g), g);
+                        mirrorable = true;
+                        break;
+                case 2: { /* 128 bytes: past DV_MIRROR_BYTES, run by the last to arrive */
+                        double x[16];
+                        for (int e = 0; e < 16; e++)
+                                x[e] = (rank + e) % world == 0 ? i : -e; /* some rank has i */
+                        deval_tensor t = {.data = x,
+                                          .dtype = DEVAL_F64,
+                                          .ndim = 1,
+                                          .shape = {16},
+                                          .device = -1};
+                        CHECK_OK(deval_reduce(g, &t, DEVAL_MAX), g);
+                        for (int e = 0; e < 16; e++)
+                                CHECK(x[e] == i, "step %d: max %d is %g", i, e, x[e]);
+                        break;
+                }
+                case 3: {
+                        int16_t x[3] = {(int16_t)rank, (int16_t)i, (int16_t)(rank * i)};
+                        deval_tensor t = {.data = x,
+                                          .dtype = DEVAL_I16,
+                                          .ndim = 1,
+                                          .shape = {3},
+                                          .device = -1},
+                                     out;
+                        CHECK_OK(deval_gather(g, 1, &t, NULL, &out), g);
+                        const int16_t *o = out.data;
+                        CHECK(out.shape[0] == 3 * world && o[3 * (world - 1)] == world - 1 &&
+                                      o[3 * (world - 1) + 2] == (int16_t)((world - 1) * i),
+                              "step %d: gather", i);
+                        break;
+                }
+                default: { /* rank 2's input in its input buffer, where only devald reads it */
+                        int32_t *x, own[3];
+                        void *buf;
+                        if (rank == 2) {
+                                CHECK_OK(deval_input_buffer(g, sizeof(own), &buf), g);
+                                x = buf;
+                        } else {
+                                x = own;
+                        }
+                        for (int e = 0; e < 3; e++)
+                                x[e] = rank * e + i;
+                        deval_tensor t = {.data = x,
+                                          .dtype = DEVAL_I32,
+                                          .ndim = 1,
+                                          .shape = {3},
+                                          .device = -1};
+                        CHECK_OK(deval_reduce(g, &t, DEVAL_SUM), g);
+                        for (int e = 0; e < 3; e++)
+                                CHECK(x[e] == e * world * (world - 1) / 2 + world * i,
+                                      "step %d: sum %d is %d", i, e, x[e]);
+                }
+                }
+                bool mirrored = g->view == g->mirror_out;
+                CHECK(mirrored == (mirrorable && all), "step %d (%d): %s", i, i % 5,
+                      mirrored ? "mirrored" : "not mirrored");
+        }
+        /* ranks that disagree on the shape: none mirrors it, devald names it */
+        float y[4] = {1, 2, 3, 4};
+        deval_tensor t = {.data = y, .dtype = DEVAL_F32, .ndim = 2, .shape = {2, 2}, .device = -1};
+        if (rank == 3) {
+                t.ndim = 1;
+                t.shape[0] = 4;
+        }
+        int r = deval_reduce(g, &t, DEVAL_SUM);
+        CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(g), "ndim") &&
+                      strstr(deval_errmsg(g), "rank 3"),
+              "shapes: got %s: %s", deval_strerror(r), deval_errmsg(g));
+        t.ndim = 2;
+        t.shape[0] = 2;
+        CHECK_OK(deval_reduce(g, &t, DEVAL_MIN), g);
+        CHECK(y[0] == 1 && y[3] == 4 && (g->view == g->mirror_out) == all,
+              "the group does not go on");
+        n += 2;
+        bytes += sizeof(y);
+        if (rank == 0) {
+                /* rank 0 tells devald of the steps every rank ran */
+                CHECK(atomic_load(&g->hdr->fast.mirror_bytes) == (all ? bytes : 0),
+                      "mirrored %llu bytes, not %llu",
+                      (unsigned long long)atomic_load(&g->hdr->fast.mirror_bytes),
+                      (unsigned long long)(all ? bytes : 0));
+                char args[128], out[8192], want[64];
+                snprintf(args, sizeof(args), "--json=short group %s-%d",
+                         arg ? "mirror-off" : "mirror", (int)getppid());
+                CHECK(harness_ctl(h, args, out, sizeof(out)) == 0, "%s: %s", args, out);
+                snprintf(want, sizeof(want), "\"collectives\":%d,", n);
+                CHECK(strstr(out, want), "deval-ctl %s lacks %s:\n%s", args, want, out);
+        }
+        CHECK_OK(deval_barrier(g), g); /* nobody leaves before rank 0 has asked */
+        CHECK_OK(deval_leave(g), NULL);
+        return 0;
+}
+
+static void test_mirror_steps(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 4, rank_mirror, NULL, 60), 0);
+        assert_int_equal(harness_run(&H, 4, rank_mirror, (void *)1, 60), 0);
+}
+
+/*
+ * A mirrored step, then nothing past the group's deadline: devald's worker learns from rank 0
+ * that the step is done (DvFast.mirror_seq), or it would wait for it and time the group out.
+ */
+static int rank_mirror_idle(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "mirroridle", rank, world, 300, &g), NULL);
+        for (int i = 0; i < 3; i++) {
+                int32_t v = rank + i;
+                deval_tensor t = {.data = &v, .dtype = DEVAL_I32, .ndim = 0, .device = -1};
+                CHECK_OK(deval_reduce(g, &t, DEVAL_SUM), g);
+                CHECK(v == world * (world - 1) / 2 + world * i, "sum %d is %d", i, v);
+                CHECK(!g->rank_steps || g->view == g->mirror_out, "not mirrored");
+                usleep(700000);
+        }
+        CHECK_OK(deval_leave(g), NULL);
+        return 0;
+}
+
+static void test_mirror_then_idle(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 2, rank_mirror_idle, NULL, 20), 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_gather_every_dtype),
@@ -805,6 +972,8 @@ int main(void) {
                 cmocka_unit_test(test_groups_are_independent),
                 cmocka_unit_test(test_input_buffer),
                 cmocka_unit_test(test_direct_gathers),
+                cmocka_unit_test(test_mirror_steps),
+                cmocka_unit_test(test_mirror_then_idle),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

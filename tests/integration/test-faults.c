@@ -36,6 +36,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "client.h"
 #include "harness.h"
 #include "util.h"
 
@@ -90,6 +91,19 @@ static int gather(deval_group *g, int rank) {
         return deval_gather(g, 1, &in, NULL, &out);
 }
 
+/* A reduce of 16 bytes, which every rank runs by itself (mirror.c); 0 or the status. */
+static int reduce(deval_group *g, int rank) {
+        float x[4] = {(float)rank, 1, 2, 3};
+        deval_tensor t = {.data = x, .dtype = DEVAL_F32, .ndim = 1, .shape = {4}, .device = -1};
+        int r = deval_reduce(g, &t, DEVAL_SUM);
+        return r;
+}
+
+/* The collective of a case: the mirror_ points are reached by a mirrored step. */
+static int step(const Case *c, deval_group *g, int rank) {
+        return c->phase && strncmp(c->phase, "mirror_", 7) == 0 ? reduce(g, rank) : gather(g, rank);
+}
+
 static void run_rank(const Case *c, int rank) {
         deval_group *g;
         deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = H.socket,
@@ -100,7 +114,7 @@ static void run_rank(const Case *c, int rank) {
                 snprintf(me->msg, sizeof(me->msg), "join: %s", deval_errmsg(NULL));
                 _exit(1);
         }
-        if ((me->status = gather(g, rank)) < 0) /* collective #1: everyone is there */
+        if ((me->status = step(c, g, rank)) < 0) /* collective #1: everyone is there */
                 goto failed;
         me->calls = 1;
         char spec[64];
@@ -114,7 +128,7 @@ static void run_rank(const Case *c, int rank) {
         }
         me->t_call = harness_now();
         for (int i = 0; i < 20; i++) { /* #2 faults; the others go on until they fail */
-                if ((me->status = gather(g, rank)) < 0)
+                if ((me->status = step(c, g, rank)) < 0)
                         goto failed;
                 me->calls++;
         }
@@ -192,7 +206,7 @@ static void test_rank_faults(void **state) {
                 skip();
         static const char *const phases[] = {"before_write", "before_arrive", "after_arrive",
                                              "fast_run",     "fast_publish",  "fast_share",
-                                             "fast_direct"};
+                                             "fast_direct",  "mirror_post",   "mirror_run"};
         static const char *const deaths[] = {"exit", "abort", "sigkill"};
         static const int worlds[] = {2, 5, 8};
         int n = 0;
@@ -213,7 +227,7 @@ static void test_rank_faults(void **state) {
                                          (int)S->pid[c.victim], how_it_ended(c.action));
                                 check_survivors(&c, DEVAL_EPEER, 0.0, 1.0, say);
                         }
-        printf("rank deaths: %d cases (7 points x exit/abort/SIGKILL x 2, 5, 8 ranks)\n", n);
+        printf("rank deaths: %d cases (9 points x exit/abort/SIGKILL x 2, 5, 8 ranks)\n", n);
 }
 
 static void test_rank_stops(void **state) {
@@ -222,7 +236,7 @@ static void test_rank_stops(void **state) {
                 skip();
         static const char *const phases[] = {"before_write", "before_arrive", "after_arrive",
                                              "fast_run",     "fast_publish",  "fast_share",
-                                             "fast_direct"};
+                                             "fast_direct",  "mirror_post",   "mirror_run"};
         static const char *const stops[] = {"sigstop", "sleep"};
         static const int worlds[] = {2, 8};
         int n = 0;
@@ -245,7 +259,7 @@ static void test_rank_stops(void **state) {
                                         check_survivors(&c, DEVAL_ETIMEDOUT, 0.9, 2.5,
                                                         "is stopped");
                         }
-        printf("rank stops: %d cases (7 points x SIGSTOP/sleep x 2, 8 ranks)\n", n);
+        printf("rank stops: %d cases (9 points x SIGSTOP/sleep x 2, 8 ranks)\n", n);
 }
 
 /* One stopped rank, watched through deval-ctl before the deadline. */
@@ -443,6 +457,39 @@ static void test_runner_writes_garbage(void **state) {
         r = harness_run(&H, 3, rank_garbage, (void *)"fast_plan:garbage@2", 20);
         unsetenv("DEVAL_DIRECT_MIN");
         assert_int_equal(r, 0);
+}
+
+/*
+ * A rank that writes junk into its record of a step every rank would run by itself
+ * (mirror_post:garbage): no rank mirrors it, the step runs the other way with the inputs of
+ * the slots, exact; and the next step is mirrored again.
+ */
+static int rank_record_garbage(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "recordgarbage", rank, world, 5000, &g), NULL);
+        CHECK_OK(deval_barrier(g), g);
+        if (rank == 1)
+                setenv("DEVAL_FAULT", "mirror_post:garbage@2", 1);
+        for (int i = 2; i <= 3; i++) {
+                int64_t v[2] = {rank, i};
+                deval_tensor t = {
+                        .data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1};
+                CHECK_OK(deval_reduce(g, &t, DEVAL_SUM), g);
+                CHECK(v[0] == world * (world - 1) / 2 && v[1] == world * i, "#%d is not exact", i);
+                CHECK((g->view == g->mirror_out) == (i == 3), "#%d: %s", i,
+                      i == 3 ? "not mirrored" : "mirrored from a junk record");
+        }
+        unsetenv("DEVAL_FAULT");
+        deval_leave(g);
+        return 0;
+}
+
+static void test_record_garbage(void **state) {
+        (void)state;
+        if (!FAULTS_BUILT)
+                skip();
+        assert_int_equal(harness_run(&H, 3, rank_record_garbage, NULL, 20), 0);
 }
 
 /*
@@ -717,6 +764,7 @@ int main(void) {
                 cmocka_unit_test(test_other_group_untouched),
                 cmocka_unit_test(test_flight_recorder),
                 cmocka_unit_test(test_runner_writes_garbage),
+                cmocka_unit_test(test_record_garbage),
                 cmocka_unit_test(test_done_then_left),
                 /* last: these stop and start devald themselves */
                 cmocka_unit_test(test_daemon_restarts),

@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * mirror.c - small reduces and barriers every rank runs by itself (DvMirror in wire.h).
+ *
+ * When the last rank to arrive runs a step (fast.c), the step costs two crossings between
+ * cores one after the other: the others' inputs to it, then its result back to them. Here
+ * every rank describes its step, with its input, in a record of its own; once every rank's
+ * record is there, each one reduces the inputs itself. The records cross once, all at the
+ * same time, and nobody waits for a publication. The decision is made by every rank from the
+ * same records, so all agree on it: whatever the records do not all describe alike goes on
+ * as any step does, where the runner or devald checks it and names what is wrong.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+
+#include "client.h"
+#include "dtype.h"
+#include "fault.h"
+#include "util.h"
+
+/* Can this rank mirror the step of request q? A copy of its own request. */
+static bool mirror_op(const deval_group *g, const DvRequest *q) {
+        if (!g->mirror || !g->rank_steps || g->device >= 0 || !g->inl_size ||
+            !(q->flags & DV_REQ_INLINE))
+                return false;
+        if (q->op == DV_OP_BARRIER)
+                return true;
+        const DvTensorDesc *t = &q->t[0];
+        int op = q->reduce_op;
+        return q->op == DV_OP_REDUCE && q->ntensors == 1 && t->nbytes <= DV_MIRROR_BYTES &&
+               t->offset <= g->inl_size && t->nbytes <= g->inl_size - t->offset && t->ndim >= 0 &&
+               t->ndim <= DEVAL_MAX_DIMS && dv_dtype_valid(t->dtype) &&
+               t->nbytes % dv_dtype_size(t->dtype) == 0 && op >= DEVAL_SUM && op <= DEVAL_PROD &&
+               (op != DEVAL_MEAN || dv_dtype_is_float(t->dtype));
+}
+
+/*
+ * dv_mirror_post() - describe the step in this rank's slot (step seq) in its record of the
+ * step, mirrored or not, for the others to decide with. Return: whether this rank may mirror
+ * it, and so waits for the others' records before it counts itself in (dv_fast_arrive()).
+ */
+bool dv_mirror_post(deval_group *g, uint32_t seq, uint64_t now) {
+        DvSlot *slot = &g->hdr->slots[g->rank];
+        DvMirror *m = &slot->mirror[seq % 2], *own = &g->mirror_own;
+        DvFast *f = &g->hdr->fast;
+        size_t head = offsetof(DvMirror, data);
+        /* the request as this rank wrote it, read once: the slot is shared memory */
+        DvRequest *q = &g->mirror_req;
+        memcpy(q, &slot->req, offsetof(DvRequest, why));
+        memcpy(q->t, slot->req.t, sizeof(q->t[0]));
+
+        bool on = mirror_op(g, q);
+        /* with devald gone, nobody would notice a rank dying: the step goes on as any other,
+         * whose runner asks too. Asked at most once a millisecond: a system call. */
+        if (on && now - g->alive_ns > 1000000) {
+                on = dv_daemon_alive(g);
+                if (on)
+                        g->alive_ns = now;
+        }
+        /* this rank's own description is the copy here: its slot is for the others */
+        memset(own, 0, head);
+        own->op = on ? q->op : 0;
+        own->arrived_ns = now;
+        if (on && q->op == DV_OP_REDUCE) {
+                const DvTensorDesc *t = &q->t[0];
+                own->dtype = t->dtype;
+                own->reduce_op = q->reduce_op;
+                own->ndim = t->ndim;
+                own->nbytes = (uint32_t)t->nbytes;
+                memcpy(own->shape, t->shape, (size_t)t->ndim * sizeof(own->shape[0]));
+                memcpy(m->data, g->inl + t->offset, t->nbytes);
+        }
+        /* up to seq, which goes last */
+        memcpy((uint8_t *)m + sizeof(m->seq), (const uint8_t *)own + sizeof(own->seq),
+               head - sizeof(m->seq));
+        if (DV_FAULT_SAYS("mirror_post", seq, "garbage"))
+                memset(&m->op, 0xa5, sizeof(*m) - offsetof(DvMirror, op));
+        DV_FAULT("mirror_post", seq);
+        g->mirror_next = 0;
+        /* seq_cst with the sleepers' count: a rank going to sleep sees the record, or is
+         * seen here and woken */
+        atomic_store_explicit(&m->seq, seq, memory_order_seq_cst);
+        if (atomic_load_explicit(&f->sleepers, memory_order_seq_cst)) {
+                atomic_fetch_add_explicit(&f->wake, 1, memory_order_seq_cst);
+                dv_futex_wake(&f->wake);
+        }
+        return on;
+}
+
+/* Does rank k's record (a copy) describe the same step as this rank's own, one to mirror? */
+static bool same_step(const DvMirror *own, const DvMirror *m) {
+        if (m->op != own->op || (own->op != DV_OP_REDUCE && own->op != DV_OP_BARRIER))
+                return false;
+        if (own->op == DV_OP_BARRIER)
+                return true;
+        if (m->dtype != own->dtype || m->reduce_op != own->reduce_op || m->ndim != own->ndim ||
+            m->nbytes != own->nbytes)
+                return false;
+        return memcmp(m->shape, own->shape, (size_t)own->ndim * sizeof(own->shape[0])) == 0;
+}
+
+/* Rank 0's figures of a mirrored step, for devald: who came last (last), by how much after
+ * the first (arrivals at first and lastt). */
+static void mirror_stat(deval_group *g, uint32_t seq, int last, uint64_t first, uint64_t lastt) {
+        DvFast *f = &g->hdr->fast;
+        uint64_t now = dv_now_ns();
+        DvFastStat *st = &f->stats[seq % DV_FAST_STATS];
+        st->last = last;
+        st->late_us = (uint32_t)DV_MIN((lastt - first) / 1000, (uint64_t)UINT32_MAX);
+        st->lat_us = (uint32_t)DV_MIN((now - DV_MIN(first, now)) / 1000, (uint64_t)UINT32_MAX);
+        st->seq = seq;
+        g->mirror_bytes += g->mirror_res.ntensors ? g->mirror_res.t[0].nbytes : 0;
+        atomic_store_explicit(&f->mirror_bytes, g->mirror_bytes, memory_order_relaxed);
+        /* release: the figures are written before devald's worker counts the step */
+        atomic_store_explicit(&f->mirror_seq, seq, memory_order_release);
+}
+
+/*
+ * dv_mirror_run() - step seq, which this rank posted as one to mirror: once every rank's
+ * record of it is there, run it here if they all describe the same one. Return: 1, run (the
+ * result in g->mirror_res and g->mirror_out); 0, some rank's record is not there yet; -1,
+ * not a step to mirror: this rank counts itself in as for any step.
+ */
+int dv_mirror_run(deval_group *g, uint32_t seq) {
+        DvSlot *slots = g->hdr->slots;
+        int p = seq % 2;
+
+        for (; g->mirror_next < g->world; g->mirror_next++)
+                /* acquire pairs with the release in the poster's store of seq */
+                if (atomic_load_explicit(&slots[g->mirror_next].mirror[p].seq,
+                                         memory_order_acquire) != seq)
+                        return 0;
+        DV_FAULT("mirror_run", seq);
+        /* each record is copied once, then checked against this rank's own description: a
+         * rank may rewrite its record at any time */
+        const DvMirror *own = &g->mirror_own;
+        DvMirror m;
+        uint64_t first = UINT64_MAX, lastt = 0;
+        int last = 0;
+        size_t head = offsetof(DvMirror, data);
+        for (int k = 0; k < g->world; k++) {
+                memcpy(&m, &slots[k].mirror[p], head);
+                if (!same_step(own, &m))
+                        return -1;
+                first = DV_MIN(first, m.arrived_ns);
+                if (m.arrived_ns > lastt) {
+                        lastt = m.arrived_ns;
+                        last = k;
+                }
+        }
+        DvResult *res = &g->mirror_res;
+        memset(res, 0, offsetof(DvResult, t));
+        res->op = own->op;
+        res->batch = g->batch_no;
+        if (own->op == DV_OP_REDUCE) {
+                size_t es = dv_dtype_size(own->dtype);
+                size_t n = own->nbytes / es;
+                double acc[DV_MIRROR_BYTES]; /* an element is one byte at least */
+                /* in rank order, as devald and a runner reduce */
+                dv_reduce_init(own->dtype, acc, slots[0].mirror[p].data, n);
+                for (int k = 1; k < g->world; k++)
+                        dv_reduce_accumulate(own->dtype, own->reduce_op, acc,
+                                             slots[k].mirror[p].data, n);
+                dv_reduce_finish(own->dtype, own->reduce_op, g->world, acc, g->mirror_out, n);
+                res->ntensors = 1;
+                DvTensorDesc *t = &res->t[0];
+                memset(t, 0, sizeof(*t));
+                t->dtype = own->dtype;
+                t->ndim = own->ndim;
+                memcpy(t->shape, own->shape, (size_t)own->ndim * sizeof(t->shape[0]));
+                t->nbytes = own->nbytes;
+        }
+        if (g->rank == 0)
+                mirror_stat(g, seq, last, first, lastt);
+        return 1;
+}
