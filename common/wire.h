@@ -299,26 +299,34 @@ typedef struct {
 #define DV_FAST_OUT_MIN (64u << 10)
 
 /*
- * A small reduce or a barrier every rank runs by itself (mirrored): no rank runs it for the
- * others, so it costs one crossing of each rank's record and no publication. Before it
+ * A small reduce, gather or barrier every rank runs by itself (mirrored): no rank runs it for
+ * the others, so it costs one crossing of each rank's record and no publication. Before it
  * arrives, every rank describes its step in its record of the step's parity, with its input
  * (op 0: a step it cannot mirror), and stores seq last. Once every rank's record of seq is
  * there, every rank decides the same from the same records: when all describe the same
- * reduce (op, dtype, shape, bytes) or all a barrier, each reduces the inputs itself, in rank
- * order, as devald would; otherwise they go on as for any step (DvFast). A rank writes its
- * record of step seq + 2 only after every rank has arrived at seq + 1, so after every rank
- * has read the records of seq: two records a rank suffice. Rank 0 stores mirror_seq (DvFast)
- * after each, for devald's worker, which would otherwise wait for the step.
+ * reduce (op, dtype, shape, bytes), the same gather of one tensor (op, dtype, ndim, options;
+ * a result of DV_MIRROR_OUT bytes at most) or all a barrier, each runs it itself, as devald
+ * would; otherwise they go on as for any step (DvFast). A rank writes its record of step
+ * seq + 2 only after every rank has arrived at seq + 1, so after every rank has read the
+ * records of seq: two records a rank suffice. Rank 0 stores mirror_seq (DvFast) after each,
+ * for devald's worker, which would otherwise wait for the step.
  */
-#define DV_MIRROR_BYTES 96
+#define DV_MIRROR_BYTES 128
+#define DV_MIRROR_OUT   4096
 typedef struct {
         alignas(64) _Atomic uint32_t seq; /* the step described; stored (release) last */
-        uint32_t op;                      /* DV_OP_REDUCE, DV_OP_BARRIER; 0: not mirrored */
+        uint32_t op; /* DV_OP_REDUCE, DV_OP_GATHER(_METRICS), DV_OP_BARRIER; 0: not mirrored */
         int32_t dtype;
-        int32_t reduce_op;
         int32_t ndim;
-        uint32_t nbytes;     /* of data, DV_MIRROR_BYTES at most */
+        uint32_t nbytes; /* of data, DV_MIRROR_BYTES at most */
+        int32_t reduce_op;
         uint64_t arrived_ns; /* CLOCK_MONOTONIC at the arrival, for devald's figures only */
+        /* a gather's options (its root is -1) */
+        int64_t valid_rows;
+        int64_t keep_rows;
+        double pad_value;
+        int32_t order;
+        uint32_t pad_first;
         int64_t shape[DEVAL_MAX_DIMS];
         uint8_t data[DV_MIRROR_BYTES];
 } DvMirror;
@@ -520,7 +528,7 @@ _Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
 _Static_assert(sizeof(DvGroupInfo) == 128, "wire layout");
 _Static_assert(sizeof(DvRankInfo) == 48, "wire layout");
 _Static_assert(sizeof(DvSlot) % 64 == 0, "slots on their own cache lines");
-_Static_assert(sizeof(DvMirror) == 192, "a mirror record is three cache lines");
+_Static_assert(sizeof(DvMirror) == 256, "a mirror record is four cache lines");
 _Static_assert(sizeof(DvCtlHeader) % 64 == 0, "slots on their own cache lines");
 
 const char *dv_op_name(uint32_t op);

@@ -184,6 +184,16 @@ static void worker_fast_done(Group *g, uint32_t seq, uint32_t done) {
                         at = k;
                         own++;
                 }
+        /* with every rank at the next step: the op of the result a rank ran, or of the
+         * records of a step all ran, which stay until every rank is past the next one */
+        uint32_t op = f->res.op;
+        for (int k = 0; mirrored && k < g->world; k++) {
+                const DvMirror *m = &g->hdr->slots[k].mirror[done % 2];
+                if (atomic_load_explicit(&m->seq, memory_order_acquire) == done) {
+                        op = m->op;
+                        break;
+                }
+        }
         pthread_mutex_lock(&g->lock);
         for (int k = 0; k < g->world; k++) {
                 const DvSlot *sl = &g->hdr->slots[k];
@@ -192,7 +202,7 @@ static void worker_fast_done(Group *g, uint32_t seq, uint32_t done) {
                         memcpy(&g->work.reqs[k], &g->hdr->slots[mine ? k : at].req,
                                sizeof(DvRequest));
                 else
-                        g->work.reqs[k] = (DvRequest){.seq = done, .op = f->res.op};
+                        g->work.reqs[k] = (DvRequest){.seq = done, .op = op};
                 /* arrival times only when every rank's are still there */
                 g->work.arrivals[k] = own == g->world && sl->arrived_ns ? sl->arrived_ns : 1;
         }

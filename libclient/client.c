@@ -205,6 +205,10 @@ static void group_free(deval_group *g) {
                 close(g->sock);
         dv_replay_clear(g);
         free(g->fast_reqs);
+        free(g->mirror_recs);
+        free(g->mirror_shapes);
+        free(g->mirror_valid);
+        free(g->mirror_srcs);
         dv_plan_deinit(&g->plan);
         for (size_t i = 0; i < DV_ARRAY_SIZE(g->scratch); i++)
                 free(g->scratch[i]);
@@ -352,9 +356,17 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         g->sock = -1;
         g->device = -1;
         dv_plan_init(&g->plan);
-        g->fast_reqs = calloc((size_t)world_size, sizeof(DvRequest));
-        if (!g->fast_reqs)
+        size_t w = (size_t)world_size;
+        g->fast_reqs = calloc(w, sizeof(DvRequest));
+        g->mirror_recs = calloc(w, sizeof(DvMirror));
+        g->mirror_shapes = calloc(w, sizeof(DvShape));
+        g->mirror_valid = calloc(w, sizeof(int64_t));
+        g->mirror_srcs = calloc(w, sizeof(const uint8_t *));
+        if (!g->fast_reqs || !g->mirror_recs || !g->mirror_shapes || !g->mirror_valid ||
+            !g->mirror_srcs) {
+                group_free(g);
                 return join_err(DEVAL_ENOMEM, "deval_join: out of memory");
+        }
         g->pid = getpid();
         g->forks = dv_forks();
         g->rank = rank;

@@ -69,13 +69,17 @@ struct deval_group {
         uint32_t share_did;    /* the last step this rank copied its share of */
         DvResult fast_res;     /* this rank's copy of the result of a step a rank ran */
         /* steps every rank runs by itself (mirror.c) */
-        bool mirror;           /* small reduces and barriers may be ($DEVAL_MIRROR=0: never) */
-        int mirror_next;       /* the first rank whose record of the step is not seen yet */
-        uint64_t mirror_bytes; /* rank 0: bytes of the results of those steps, for devald */
-        DvRequest mirror_req;  /* its copy of its own request, with one tensor */
-        DvMirror mirror_own;   /* this rank's description of the step in flight */
-        DvResult mirror_res;   /* the result of the last one */
-        alignas(64) uint8_t mirror_out[DV_MIRROR_BYTES];
+        bool mirror;            /* small reduces and barriers may be ($DEVAL_MIRROR=0: never) */
+        int mirror_next;        /* the first rank whose record of the step is not seen yet */
+        uint64_t mirror_bytes;  /* rank 0: bytes of the results of those steps, for devald */
+        DvRequest mirror_req;   /* its copy of its own request, with one tensor */
+        DvMirror mirror_own;    /* this rank's description of the step in flight */
+        DvMirror *mirror_recs;  /* [world]: copies of the records of a step */
+        DvShape *mirror_shapes; /* [world]: a mirrored gather's inputs */
+        int64_t *mirror_valid;
+        const uint8_t **mirror_srcs;
+        DvResult mirror_res; /* the result of the last one */
+        alignas(64) uint8_t mirror_out[DV_MIRROR_OUT];
         /* the direct output (DV_REQ_DIRECT), mapped writable once a step needed it */
         uint8_t *direct;
         uint64_t direct_size;
@@ -106,6 +110,8 @@ void dv_fast_share(deval_group *g, uint32_t seq);
 bool dv_fast_share_due(const deval_group *g, uint32_t seq);
 bool dv_mirror_post(deval_group *g, uint32_t seq, uint64_t now);
 int dv_mirror_run(deval_group *g, uint32_t seq);
+int dv_fast_gather_to(deval_group *g, const DvPlanInput *in, const uint8_t *const *srcs,
+                      uint8_t *out, DvResult *res);
 
 void dv_replay_clear(deval_group *g);
 int dv_replay_keep(deval_group *g, const char *fn, const DvResult *res);

@@ -115,6 +115,30 @@ static bool kernel_segs(deval_group *g, const DvPlan *p, int per_rank, bool firs
         return true;
 }
 
+/*
+ * dv_fast_gather_to() - plan the gather in and copy it at once, here, from srcs (one a tensor
+ * of each rank) into out, which ends at in->max_out; the result's descriptors into *res.
+ * Return: 0, or the planner's status (DEVAL_ENOMEM too for a result past in->max_out).
+ */
+int dv_fast_gather_to(deval_group *g, const DvPlanInput *in, const uint8_t *const *srcs,
+                      uint8_t *out, DvResult *res) {
+        DvPlan *p = &g->plan;
+        DvKernelSeg *segs;
+        uint64_t *starts;
+
+        dv_plan_reset(p);
+        int r = dv_plan_gather(in, p);
+        if (r < 0)
+                return r;
+        if (!kernel_segs(g, p, in->ntensors, false, &segs, &starts))
+                return DEVAL_ENOMEM;
+        dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], out, srcs);
+        res->ntensors = (uint32_t)in->ntensors;
+        for (int i = 0; i < in->ntensors; i++)
+                dv_desc_of(&p->out[i], p->out_offset[i], p->out_nbytes[i], &res->t[i]);
+        return 0;
+}
+
 /* Publish plan p (at most DV_SHARE_SEGS segments) for every rank to copy from, in mode
  * (DvShare): what both modes share; the caller adds what its mode needs. */
 static DvShare *share_set(deval_group *g, uint32_t mode, const DvPlan *p, const DvKernelSeg *segs,

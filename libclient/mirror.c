@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * mirror.c - small reduces and barriers every rank runs by itself (DvMirror in wire.h).
+ * mirror.c - small reduces, gathers and barriers every rank runs by itself (DvMirror in
+ * wire.h).
  *
  * When the last rank to arrive runs a step (fast.c), the step costs two crossings between
  * cores one after the other: the others' inputs to it, then its result back to them. Here
@@ -18,6 +19,20 @@
 #include "fault.h"
 #include "util.h"
 
+/* A tensor described in a record: its dims, and data of nbytes (DV_MIRROR_BYTES at most)
+ * that they account for. */
+static bool tensor_ok(int32_t dtype, int32_t ndim, const int64_t *shape, uint64_t nbytes) {
+        if (!dv_dtype_valid(dtype) || ndim < 0 || ndim > DEVAL_MAX_DIMS || nbytes > DV_MIRROR_BYTES)
+                return false;
+        uint64_t numel = 1;
+        for (int d = 0; d < ndim; d++) {
+                if (shape[d] < 0 || (uint64_t)shape[d] > DV_MIRROR_BYTES)
+                        return false;
+                numel *= (uint64_t)shape[d]; /* 128^8 at most: no overflow */
+        }
+        return numel * dv_dtype_size(dtype) == nbytes;
+}
+
 /* Can this rank mirror the step of request q? A copy of its own request. */
 static bool mirror_op(const deval_group *g, const DvRequest *q) {
         if (!g->mirror || !g->rank_steps || g->device >= 0 || !g->inl_size ||
@@ -26,12 +41,24 @@ static bool mirror_op(const deval_group *g, const DvRequest *q) {
         if (q->op == DV_OP_BARRIER)
                 return true;
         const DvTensorDesc *t = &q->t[0];
+        if (q->ntensors != 1 || t->offset > g->inl_size || t->nbytes > g->inl_size - t->offset ||
+            !tensor_ok(t->dtype, t->ndim, t->shape, t->nbytes))
+                return false;
         int op = q->reduce_op;
-        return q->op == DV_OP_REDUCE && q->ntensors == 1 && t->nbytes <= DV_MIRROR_BYTES &&
-               t->offset <= g->inl_size && t->nbytes <= g->inl_size - t->offset && t->ndim >= 0 &&
-               t->ndim <= DEVAL_MAX_DIMS && dv_dtype_valid(t->dtype) &&
-               t->nbytes % dv_dtype_size(t->dtype) == 0 && op >= DEVAL_SUM && op <= DEVAL_PROD &&
-               (op != DEVAL_MEAN || dv_dtype_is_float(t->dtype));
+        switch (q->op) {
+        case DV_OP_REDUCE:
+                return op >= DEVAL_SUM && op <= DEVAL_PROD &&
+                       (op != DEVAL_MEAN || dv_dtype_is_float(t->dtype));
+        case DV_OP_GATHER_METRICS: /* an eval pass counts samples in shared counters */
+                if (atomic_load_explicit(&g->pass_sh->open, memory_order_relaxed))
+                        return false;
+                /* fall through */
+        case DV_OP_GATHER:
+                return q->root == -1 &&
+                       (q->order == DEVAL_ORDER_RANK || q->order == DEVAL_ORDER_STRIDED);
+        default:
+                return false;
+        }
 }
 
 /*
@@ -61,13 +88,18 @@ bool dv_mirror_post(deval_group *g, uint32_t seq, uint64_t now) {
         memset(own, 0, head);
         own->op = on ? q->op : 0;
         own->arrived_ns = now;
-        if (on && q->op == DV_OP_REDUCE) {
+        if (on && q->op != DV_OP_BARRIER) {
                 const DvTensorDesc *t = &q->t[0];
                 own->dtype = t->dtype;
                 own->reduce_op = q->reduce_op;
                 own->ndim = t->ndim;
                 own->nbytes = (uint32_t)t->nbytes;
                 memcpy(own->shape, t->shape, (size_t)t->ndim * sizeof(own->shape[0]));
+                own->valid_rows = q->valid_rows;
+                own->keep_rows = q->keep_rows;
+                own->pad_value = q->pad_value;
+                own->order = q->order;
+                own->pad_first = q->pad_first;
                 memcpy(m->data, g->inl + t->offset, t->nbytes);
         }
         /* up to seq, which goes last */
@@ -89,14 +121,52 @@ bool dv_mirror_post(deval_group *g, uint32_t seq, uint64_t now) {
 
 /* Does rank k's record (a copy) describe the same step as this rank's own, one to mirror? */
 static bool same_step(const DvMirror *own, const DvMirror *m) {
-        if (m->op != own->op || (own->op != DV_OP_REDUCE && own->op != DV_OP_BARRIER))
+        if (m->op != own->op)
                 return false;
-        if (own->op == DV_OP_BARRIER)
+        switch (own->op) {
+        case DV_OP_BARRIER:
                 return true;
-        if (m->dtype != own->dtype || m->reduce_op != own->reduce_op || m->ndim != own->ndim ||
-            m->nbytes != own->nbytes)
+        case DV_OP_REDUCE: /* the same tensor on every rank */
+                return m->dtype == own->dtype && m->reduce_op == own->reduce_op &&
+                       m->ndim == own->ndim && m->nbytes == own->nbytes &&
+                       memcmp(m->shape, own->shape, (size_t)own->ndim * sizeof(own->shape[0])) == 0;
+        case DV_OP_GATHER:
+        case DV_OP_GATHER_METRICS: /* tensors of any shape, padded; the same options */
+                return m->dtype == own->dtype && m->ndim == own->ndim &&
+                       m->keep_rows == own->keep_rows && m->order == own->order &&
+                       m->pad_first == own->pad_first &&
+                       memcmp(&m->pad_value, &own->pad_value, sizeof(double)) == 0 &&
+                       tensor_ok(m->dtype, m->ndim, m->shape, m->nbytes);
+        default:
                 return false;
-        return memcmp(m->shape, own->shape, (size_t)own->ndim * sizeof(own->shape[0])) == 0;
+        }
+}
+
+/* Gather the tensors the records describe (copies in recs) into g->mirror_out. Return: 0, or
+ * the planner's status: the records alone decide it, but for memory this rank lacks. */
+static int mirror_gather(deval_group *g, const DvMirror *recs, const DvSlot *slots, int p) {
+        int W = g->world;
+        const DvMirror *own = &g->mirror_own;
+        DvShape *shapes = g->mirror_shapes;
+        int64_t *valid = g->mirror_valid;
+        const uint8_t **srcs = g->mirror_srcs;
+        for (int k = 0; k < W; k++) {
+                shapes[k].dtype = recs[k].dtype;
+                shapes[k].ndim = recs[k].ndim;
+                memcpy(shapes[k].shape, recs[k].shape, sizeof(shapes[k].shape));
+                valid[k] = recs[k].valid_rows;
+                srcs[k] = slots[k].mirror[p].data;
+        }
+        DvPlanInput in = {.world = W,
+                          .ntensors = 1,
+                          .in = shapes,
+                          .valid_rows = valid,
+                          .keep_rows = own->keep_rows,
+                          .order = own->order,
+                          .pad_first = own->pad_first != 0,
+                          .pad_value = own->pad_value,
+                          .max_out = sizeof(g->mirror_out)};
+        return dv_fast_gather_to(g, &in, srcs, g->mirror_out, &g->mirror_res);
 }
 
 /* Rank 0's figures of a mirrored step, for devald: who came last (last), by how much after
@@ -134,24 +204,31 @@ int dv_mirror_run(deval_group *g, uint32_t seq) {
         /* each record is copied once, then checked against this rank's own description: a
          * rank may rewrite its record at any time */
         const DvMirror *own = &g->mirror_own;
-        DvMirror m;
+        DvMirror *recs = g->mirror_recs;
         uint64_t first = UINT64_MAX, lastt = 0;
         int last = 0;
         size_t head = offsetof(DvMirror, data);
         for (int k = 0; k < g->world; k++) {
-                memcpy(&m, &slots[k].mirror[p], head);
-                if (!same_step(own, &m))
+                memcpy(&recs[k], &slots[k].mirror[p], head);
+                if (!same_step(own, &recs[k]))
                         return -1;
-                first = DV_MIN(first, m.arrived_ns);
-                if (m.arrived_ns > lastt) {
-                        lastt = m.arrived_ns;
+                first = DV_MIN(first, recs[k].arrived_ns);
+                if (recs[k].arrived_ns > lastt) {
+                        lastt = recs[k].arrived_ns;
                         last = k;
                 }
         }
         DvResult *res = &g->mirror_res;
         memset(res, 0, offsetof(DvResult, t));
         res->op = own->op;
+        res->site = g->mirror_req.site;
         res->batch = g->batch_no;
+        /* The planner fails alike on every rank, for these records: then none mirrors it.
+         * Only memory this rank could not get would set it apart; it then waits for the
+         * others, which went on, until the group's deadline. */
+        if ((own->op == DV_OP_GATHER || own->op == DV_OP_GATHER_METRICS) &&
+            mirror_gather(g, recs, slots, p) < 0)
+                return -1;
         if (own->op == DV_OP_REDUCE) {
                 size_t es = dv_dtype_size(own->dtype);
                 size_t n = own->nbytes / es;

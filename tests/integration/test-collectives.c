@@ -23,6 +23,7 @@
 #include "client.h"
 #include "dtype.h"
 #include "harness.h"
+#include "util.h"
 
 static Harness H;
 
@@ -789,13 +790,90 @@ static void test_direct_gathers(void **state) {
         assert_int_equal(harness_run(&H, 4, rank_direct, NULL, 60), 0);
 }
 
+/* Rank k's element (r, c) of the ragged gathers below, and its rows and columns at step i. */
+static float mirror_val(int k, int64_t r, int64_t c, int i) {
+        return (float)(k * 1000 + r * 10 + c + i);
+}
+
+static int64_t mirror_rows(int k, int i) {
+        return 1 + (k + i) % 3;
+}
+
+static int64_t mirror_cols(int k) {
+        return 2 + k;
+}
+
 /*
- * Small reduces and barriers every rank runs by itself (mirror.c), between steps of every
- * other kind, with ranks arriving in changing orders: each result exact, and (white box)
- * mirrored exactly where every rank could mirror it. A reduce too large to mirror, one with a
- * rank's input in its input buffer, and ranks that disagree on the shape go the other ways,
- * the last to devald, which names it. With arg 1, rank 1 never mirrors ($DEVAL_MIRROR=0):
- * no step is mirrored and every result is still exact. deval-ctl counts every step.
+ * A ragged gather of one small f32 tensor per rank (rows and columns differ), padded at
+ * either end, in rank or strided order, the last rank's last row dropped (valid_rows):
+ * every element checked against a reference built here. Return: bytes of the result, or
+ * -1 when a check failed (the message is out).
+ */
+static int64_t mirror_ragged(deval_group *g, int rank, int world, int i) {
+        int64_t rows = mirror_rows(rank, i), cols = mirror_cols(rank);
+        float x[3 * 5];
+        for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < cols; c++)
+                        x[r * cols + c] = mirror_val(rank, r, c, i);
+        deval_tensor t = {.data = x,
+                          .dtype = DEVAL_F32,
+                          .ndim = 2,
+                          .shape = {rows, cols},
+                          .device = -1},
+                     out;
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        o.pad_first = i % 2;
+        o.pad_value = -1.5;
+        o.order = i % 4 < 2 ? DEVAL_ORDER_RANK : DEVAL_ORDER_STRIDED;
+        if (rank == world - 1)
+                o.valid_rows = rows - 1;
+        int r = deval_gather(g, 1, &t, &o, &out);
+        if (r < 0) {
+                fprintf(stderr, "ragged gather %d: %s\n", i, deval_errmsg(g));
+                return -1;
+        }
+        int64_t maxc = mirror_cols(world - 1), at = 0, most = 0;
+        for (int k = 0; k < world; k++)
+                most = DV_MAX(most, mirror_rows(k, i));
+        const float *o_ = out.data;
+        for (int64_t s = 0; s < most; s++)
+                for (int k = 0; k < world; k++) {
+                        int64_t valid = mirror_rows(k, i) - (k == world - 1);
+                        int64_t lo = o.order == DEVAL_ORDER_RANK ? (s ? valid : 0) : s;
+                        int64_t hi = o.order == DEVAL_ORDER_RANK ? valid : DV_MIN(s + 1, valid);
+                        for (int64_t row = lo; row < hi; row++, at++) {
+                                int64_t c = mirror_cols(k), pad = maxc - c;
+                                for (int64_t j = 0; j < maxc; j++) {
+                                        int64_t sj = o.pad_first ? j - pad : j;
+                                        float want = sj >= 0 && sj < c ? mirror_val(k, row, sj, i)
+                                                                       : -1.5f;
+                                        if (o_[at * maxc + j] != want) {
+                                                fprintf(stderr,
+                                                        "ragged gather %d: row %lld col %lld is "
+                                                        "%g, not %g\n",
+                                                        i, (long long)at, (long long)j,
+                                                        (double)o_[at * maxc + j], (double)want);
+                                                return -1;
+                                        }
+                                }
+                        }
+                }
+        if (out.ndim != 2 || out.shape[0] != at || out.shape[1] != maxc) {
+                fprintf(stderr, "ragged gather %d: shape %lld x %lld\n", i, (long long)out.shape[0],
+                        (long long)out.shape[1]);
+                return -1;
+        }
+        return at * maxc * (int64_t)sizeof(float);
+}
+
+/*
+ * Small reduces, gathers and barriers every rank runs by itself (mirror.c), between steps of
+ * every other kind, with ranks arriving in changing orders: each result exact, and (white
+ * box) mirrored exactly where every rank could mirror it. A reduce too large to mirror, one
+ * with a rank's input in its input buffer, gathers of two tensors or to one root, and ranks
+ * that disagree on the shape go the other ways, the last to devald, which names it. With
+ * arg 1, rank 1 never mirrors ($DEVAL_MIRROR=0): no step is mirrored and every result is
+ * still exact. deval-ctl counts every step.
  */
 static int rank_mirror(const Harness *h, int rank, int world, void *arg) {
         bool refuser = arg && rank == 1;
@@ -805,14 +883,17 @@ static int rank_mirror(const Harness *h, int rank, int world, void *arg) {
         CHECK_OK(harness_join(h, arg ? "mirror-off" : "mirror", rank, world, 10000, &g), NULL);
         unsetenv("DEVAL_MIRROR");
         bool all = g->rank_steps && !arg; /* every rank mirrors what it can */
+        /* but a gather it copies into the direct output (every gather: DEVAL_DIRECT_MIN=0) */
+        bool gathers = all && g->direct_min > DV_MIRROR_BYTES;
         uint64_t bytes = 0;
-        int n = 0;
-        for (int i = 0; i < 200; i++, n++) {
+        for (int i = 0; i < 270; i++) {
                 if ((i * 7 + rank * 3) % 5 == 0) /* arrive in another order */
                         usleep((useconds_t)(20 * rank));
-                bool mirrorable = false;
-                switch (i % 5) {
-                case 0: { /* 16 bytes: mirrored */
+                uint64_t step_bytes = 0;
+                bool mirrorable = false,
+                     gather = i % 9 == 3 || i % 9 == 5 || i % 9 == 6 || i % 9 == 7;
+                switch (i % 9) {
+                case 0: { /* 16 bytes */
                         float x[4];
                         for (int e = 0; e < 4; e++)
                                 x[e] = (float)(rank * 10 + i + e);
@@ -827,24 +908,24 @@ static int rank_mirror(const Harness *h, int rank, int world, void *arg) {
                                                       world * (i + e)),
                                       "step %d: element %d is %g", i, e, (double)x[e]);
                         mirrorable = true;
-                        bytes += sizeof(x);
+                        step_bytes = sizeof(x);
                         break;
                 }
                 case 1:
                         CHECK_OK(deval_barrier(g), g);
                         mirrorable = true;
                         break;
-                case 2: { /* 128 bytes: past DV_MIRROR_BYTES, run by the last to arrive */
-                        double x[16];
-                        for (int e = 0; e < 16; e++)
+                case 2: { /* 160 bytes: past DV_MIRROR_BYTES, run by the last to arrive */
+                        double x[20];
+                        for (int e = 0; e < 20; e++)
                                 x[e] = (rank + e) % world == 0 ? i : -e; /* some rank has i */
                         deval_tensor t = {.data = x,
                                           .dtype = DEVAL_F64,
                                           .ndim = 1,
-                                          .shape = {16},
+                                          .shape = {20},
                                           .device = -1};
                         CHECK_OK(deval_reduce(g, &t, DEVAL_MAX), g);
-                        for (int e = 0; e < 16; e++)
+                        for (int e = 0; e < 20; e++)
                                 CHECK(x[e] == i, "step %d: max %d is %g", i, e, x[e]);
                         break;
                 }
@@ -861,9 +942,11 @@ static int rank_mirror(const Harness *h, int rank, int world, void *arg) {
                         CHECK(out.shape[0] == 3 * world && o[3 * (world - 1)] == world - 1 &&
                                       o[3 * (world - 1) + 2] == (int16_t)((world - 1) * i),
                               "step %d: gather", i);
+                        mirrorable = true;
+                        step_bytes = 3 * (uint64_t)world * sizeof(int16_t);
                         break;
                 }
-                default: { /* rank 2's input in its input buffer, where only devald reads it */
+                case 4: { /* rank 2's input in its input buffer, where only devald reads it */
                         int32_t *x, own[3];
                         void *buf;
                         if (rank == 2) {
@@ -883,11 +966,60 @@ static int rank_mirror(const Harness *h, int rank, int world, void *arg) {
                         for (int e = 0; e < 3; e++)
                                 CHECK(x[e] == e * world * (world - 1) / 2 + world * i,
                                       "step %d: sum %d is %d", i, e, x[e]);
+                        break;
+                }
+                case 5:
+                case 6: {
+                        int64_t b = mirror_ragged(g, rank, world, i);
+                        CHECK(b >= 0, "step %d: ragged gather", i);
+                        mirrorable = true;
+                        step_bytes = (uint64_t)b;
+                        break;
+                }
+                case 7: { /* outside an eval pass, as a plain gather */
+                        int64_t x[2] = {rank, -i};
+                        deval_tensor t = {.data = x,
+                                          .dtype = DEVAL_I64,
+                                          .ndim = 1,
+                                          .shape = {2},
+                                          .device = -1},
+                                     out;
+                        CHECK_OK(deval_gather_for_metrics(g, 1, &t, NULL, &out), g);
+                        const int64_t *o = out.data;
+                        CHECK(out.shape[0] == 2 * world && o[2] == 1 && o[2 * world - 1] == -i,
+                              "step %d: gather_for_metrics", i);
+                        mirrorable = true;
+                        step_bytes = 2 * (uint64_t)world * sizeof(int64_t);
+                        break;
+                }
+                default: { /* two tensors, or one root: the other ways */
+                        int32_t x[2] = {rank, i};
+                        deval_tensor t[2] = {{.data = x,
+                                              .dtype = DEVAL_I32,
+                                              .ndim = 1,
+                                              .shape = {1},
+                                              .device = -1},
+                                             {.data = x + 1,
+                                              .dtype = DEVAL_I32,
+                                              .ndim = 1,
+                                              .shape = {1},
+                                              .device = -1}},
+                                     out[2];
+                        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+                        o.root = i % 2 ? 1 : -1;
+                        CHECK_OK(deval_gather(g, o.root < 0 ? 2 : 1, t, &o, out), g);
+                        bool got = o.root < 0 || rank == o.root;
+                        CHECK(out[0].shape[0] == (got ? world : 0) &&
+                                      (!got ||
+                                       ((const int32_t *)out[0].data)[world - 1] == world - 1),
+                              "step %d: gather of %s", i, o.root < 0 ? "two" : "one root");
                 }
                 }
                 bool mirrored = g->view == g->mirror_out;
-                CHECK(mirrored == (mirrorable && all), "step %d (%d): %s", i, i % 5,
-                      mirrored ? "mirrored" : "not mirrored");
+                CHECK(mirrored == (mirrorable && (gather ? gathers : all)), "step %d (%d): %s", i,
+                      i % 9, mirrored ? "mirrored" : "not mirrored");
+                if (mirrored)
+                        bytes += step_bytes;
         }
         /* ranks that disagree on the shape: none mirrors it, devald names it */
         float y[4] = {1, 2, 3, 4};
@@ -900,25 +1032,32 @@ static int rank_mirror(const Harness *h, int rank, int world, void *arg) {
         CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(g), "ndim") &&
                       strstr(deval_errmsg(g), "rank 3"),
               "shapes: got %s: %s", deval_strerror(r), deval_errmsg(g));
+        /* a gather the same way: ranks that disagree on the dtype */
+        deval_tensor u = t, out;
+        u.dtype = rank == 2 ? DEVAL_I32 : DEVAL_F32;
+        r = deval_gather(g, 1, &u, NULL, &out);
+        CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(g), "dtype") &&
+                      strstr(deval_errmsg(g), "rank 2"),
+              "dtypes: got %s: %s", deval_strerror(r), deval_errmsg(g));
         t.ndim = 2;
         t.shape[0] = 2;
         CHECK_OK(deval_reduce(g, &t, DEVAL_MIN), g);
         CHECK(y[0] == 1 && y[3] == 4 && (g->view == g->mirror_out) == all,
               "the group does not go on");
-        n += 2;
-        bytes += sizeof(y);
+        bytes += all ? sizeof(y) : 0;
         if (rank == 0) {
                 /* rank 0 tells devald of the steps every rank ran */
-                CHECK(atomic_load(&g->hdr->fast.mirror_bytes) == (all ? bytes : 0),
+                CHECK(atomic_load(&g->hdr->fast.mirror_bytes) == bytes,
                       "mirrored %llu bytes, not %llu",
                       (unsigned long long)atomic_load(&g->hdr->fast.mirror_bytes),
-                      (unsigned long long)(all ? bytes : 0));
-                char args[128], out[8192], want[64];
+                      (unsigned long long)bytes);
+                char args[128], buf[8192], want[64];
                 snprintf(args, sizeof(args), "--json=short group %s-%d",
                          arg ? "mirror-off" : "mirror", (int)getppid());
-                CHECK(harness_ctl(h, args, out, sizeof(out)) == 0, "%s: %s", args, out);
-                snprintf(want, sizeof(want), "\"collectives\":%d,", n);
-                CHECK(strstr(out, want), "deval-ctl %s lacks %s:\n%s", args, want, out);
+                CHECK(harness_ctl(h, args, buf, sizeof(buf)) == 0, "%s: %s", args, buf);
+                /* every step this rank went through (a gather turned back unrun is two) */
+                snprintf(want, sizeof(want), "\"collectives\":%u,", g->seq);
+                CHECK(strstr(buf, want), "deval-ctl %s lacks %s:\n%s", args, want, buf);
         }
         CHECK_OK(deval_barrier(g), g); /* nobody leaves before rank 0 has asked */
         CHECK_OK(deval_leave(g), NULL);

@@ -614,9 +614,19 @@ static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
                         s->req.flags = DV_REQ_DIRECT;
                 }
                 g->seq++;
-                atomic_store(&s->arrived_seq, g->seq);
-                /* the last to arrive hands the step to devald */
+                /* its record says the step is not one to mirror (wire.h), so the others
+                 * count themselves in */
                 DvFast *f = &g->hdr->fast;
+                DvMirror *m = &s->mirror[g->seq % 2];
+                m->op = 0;
+                atomic_store(&m->seq, g->seq);
+                atomic_fetch_add(&f->wake, 1);
+                dv_futex_wake(&f->wake);
+                atomic_store(&s->arrived_seq, g->seq);
+                /* the last to arrive hands the step to devald: after the others, which count
+                 * themselves in once they have read its record */
+                for (int i = 0; i < 10000 && atomic_load(&f->count) != (uint32_t)world - 1; i++)
+                        usleep(1000);
                 if (atomic_fetch_add(&f->count, 1) + 1 == (uint32_t)world) {
                         atomic_store(&f->count, 0);
                         atomic_store(&f->handoff_seq, g->seq);

@@ -77,18 +77,25 @@ typedef struct {
 #define FAULTS_BUILT true
 #endif
 
-/* A gather of a few rows; 0 or the status. */
+/* A gather of a few rows of two tensors, which the last rank to arrive runs (fast.c): a
+ * step of one small tensor, every rank would run by itself (mirror.c). 0 or the status. */
 static int gather(deval_group *g, int rank) {
         float x[16];
+        int32_t id[3] = {rank, rank, rank};
         for (int i = 0; i < 16; i++)
                 x[i] = (float)(rank * 100 + i);
-        deval_tensor in = {.data = x,
-                           .dtype = DEVAL_F32,
-                           .ndim = 2,
-                           .shape = {1 + rank % 3, 4},
-                           .device = -1},
-                     out;
-        return deval_gather(g, 1, &in, NULL, &out);
+        deval_tensor in[2] = {{.data = x,
+                               .dtype = DEVAL_F32,
+                               .ndim = 2,
+                               .shape = {1 + rank % 3, 4},
+                               .device = -1},
+                              {.data = id,
+                               .dtype = DEVAL_I32,
+                               .ndim = 1,
+                               .shape = {1 + rank % 3},
+                               .device = -1}},
+                     out[2];
+        return deval_gather(g, 2, in, NULL, out);
 }
 
 /* A reduce of 16 bytes, which every rank runs by itself (mirror.c); 0 or the status. */
