@@ -6,8 +6,9 @@
  * When the last rank to arrive runs a step (fast.c), the step costs two crossings between
  * cores one after the other: the others' inputs to it, then its result back to them. Here
  * every rank describes its step, with its input, in a record of its own; once every rank's
- * record is there, each one reduces the inputs itself. The records cross once, all at the
- * same time, and nobody waits for a publication. The decision is made by every rank from the
+ * record is there, each one runs the step itself: a reduce in rank order, a gather through
+ * the planner devald uses. The records cross once, all at the same time, and nobody waits
+ * for a publication. The decision is made by every rank from the
  * same records, so all agree on it: whatever the records do not all describe alike goes on
  * as any step does, where the runner or devald checks it and names what is wrong.
  */
