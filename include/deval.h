@@ -125,7 +125,9 @@ const char *deval_strerror(int status);
 const char *deval_errmsg(const deval_group *g);
 
 /* group NULL: name the group after the job that started this process (torchrun, accelerate
- * launch, mpirun, srun, deval.launch); rank or world_size < 0: take them from it too. */
+ * launch, mpirun, srun, deval.launch); rank or world_size < 0: take them from it too. A
+ * group holds the ranks of one machine: a world size taken from a launcher that says the job
+ * runs on more than one is DEVAL_ENOTSUP ($DEVAL_ONE_MACHINE=1: every rank runs here). */
 int deval_join(const char *group, int rank, int world_size, const deval_join_opts *opts,
                deval_group **out);
 int deval_leave(deval_group *g);

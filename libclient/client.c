@@ -330,6 +330,11 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                         group = job.name;
                         snprintf(req.launcher, sizeof(req.launcher), "%s", job.launcher);
                 }
+                /* the launcher's world: is it all on this machine? */
+                const char *one = getenv("DEVAL_ONE_MACHINE");
+                if (r == 0 && world_size < 0 && !(one && strcmp(one, "1") == 0) &&
+                    (r = dv_job_one_machine(&job, why, sizeof(why))) < 0)
+                        return join_err(r, "deval_join: %s", why);
                 rank = rank < 0 ? job.rank : rank;
                 world_size = world_size < 0 ? job.world : world_size;
                 if (rank < 0 || world_size < 0)

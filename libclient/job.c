@@ -23,6 +23,8 @@
 
 #include "deval.h"
 
+#include "util.h"
+
 static const char *env(const char *name) {
         const char *v = getenv(name);
         return v && *v ? v : NULL;
@@ -48,7 +50,9 @@ typedef struct {
         const char *launcher;
         const char *present; /* the variable that says this launcher started us */
         const char *rank, *world;
-        const char *keys[5]; /* what makes the job unique, NULL-terminated */
+        const char *keys[5];  /* what makes the job unique, NULL-terminated */
+        const char *local;    /* its ranks on this machine, if it says */
+        const char *nodes[2]; /* the machines it runs on, if it says: the first set wins */
 } Launcher;
 
 static const Launcher launchers[] = {
@@ -57,18 +61,27 @@ static const Launcher launchers[] = {
          "TORCHELASTIC_RUN_ID",
          "RANK",
          "WORLD_SIZE",
-         {"TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"}},
-        {"torch", "MASTER_PORT", "RANK", "WORLD_SIZE", {"MASTER_ADDR", "MASTER_PORT"}},
+         {"TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"},
+         "LOCAL_WORLD_SIZE"},
+        {"torch",
+         "MASTER_PORT",
+         "RANK",
+         "WORLD_SIZE",
+         {"MASTER_ADDR", "MASTER_PORT"},
+         "LOCAL_WORLD_SIZE"},
         {"mpirun",
          "OMPI_COMM_WORLD_SIZE",
          "OMPI_COMM_WORLD_RANK",
          "OMPI_COMM_WORLD_SIZE",
-         {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"}},
+         {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"},
+         "OMPI_COMM_WORLD_LOCAL_SIZE"},
         {"srun",
          "SLURM_JOB_ID",
          "SLURM_PROCID",
          "SLURM_NTASKS",
-         {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"}},
+         {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"},
+         NULL,
+         {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}},
 };
 
 /**
@@ -112,6 +125,14 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
                 snprintf(ret->name, sizeof(ret->name), "%s-%016" PRIx64, l->launcher, h);
                 ret->rank = rank;
                 ret->world = world;
+                ret->local = ret->nodes = -1;
+                if (l->local && (ret->local = dv_env_int(l->local)) >= 0)
+                        snprintf(ret->local_var, sizeof(ret->local_var), "%s", l->local);
+                for (int k = 0; k < 2 && l->nodes[k] && ret->nodes < 0; k++)
+                        if ((ret->nodes = dv_env_int(l->nodes[k])) >= 0)
+                                snprintf(ret->nodes_var, sizeof(ret->nodes_var), "%s", l->nodes[k]);
+                ret->local = DV_MAX(ret->local, -1); /* not a number: not said */
+                ret->nodes = DV_MAX(ret->nodes, -1);
                 return 0;
         }
         snprintf(err, errlen,
@@ -121,4 +142,35 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
                  "$OMPI_COMM_WORLD_RANK and $OMPI_COMM_WORLD_SIZE (Open MPI's mpirun), "
                  "$SLURM_JOB_ID, $SLURM_PROCID and $SLURM_NTASKS (srun); name the group");
         return DEVAL_EINVAL;
+}
+
+/**
+ * dv_job_one_machine() - does the job run on this machine alone, as far as its launcher
+ * says? A group holds the ranks of one machine (one devald): joined as the whole job's world,
+ * the ranks of the other machines would never come, and the join would wait for them until
+ * its deadline.
+ * Return: 0; DEVAL_ENOTSUP, with err saying so and what to do instead.
+ */
+int dv_job_one_machine(const DvJob *job, char *err, size_t errlen) {
+        if (job->local >= 0 && job->world >= 0 && job->local < job->world) {
+                snprintf(err, errlen,
+                         "this job runs on more than one machine: %s says %d of its %d ranks "
+                         "run on this one ($%s); a deval group holds the ranks of one machine, "
+                         "so the others would never join it. Give each machine a group of its "
+                         "own (a name per machine, with the rank and size within it), or set "
+                         "DEVAL_ONE_MACHINE=1 if every rank does run here",
+                         job->launcher, job->local, job->world, job->local_var);
+                return DEVAL_ENOTSUP;
+        }
+        if (job->nodes > 1) {
+                snprintf(err, errlen,
+                         "this job runs on more than one machine: %s says %d machines ($%s); a deval "
+                         "group holds the ranks of one machine, so the others would never join "
+                         "it. Give each machine a group of its own (a name per machine, with "
+                         "the rank and size within it), or set DEVAL_ONE_MACHINE=1 if every "
+                         "rank does run here",
+                         job->launcher, job->nodes, job->nodes_var);
+                return DEVAL_ENOTSUP;
+        }
+        return 0;
 }

@@ -14,7 +14,11 @@ typedef struct {
         char name[DV_GROUP_NAME_MAX];
         int rank;  /* -1: the launcher does not say */
         int world; /* -1: the launcher does not say */
+        int local; /* of them, ranks on this machine; -1: the launcher does not say */
+        int nodes; /* machines the job runs on; -1: the launcher does not say */
+        char local_var[32], nodes_var[32]; /* where local and nodes came from */
 } DvJob;
 
 int dv_job_from_env(DvJob *ret, char *err, size_t errlen);
+int dv_job_one_machine(const DvJob *job, char *err, size_t errlen);
 int dv_env_int(const char *name);

@@ -736,7 +736,9 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     torch.device) makes this a device group: devald must run the cuda backend, every rank
     names its GPU, and gathered CUDA tensors stay on the GPUs. When no devald answers and no
     socket was named, one is started for this user unless autostart is False (default: on
-    unless $DEVAL_AUTOSTART=0).
+    unless $DEVAL_AUTOSTART=0). A group holds the ranks of one machine: with no group, a job
+    its launcher says runs on more than one raises NotSupported ($DEVAL_ONE_MACHINE=1 says
+    every rank runs here).
     """
     if group is not None and not isinstance(group, str):
         raise InvalidArgument("deval.join: the group name must be a str", -1)

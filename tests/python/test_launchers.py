@@ -113,6 +113,57 @@ def test_two_torchrun_jobs_at_once_never_meet(runtime, tmp_path):
     assert "of 2 in" in out_a and "of 3 in" in out_b
 
 
+NODES_SCRIPT = """
+import os, deval, numpy as np
+try:
+    g = deval.join()
+except deval.NotSupported as e:
+    os.write(1, b"refused: %s\\n" % str(e).encode())
+    raise SystemExit(0)
+got = g.gather(np.array([g.rank]))
+os.write(1, b"rank %d of %d: %s\\n" % (g.rank, g.world_size, str(got.tolist()).encode()))
+g.leave()
+"""
+
+
+def torchrun_node(script, node, port, extra=None):
+    """One of two torchrun agents (--nnodes 2, one rank each), as on two machines."""
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                             "--nproc-per-node", "1", "--node-rank", str(node), "--master-addr",
+                             "127.0.0.1", "--master-port", str(port), script],
+                            env=env_for(extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_job_on_two_machines_is_refused_at_once(runtime, tmp_path):
+    """torchrun --nnodes 2: a group holds one machine's ranks, so deval.join() says so at
+    once (the ranks of the other machine would never join it: the join would wait its 300 s
+    for them); told that both "machines" are this one, the two ranks meet."""
+    pytest.importorskip("torch")
+    script = tmp_path / "nodes.py"
+    script.write_text(NODES_SCRIPT)
+    port = free_port()
+    agents = [torchrun_node(str(script), k, port) for k in (0, 1)]
+    outs = [p.communicate(timeout=180)[0] for p in agents]
+    assert all(p.returncode == 0 for p in agents), outs
+    for out in outs:
+        assert ("refused: deval_join: this job runs on more than one machine: torchrun says 1 "
+                "of its 2 ranks run on this one ($LOCAL_WORLD_SIZE)") in out, out
+        assert "DEVAL_ONE_MACHINE=1" in out, out
+    port = free_port()
+    agents = [torchrun_node(str(script), k, port, {"DEVAL_ONE_MACHINE": "1"}) for k in (0, 1)]
+    outs = [p.communicate(timeout=180)[0] for p in agents]
+    assert all(p.returncode == 0 for p in agents), outs
+    assert "rank 0 of 2: [0, 1]" in outs[0] and "rank 1 of 2: [0, 1]" in outs[1], outs
+
+
 def test_mpirun_c_program(runtime):
     mpirun = shutil.which("mpirun")
     if mpirun is None:

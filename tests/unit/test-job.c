@@ -2,8 +2,9 @@
 /*
  * test-job.c - naming a job from its launcher's environment: every launcher's variables give
  * a name, a rank and a world size; two jobs never share a name; a restarted torchrun job gets
- * a new one; deval.launch and torchrun win over the MPI or Slurm that started them; and
- * nothing at all is an error that names what was looked for.
+ * a new one; deval.launch and torchrun win over the MPI or Slurm that started them;
+ * nothing at all is an error that names what was looked for; and a job its launcher says
+ * runs on more than one machine is named as such.
  */
 /* cmocka needs these first */
 /* clang-format off */
@@ -37,7 +38,11 @@ static const char *const all_vars[] = {"DEVAL_LAUNCH_ID",
                                        "SLURM_STEP_ID",
                                        "SLURM_PROCID",
                                        "SLURM_NTASKS",
-                                       "SLURM_RESTART_COUNT"};
+                                       "SLURM_RESTART_COUNT",
+                                       "LOCAL_WORLD_SIZE",
+                                       "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                       "SLURM_STEP_NUM_NODES",
+                                       "SLURM_NNODES"};
 
 static void clear(void) {
         for (size_t i = 0; i < sizeof(all_vars) / sizeof(all_vars[0]); i++)
@@ -136,11 +141,55 @@ static void test_nothing_names_the_job(void **state) {
         assert_non_null(strstr(err, "not a number"));
 }
 
+/* Whether the launcher says the job runs on this machine alone, and what it says when not. */
+static int one_machine(char *err, size_t len) {
+        DvJob j = job();
+        return dv_job_one_machine(&j, err, len);
+}
+
+static void test_more_than_one_machine(void **state) {
+        (void)state;
+        char err[640];
+        torchrun("29500", "0", "2");                        /* 4 ranks */
+        assert_int_equal(one_machine(err, sizeof(err)), 0); /* it does not say */
+        setenv("LOCAL_WORLD_SIZE", "4", 1);
+        assert_int_equal(one_machine(err, sizeof(err)), 0);
+        setenv("LOCAL_WORLD_SIZE", "2", 1); /* torchrun --nnodes=2 */
+        assert_int_equal(one_machine(err, sizeof(err)), DEVAL_ENOTSUP);
+        assert_non_null(strstr(err, "torchrun says 2 of its 4 ranks run on this one"));
+        assert_non_null(strstr(err, "$LOCAL_WORLD_SIZE"));
+        assert_non_null(strstr(err, "DEVAL_ONE_MACHINE=1"));
+        setenv("LOCAL_WORLD_SIZE", "two", 1); /* not a number: not said */
+        assert_int_equal(one_machine(err, sizeof(err)), 0);
+
+        clear();
+        setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+        setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+        setenv("PMIX_NAMESPACE", "prterun-host-1234@1", 1);
+        setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
+        assert_int_equal(one_machine(err, sizeof(err)), 0);
+        setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1", 1);
+        assert_int_equal(one_machine(err, sizeof(err)), DEVAL_ENOTSUP);
+        assert_non_null(strstr(err, "$OMPI_COMM_WORLD_LOCAL_SIZE"));
+
+        clear();
+        setenv("SLURM_JOB_ID", "77", 1);
+        setenv("SLURM_PROCID", "5", 1);
+        setenv("SLURM_NTASKS", "8", 1);
+        setenv("SLURM_NNODES", "4", 1);         /* the allocation */
+        setenv("SLURM_STEP_NUM_NODES", "1", 1); /* the step: srun -N1 */
+        assert_int_equal(one_machine(err, sizeof(err)), 0);
+        unsetenv("SLURM_STEP_NUM_NODES");
+        assert_int_equal(one_machine(err, sizeof(err)), DEVAL_ENOTSUP);
+        assert_non_null(strstr(err, "srun says 4 machines ($SLURM_NNODES)"));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_torchrun),
                 cmocka_unit_test(test_mpirun_srun_launch),
                 cmocka_unit_test(test_nothing_names_the_job),
+                cmocka_unit_test(test_more_than_one_machine),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
