@@ -703,6 +703,24 @@ def _env_int(name):
         raise InvalidArgument("deval.join: $%s is %r, not a number" % (name, v), -1) from None
 
 
+def _one_machine(world_size):
+    """A world size from $WORLD_SIZE that torchrun's $LOCAL_WORLD_SIZE says spans machines:
+    NotSupported, as libdeval says it when it takes the world size from the launcher."""
+    if os.environ.get("DEVAL_ONE_MACHINE") == "1":
+        return
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", ""))
+    except ValueError:
+        return  # not said
+    if 0 <= local < world_size:
+        raise NotSupported(
+            "deval.join: this job runs on more than one machine: $LOCAL_WORLD_SIZE says %d of "
+            "its %d ranks run on this one; a deval group holds the ranks of one machine, so "
+            "the others would never join it. Give each machine a group of its own (a name per "
+            "machine, with the rank and size within it), or set DEVAL_ONE_MACHINE=1 if every "
+            "rank does run here" % (local, world_size), -10)
+
+
 def _device_index(device):
     """A CUDA ordinal from an int, "cuda:N" or a torch.device; None for no device."""
     if device is None:
@@ -736,15 +754,18 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     torch.device) makes this a device group: devald must run the cuda backend, every rank
     names its GPU, and gathered CUDA tensors stay on the GPUs. When no devald answers and no
     socket was named, one is started for this user unless autostart is False (default: on
-    unless $DEVAL_AUTOSTART=0). A group holds the ranks of one machine: with no group, a job
-    its launcher says runs on more than one raises NotSupported ($DEVAL_ONE_MACHINE=1 says
-    every rank runs here).
+    unless $DEVAL_AUTOSTART=0). A group holds the ranks of one machine: when the world size
+    comes from the launcher (no world_size given), a job it says runs on more than one
+    machine raises NotSupported ($DEVAL_ONE_MACHINE=1 says every rank runs here).
     """
     if group is not None and not isinstance(group, str):
         raise InvalidArgument("deval.join: the group name must be a str", -1)
     if group is not None:
+        from_env = world_size is None
         rank = _env_int("RANK") if rank is None else rank
         world_size = _env_int("WORLD_SIZE") if world_size is None else world_size
+        if from_env:
+            _one_machine(world_size)
     else:  # libdeval reads the launcher's variables
         rank = -1 if rank is None else rank
         world_size = -1 if world_size is None else world_size

@@ -114,9 +114,9 @@ def test_two_torchrun_jobs_at_once_never_meet(runtime, tmp_path):
 
 
 NODES_SCRIPT = """
-import os, deval, numpy as np
+import os, sys, deval, numpy as np
 try:
-    g = deval.join()
+    g = deval.join(*sys.argv[1:])
 except deval.NotSupported as e:
     os.write(1, b"refused: %s\\n" % str(e).encode())
     raise SystemExit(0)
@@ -126,11 +126,11 @@ g.leave()
 """
 
 
-def torchrun_node(script, node, port, extra=None):
+def torchrun_node(script, node, port, extra=None, args=()):
     """One of two torchrun agents (--nnodes 2, one rank each), as on two machines."""
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                              "--nproc-per-node", "1", "--node-rank", str(node), "--master-addr",
-                             "127.0.0.1", "--master-port", str(port), script],
+                             "127.0.0.1", "--master-port", str(port), script] + list(args),
                             env=env_for(extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
@@ -142,23 +142,27 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_a_job_on_two_machines_is_refused_at_once(runtime, tmp_path):
+@pytest.mark.parametrize("named", [False, True])
+def test_a_job_on_two_machines_is_refused_at_once(runtime, tmp_path, named):
     """torchrun --nnodes 2: a group holds one machine's ranks, so deval.join() says so at
-    once (the ranks of the other machine would never join it: the join would wait its 300 s
-    for them); told that both "machines" are this one, the two ranks meet."""
+    once, named or not (the ranks of the other machine would never join it: the join would
+    wait its 300 s for them); told that both "machines" are this one, the two ranks meet."""
     pytest.importorskip("torch")
     script = tmp_path / "nodes.py"
     script.write_text(NODES_SCRIPT)
+    args = [group_name("nodes")] if named else []
     port = free_port()
-    agents = [torchrun_node(str(script), k, port) for k in (0, 1)]
+    agents = [torchrun_node(str(script), k, port, args=args) for k in (0, 1)]
     outs = [p.communicate(timeout=180)[0] for p in agents]
     assert all(p.returncode == 0 for p in agents), outs
+    said = ("$LOCAL_WORLD_SIZE says 1 of its 2 ranks run on this one" if named else
+            "torchrun says 1 of its 2 ranks run on this one ($LOCAL_WORLD_SIZE)")
     for out in outs:
-        assert ("refused: deval_join: this job runs on more than one machine: torchrun says 1 "
-                "of its 2 ranks run on this one ($LOCAL_WORLD_SIZE)") in out, out
-        assert "DEVAL_ONE_MACHINE=1" in out, out
+        assert "refused: deval" in out and "this job runs on more than one machine" in out, out
+        assert said in out and "DEVAL_ONE_MACHINE=1" in out, out
     port = free_port()
-    agents = [torchrun_node(str(script), k, port, {"DEVAL_ONE_MACHINE": "1"}) for k in (0, 1)]
+    agents = [torchrun_node(str(script), k, port, {"DEVAL_ONE_MACHINE": "1"}, args)
+              for k in (0, 1)]
     outs = [p.communicate(timeout=180)[0] for p in agents]
     assert all(p.returncode == 0 for p in agents), outs
     assert "rank 0 of 2: [0, 1]" in outs[0] and "rank 1 of 2: [0, 1]" in outs[1], outs
