@@ -152,25 +152,19 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
  * Return: 0; DEVAL_ENOTSUP, with err saying so and what to do instead.
  */
 int dv_job_one_machine(const DvJob *job, char *err, size_t errlen) {
-        if (job->local >= 0 && job->world >= 0 && job->local < job->world) {
-                snprintf(err, errlen,
-                         "this job runs on more than one machine: %s says %d of its %d ranks "
-                         "run on this one ($%s); a deval group holds the ranks of one machine, "
-                         "so the others would never join it. Give each machine a group of its "
-                         "own (a name per machine, with the rank and size within it), or set "
-                         "DEVAL_ONE_MACHINE=1 if every rank does run here",
-                         job->launcher, job->local, job->world, job->local_var);
-                return DEVAL_ENOTSUP;
-        }
-        if (job->nodes > 1) {
-                snprintf(err, errlen,
-                         "this job runs on more than one machine: %s says %d machines ($%s); a deval "
-                         "group holds the ranks of one machine, so the others would never join "
-                         "it. Give each machine a group of its own (a name per machine, with "
-                         "the rank and size within it), or set DEVAL_ONE_MACHINE=1 if every "
-                         "rank does run here",
-                         job->launcher, job->nodes, job->nodes_var);
-                return DEVAL_ENOTSUP;
-        }
-        return 0;
+        char says[96];
+        if (job->local >= 0 && job->world >= 0 && job->local < job->world)
+                snprintf(says, sizeof(says), "%d of its %d ranks run on this one ($%s)", job->local,
+                         job->world, job->local_var);
+        else if (job->nodes > 1)
+                snprintf(says, sizeof(says), "%d machines ($%s)", job->nodes, job->nodes_var);
+        else
+                return 0;
+        snprintf(err, errlen,
+                 "this job runs on more than one machine: %s says %s; a deval group holds the "
+                 "ranks of one machine, so the others would never join it. Give each machine a "
+                 "group of its own (a name per machine, with the rank and size within it), or set "
+                 "DEVAL_ONE_MACHINE=1 if every rank does run here",
+                 job->launcher, says);
+        return DEVAL_ENOTSUP;
 }
