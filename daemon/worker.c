@@ -162,9 +162,9 @@ static bool ranks_done(Group *g, uint32_t seq, uint32_t *done) {
 }
 
 /*
- * Steps up to done ran on the ranks (fast.c, mirror.c): count them, and record the last in the flight
- * recorder with the requests still in the slots (a rank already at the next step shows as
- * not arrived).
+ * Steps up to done ran on the ranks (fast.c, mirror.c): count them, and record the last in
+ * the flight recorder with the requests still in the slots (a rank already at the next step
+ * shows as not arrived).
  */
 static void worker_fast_done(Group *g, uint32_t seq, uint32_t done) {
         DvFast *f = &g->hdr->fast;

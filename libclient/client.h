@@ -110,6 +110,7 @@ void dv_fast_share(deval_group *g, uint32_t seq);
 bool dv_fast_share_due(const deval_group *g, uint32_t seq);
 bool dv_mirror_post(deval_group *g, uint32_t seq, uint64_t now);
 int dv_mirror_run(deval_group *g, uint32_t seq);
+void dv_fast_stat(deval_group *g, uint32_t seq, int last, uint64_t first, uint64_t lastt);
 int dv_fast_gather_to(deval_group *g, const DvPlanInput *in, const uint8_t *const *srcs,
                       uint8_t *out, DvResult *res);
 

@@ -363,9 +363,22 @@ static bool fast_broadcast(deval_group *g, const DvRequest *q, DvResult *res, ui
         return true;
 }
 
-/* Who arrived last and when, from the ranks' own clock readings (figures only). */
+/*
+ * dv_fast_stat() - for devald's figures of step seq, which a rank ran: rank last arrived
+ * last, at lastt, the first at first (the ranks' own clock readings).
+ */
+void dv_fast_stat(deval_group *g, uint32_t seq, int last, uint64_t first, uint64_t lastt) {
+        uint64_t now = dv_now_ns();
+        DvFastStat *st = &g->hdr->fast.stats[seq % DV_FAST_STATS];
+        st->last = last;
+        st->late_us = (uint32_t)DV_MIN((lastt - first) / 1000, (uint64_t)UINT32_MAX);
+        st->lat_us = (uint32_t)DV_MIN((now - DV_MIN(first, now)) / 1000, (uint64_t)UINT32_MAX);
+        st->seq = seq;
+}
+
+/* Who arrived last and when, from the slots. */
 static void fast_stat(deval_group *g, uint32_t seq) {
-        uint64_t first = UINT64_MAX, lastt = 0, now = dv_now_ns();
+        uint64_t first = UINT64_MAX, lastt = 0;
         int last = 0;
         for (int k = 0; k < g->world; k++) {
                 uint64_t t = g->hdr->slots[k].arrived_ns;
@@ -375,11 +388,7 @@ static void fast_stat(deval_group *g, uint32_t seq) {
                         last = k;
                 }
         }
-        DvFastStat *st = &g->hdr->fast.stats[seq % DV_FAST_STATS];
-        st->last = last;
-        st->late_us = (uint32_t)DV_MIN((lastt - first) / 1000, (uint64_t)UINT32_MAX);
-        st->lat_us = (uint32_t)DV_MIN((now - first) / 1000, (uint64_t)UINT32_MAX);
-        st->seq = seq;
+        dv_fast_stat(g, seq, last, first, lastt);
 }
 
 _Static_assert(sizeof(DvKernelSeg) == sizeof(((DvShare *)0)->segs[0]), "DvShare holds segments");

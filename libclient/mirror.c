@@ -8,9 +8,9 @@
  * every rank describes its step, with its input, in a record of its own; once every rank's
  * record is there, each one runs the step itself: a reduce in rank order, a gather through
  * the planner devald uses. The records cross once, all at the same time, and nobody waits
- * for a publication. The decision is made by every rank from the
- * same records, so all agree on it: whatever the records do not all describe alike goes on
- * as any step does, where the runner or devald checks it and names what is wrong.
+ * for a publication. The decision is made by every rank from the same records, so all agree
+ * on it: whatever the records do not all describe alike goes on as any step does, where the
+ * runner or devald checks it and names what is wrong.
  */
 #define _GNU_SOURCE
 #include <string.h>
@@ -170,16 +170,11 @@ static int mirror_gather(deval_group *g, const DvMirror *recs, const DvSlot *slo
         return dv_fast_gather_to(g, &in, srcs, g->mirror_out, &g->mirror_res);
 }
 
-/* Rank 0's figures of a mirrored step, for devald: who came last (last), by how much after
- * the first (arrivals at first and lastt). */
+/* Rank 0 tells devald of a mirrored step: its figures (who came last, by how much after the
+ * first), its bytes, and that it is done. */
 static void mirror_stat(deval_group *g, uint32_t seq, int last, uint64_t first, uint64_t lastt) {
         DvFast *f = &g->hdr->fast;
-        uint64_t now = dv_now_ns();
-        DvFastStat *st = &f->stats[seq % DV_FAST_STATS];
-        st->last = last;
-        st->late_us = (uint32_t)DV_MIN((lastt - first) / 1000, (uint64_t)UINT32_MAX);
-        st->lat_us = (uint32_t)DV_MIN((now - DV_MIN(first, now)) / 1000, (uint64_t)UINT32_MAX);
-        st->seq = seq;
+        dv_fast_stat(g, seq, last, first, lastt);
         g->mirror_bytes += g->mirror_res.ntensors ? g->mirror_res.t[0].nbytes : 0;
         atomic_store_explicit(&f->mirror_bytes, g->mirror_bytes, memory_order_relaxed);
         /* release: the figures are written before devald's worker counts the step */
