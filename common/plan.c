@@ -510,3 +510,80 @@ int dv_plan_pad(int world, const DvShape *in, int dim, bool pad_first, double pa
         }
         return 0;
 }
+
+int64_t dv_pass_kept(int64_t num_samples, int order, int64_t total, const int64_t *rows,
+                     int world) {
+        if (order == DEVAL_ORDER_RANK)
+                return total < num_samples ? total : num_samples;
+        int64_t kept = 0;
+        for (int k = 0; k < world && k < num_samples; k++) { /* j-th sample at j * world + k */
+                int64_t fit = (num_samples - k + world - 1) / world;
+                kept += rows[k] < fit ? rows[k] : fit;
+        }
+        return kept;
+}
+
+void dv_req_empty(DvRequest *q, const DvRequest *tmpl, uint32_t seq) {
+        memset(q, 0, sizeof(*q));
+        q->seq = seq;
+        q->op = tmpl->op;
+        q->ntensors = tmpl->ntensors < DEVAL_MAX_TENSORS ? tmpl->ntensors : DEVAL_MAX_TENSORS;
+        q->pad_first = tmpl->pad_first;
+        q->pad_value = tmpl->pad_value;
+        q->valid_rows = -1;
+        q->keep_rows = tmpl->keep_rows;
+        q->order = tmpl->order;
+        q->root = tmpl->root;
+        q->dim = tmpl->dim;
+        q->site = tmpl->site;
+        q->batch = tmpl->batch;
+        bool gather = tmpl->op != DV_OP_PAD;
+        for (uint32_t i = 0; i < q->ntensors; i++) {
+                const DvTensorDesc *t = &tmpl->t[i];
+                DvTensorDesc *d = &q->t[i];
+                d->dtype = t->dtype;
+                d->ndim = t->ndim;
+                if (d->ndim == 0 && gather) /* a 0-d tensor gathers as one row */
+                        d->ndim = 1;
+                for (int k = 1; k < t->ndim && k < DEVAL_MAX_DIMS; k++)
+                        d->shape[k] = t->shape[k];
+        }
+}
+
+bool dv_objects_prefix(const uint8_t *lens, int64_t n, int64_t total, int64_t *prefix) {
+        prefix[0] = 0;
+        for (int64_t j = 0; j < n; j++) {
+                int64_t len;
+                memcpy(&len, lens + j * 8, 8);
+                if (len < 0 || __builtin_add_overflow(prefix[j], len, &prefix[j + 1]))
+                        return false;
+        }
+        return prefix[n] == total;
+}
+
+uint64_t dv_objects_bytes(const DvPlan *p, int64_t *const *prefix) {
+        uint64_t bytes = 0;
+        for (size_t j = 0; j < p->nruns; j++) {
+                const DvRun *run = &p->runs[j];
+                const int64_t *pre = prefix[run->rank];
+                bytes += (uint64_t)(pre[run->first + run->count] - pre[run->first]);
+        }
+        return bytes;
+}
+
+void dv_objects_copy(const DvPlan *p, int64_t *const *prefix, const uint8_t *const *blobs,
+                     uint8_t *out, uint64_t blob_off) {
+        uint64_t li = 0, bo = 0;
+        for (size_t j = 0; j < p->nruns; j++) {
+                const DvRun *run = &p->runs[j];
+                const int64_t *pre = prefix[run->rank];
+                for (int64_t q = run->first; q < run->first + run->count; q++) {
+                        int64_t len = pre[q + 1] - pre[q];
+                        memcpy(out + li++ * 8, &len, 8);
+                }
+                uint64_t b = (uint64_t)(pre[run->first + run->count] - pre[run->first]);
+                if (b)
+                        memcpy(out + blob_off + bo, blobs[run->rank] + pre[run->first], b);
+                bo += b;
+        }
+}

@@ -104,3 +104,18 @@ DvShape dv_shape_of(const DvTensorDesc *t);
 void dv_desc_of(const DvShape *sh, uint64_t offset, uint64_t nbytes, DvTensorDesc *t);
 /* Bytes of one sample (row) of shape, and its element count; false on overflow. */
 bool dv_shape_numel(const DvShape *s, int64_t *ret);
+
+/* Samples of one stream of an eval pass whose dataset position is inside the pass: what the
+ * pass returned from it (rows: [world] each rank's count, for strided order). */
+int64_t dv_pass_kept(int64_t num_samples, int order, int64_t total, const int64_t *rows, int world);
+/* A finished rank's part of tmpl's collective (seq): no rows, tmpl's dtypes and trailing dims. */
+void dv_req_empty(DvRequest *q, const DvRequest *tmpl, uint32_t seq);
+/* Objects: prefix[0..n] from n item lengths (i64, at lens, any alignment); false when one is
+ * negative or they do not add up to total. */
+bool dv_objects_prefix(const uint8_t *lens, int64_t n, int64_t total, int64_t *prefix);
+/* The bytes of the items plan p (of the lengths) keeps: prefix[k] is rank k's. */
+uint64_t dv_objects_bytes(const DvPlan *p, int64_t *const *prefix);
+/* Its result: p->samples lengths (i64) at out, the items' bytes at out + blob_off; blobs[k]
+ * is rank k's bytes. */
+void dv_objects_copy(const DvPlan *p, int64_t *const *prefix, const uint8_t *const *blobs,
+                     uint8_t *out, uint64_t blob_off);

@@ -213,13 +213,8 @@ static void pass_advance(Group *g, const DvRequest *q, const DvPlan *p) {
 
 /* Samples of stream whose dataset position is inside the pass: what the pass returned. */
 static int64_t pass_kept(const EvalPass *ps, int stream, int world) {
-        int64_t n = ps->num_samples;
-        if (ps->order == DEVAL_ORDER_RANK)
-                return DV_MIN(ps->total[stream], n);
-        int64_t kept = 0;
-        for (int k = 0; k < world && k < n; k++) /* rank k's j-th sample sits at j * world + k */
-                kept += DV_MIN(ps->rows[stream * world + k], (n - k + world - 1) / world);
-        return kept;
+        return dv_pass_kept(ps->num_samples, ps->order, ps->total[stream],
+                            &ps->rows[stream * world], world);
 }
 
 static DvPassShared *pass_shared(const Group *g) {
@@ -282,35 +277,6 @@ static void pass_reset(EvalPass *ps, int world) {
         ps->msg[0] = '\0';
 }
 
-/* A parked rank's request: tmpl's collective with no rows (ntensors and ndim in range); it
- * replaces the eval_end the rank sent again for this step. */
-static void pass_empty(DvRequest *q, const DvRequest *tmpl, uint32_t seq) {
-        memset(q, 0, sizeof(*q));
-        q->seq = seq;
-        q->op = tmpl->op;
-        q->ntensors = DV_MIN(tmpl->ntensors, (uint32_t)DEVAL_MAX_TENSORS);
-        q->pad_first = tmpl->pad_first;
-        q->pad_value = tmpl->pad_value;
-        q->valid_rows = -1;
-        q->keep_rows = tmpl->keep_rows;
-        q->order = tmpl->order;
-        q->root = tmpl->root;
-        q->dim = tmpl->dim;
-        q->site = tmpl->site;
-        q->batch = tmpl->batch;
-        bool gather = tmpl->op != DV_OP_PAD;
-        for (uint32_t i = 0; i < q->ntensors; i++) {
-                const DvTensorDesc *t = &tmpl->t[i];
-                DvTensorDesc *d = &q->t[i];
-                d->dtype = t->dtype;
-                d->ndim = t->ndim;
-                if (d->ndim == 0 && gather) /* a 0-d tensor gathers as one row */
-                        d->ndim = 1;
-                for (int k = 1; k < DV_MIN(t->ndim, DEVAL_MAX_DIMS); k++)
-                        d->shape[k] = t->shape[k];
-        }
-}
-
 /*
  * In an eval pass, a rank that calls eval_end while others still gather is parked: its
  * loader ran out first. From now until the pass closes, devald answers every collective of
@@ -364,7 +330,7 @@ static int pass_park(Step *s) {
         }
         for (int k = 0; k < g->world; k++)
                 if (ps->parked[k])
-                        pass_empty(&g->work.reqs[k], t, s->seq);
+                        dv_req_empty(&g->work.reqs[k], t, s->seq);
         return 0;
 }
 
@@ -519,7 +485,8 @@ static int step_objects(Step *s) {
         _cleanup_(freep) DvShape *shapes = calloc((size_t)(unsigned)W, sizeof(*shapes));
         _cleanup_(freep) int64_t *valid = calloc((size_t)(unsigned)W, sizeof(*valid));
         _cleanup_(freep) int64_t **prefix = calloc((size_t)(unsigned)W, sizeof(*prefix));
-        if (!shapes || !valid || !prefix)
+        _cleanup_(freep) const uint8_t **blobs = calloc((size_t)(unsigned)W, sizeof(*blobs));
+        if (!shapes || !valid || !prefix || !blobs)
                 return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
         for (int k = 0; k < W; k++) {
                 const DvTensorDesc *lens = &s->reqs[k].t[0], *blob = &s->reqs[k].t[1];
@@ -539,16 +506,8 @@ static int step_objects(Step *s) {
                         r = step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
                         goto out;
                 }
-                const uint8_t *src = g->members[k].in.map + lens->offset;
-                bool bad = false;
-                prefix[k][0] = 0;
-                for (int64_t j = 0; j < n && !bad; j++) {
-                        int64_t len;
-                        memcpy(&len, src + j * 8, 8);
-                        bad = len < 0 ||
-                              __builtin_add_overflow(prefix[k][j], len, &prefix[k][j + 1]);
-                }
-                if (bad || prefix[k][n] != blob->shape[0]) {
+                const uint8_t *src = in_base(g, &s->reqs[k]) + lens->offset;
+                if (!dv_objects_prefix(src, n, blob->shape[0], prefix[k])) {
                         r = step_fail(s, DEVAL_EPROTO,
                                       "malformed object request from rank %d (pid %d): item "
                                       "lengths do not add up to its %lld bytes",
@@ -568,34 +527,16 @@ static int step_objects(Step *s) {
                 dv_plan_deinit(&p);
                 goto out;
         }
-        uint64_t blob_bytes = 0;
-        for (size_t j = 0; j < p.nruns; j++) {
-                const DvRun *run = &p.runs[j];
-                blob_bytes += (uint64_t)(prefix[run->rank][run->first + run->count] -
-                                         prefix[run->rank][run->first]);
-        }
+        uint64_t blob_bytes = dv_objects_bytes(&p, prefix);
         uint64_t lens_off = 0, lens_bytes = (uint64_t)p.samples * 8;
         uint64_t blob_off = DV_ALIGN(lens_bytes, DV_ARENA_ALIGN);
         if ((r = output_ensure(g, blob_off + blob_bytes, s->msg, sizeof(s->msg))) < 0) {
                 dv_plan_deinit(&p);
                 goto out;
         }
-        uint8_t *o = g->locked.out.map;
-        uint64_t li = 0, bo = 0;
-        for (size_t j = 0; j < p.nruns; j++) {
-                const DvRun *run = &p.runs[j];
-                const int64_t *pre = prefix[run->rank];
-                for (int64_t q = run->first; q < run->first + run->count; q++) {
-                        int64_t len = pre[q + 1] - pre[q];
-                        memcpy(o + lens_off + li++ * 8, &len, 8);
-                }
-                uint64_t b = (uint64_t)(pre[run->first + run->count] - pre[run->first]);
-                memcpy(o + blob_off + bo,
-                       g->members[run->rank].in.map + s->reqs[run->rank].t[1].offset +
-                               pre[run->first],
-                       b);
-                bo += b;
-        }
+        for (int k = 0; k < W; k++)
+                blobs[k] = in_base(g, &s->reqs[k]) + s->reqs[k].t[1].offset;
+        dv_objects_copy(&p, prefix, blobs, g->locked.out.map + lens_off, blob_off);
         pass_advance(g, &s->reqs[0], &p);
         atomic_fetch_add_explicit(&g->bytes_moved, blob_off + blob_bytes, memory_order_relaxed);
         for (int k = 0; k < W; k++) {
