@@ -136,6 +136,39 @@ int deval_world_size(const deval_group *g);
 /* The group's name: the one deval_join() took from the launcher when given NULL. */
 const char *deval_group_name(const deval_group *g);
 
+/*
+ * A group may span machines: each machine's ranks meet in their own devald, and one rank per
+ * machine (its leader, local rank 0) exchanges bytes with the other leaders through the
+ * engine the job already runs (MPI: libdeval-mpi's deval_mpi_join(); torch.distributed: the
+ * Python binding). Every collective then has the semantics of one machine, in global ranks.
+ */
+typedef struct {
+        uint32_t size; /* sizeof(deval_engine) */
+        int32_t nodes; /* machines the group spans, >= 1 */
+        int32_t node;  /* this machine's index, 0..nodes-1, the same on all its ranks */
+        int32_t reserved;
+        void *ctx; /* handed to allgather */
+        /* Called on leaders only, by all of them alike: each passes len bytes at send, and
+         * recv (nodes * len bytes) receives node k's at recv + k * len. Return 0, or a
+         * DEVAL_E* status with a sentence in why (naming the node that failed or did not
+         * answer), within timeout_ms when that is >= 0. */
+        int (*allgather)(void *ctx, const void *send, void *recv, size_t len, int timeout_ms,
+                         char *why, size_t why_len);
+        /* Called once by deval_leave() (and not when the join fails); may be NULL. */
+        void (*release)(void *ctx);
+} deval_engine;
+#define DEVAL_ENGINE_INIT .size = sizeof(deval_engine)
+
+/* Join a group of world_size ranks on engine->nodes machines: rank is this rank's place in
+ * the whole group, local_rank its place among the local_world ranks of this machine. group
+ * NULL: named after the job. Return: as deval_join(); DEVAL_EMISMATCH when the ranks'
+ * layouts disagree (a rank twice, a node's ranks not on one machine). */
+int deval_join_spanning(const char *group, int rank, int world_size, int local_rank,
+                        int local_world, const deval_join_opts *opts, const deval_engine *engine,
+                        deval_group **out);
+/* The machines g spans and this rank's (1 and 0 for a group of one machine). */
+int deval_nodes(const deval_group *g, int *node);
+
 /* n tensors per rank in one collective; out[i] are views valid until the next call on g */
 int deval_gather(deval_group *g, int n, const deval_tensor in[], const deval_gather_opts *opts,
                  deval_tensor out[]);

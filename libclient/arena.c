@@ -82,6 +82,8 @@ int dv_reserve_input(deval_group *g, uint64_t size) {
 
         if (size <= g->in_size)
                 return 0;
+        if (g->span)
+                return dv_span_reserve(g, size);
         if ((r = request_arena(g, &req, sizeof(req), size, &rep, &fd)) < 0)
                 return r;
         if ((r = map_reply(g, fd, rep.size[0], PROT_READ | PROT_WRITE, "input", &p)) < 0)

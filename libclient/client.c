@@ -118,8 +118,8 @@ int dv_set_err(deval_group *g, int status, const char *fmt, ...) {
         return status;
 }
 
-static int join_err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int join_err(int status, const char *fmt, ...) {
+/** dv_dv_join_err() - record why a join failed, for deval_errmsg(NULL). Return: status. */
+int dv_join_err(int status, const char *fmt, ...) {
         va_list ap;
         va_start(ap, fmt);
         vset_err(join_errmsg, sizeof(join_errmsg), getenv("DEVAL_DEBUG") != NULL, status, fmt, ap);
@@ -269,25 +269,25 @@ static int connect_devald(deval_group *g, const deval_join_opts *opts, bool name
                 return 0;
         int e = errno;
         if (named)
-                return join_err(DEVAL_EDAEMON,
-                                "cannot reach devald at %s: %s (is it running? start it with "
-                                "'devald --socket %s')",
-                                g->socket_path, strerror(e), g->socket_path);
+                return dv_join_err(DEVAL_EDAEMON,
+                                   "cannot reach devald at %s: %s (is it running? start it with "
+                                   "'devald --socket %s')",
+                                   g->socket_path, strerror(e), g->socket_path);
         if (!autostart_on(opts))
-                return join_err(DEVAL_EDAEMON,
-                                "cannot reach devald at %s: %s, and starting one is off "
-                                "($DEVAL_AUTOSTART=0 or the join option); start it with "
-                                "'devald --socket %s &', or 'systemctl start devald' for the "
-                                "system's",
-                                g->socket_path, strerror(e), g->socket_path);
+                return dv_join_err(DEVAL_EDAEMON,
+                                   "cannot reach devald at %s: %s, and starting one is off "
+                                   "($DEVAL_AUTOSTART=0 or the join option); start it with "
+                                   "'devald --socket %s &', or 'systemctl start devald' for the "
+                                   "system's",
+                                   g->socket_path, strerror(e), g->socket_path);
         char why[PATH_MAX * 2 + 256];
         int r = dv_autostart(g->socket_path, why, sizeof(why));
         if (r < 0)
-                return join_err(r, "deval_join: %s", why);
+                return dv_join_err(r, "deval_join: %s", why);
         if (connect(g->sock, (struct sockaddr *)&sa, sizeof(sa)) == 0)
                 return 0;
-        return join_err(DEVAL_EDAEMON, "cannot reach the devald started at %s: %s", g->socket_path,
-                        strerror(errno));
+        return dv_join_err(DEVAL_EDAEMON, "cannot reach the devald started at %s: %s",
+                           g->socket_path, strerror(errno));
 }
 
 /**
@@ -310,19 +310,19 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         int fds[DV_MAX_FDS], nfds = DV_MAX_FDS, r;
 
         if (!out)
-                return join_err(DEVAL_EINVAL, "deval_join: out is NULL");
+                return dv_join_err(DEVAL_EINVAL, "deval_join: out is NULL");
         deval_join_opts own;
         if (opts) {
                 char why[256];
                 if (dv_opts_copy(&own, sizeof(own), opts, opts->size, "deval_join_opts", why,
                                  sizeof(why)) < 0)
-                        return join_err(DEVAL_EINVAL, "deval_join: %s", why);
+                        return dv_join_err(DEVAL_EINVAL, "deval_join: %s", why);
                 opts = &own;
         }
         if (!group || rank < 0 || world_size < 0) {
                 char why[640];
                 if ((r = dv_job_from_env(&job, why, sizeof(why))) < 0 && !group)
-                        return join_err(r, "deval_join: %s", why);
+                        return dv_join_err(r, "deval_join: %s", why);
                 if (r < 0) /* a name of the caller's; the rank and size may still be set */
                         job = (DvJob){.rank = DV_MAX(dv_env_int("RANK"), -1),
                                       .world = DV_MAX(dv_env_int("WORLD_SIZE"), -1)};
@@ -334,30 +334,30 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                 const char *one = getenv("DEVAL_ONE_MACHINE");
                 if (r == 0 && world_size < 0 && !(one && strcmp(one, "1") == 0) &&
                     (r = dv_job_one_machine(&job, why, sizeof(why))) < 0)
-                        return join_err(r, "deval_join: %s", why);
+                        return dv_join_err(r, "deval_join: %s", why);
                 rank = rank < 0 ? job.rank : rank;
                 world_size = world_size < 0 ? job.world : world_size;
                 if (rank < 0 || world_size < 0)
-                        return join_err(DEVAL_EINVAL,
-                                        "deval_join: no rank or world size given, and %s does "
-                                        "not set them ($RANK and $WORLD_SIZE are the generic "
-                                        "ones)",
-                                        job.launcher[0] ? job.launcher : "the environment");
+                        return dv_join_err(DEVAL_EINVAL,
+                                           "deval_join: no rank or world size given, and %s does "
+                                           "not set them ($RANK and $WORLD_SIZE are the generic "
+                                           "ones)",
+                                           job.launcher[0] ? job.launcher : "the environment");
         }
         if (!group || !*group || strlen(group) >= DV_GROUP_NAME_MAX)
-                return join_err(DEVAL_EINVAL, "deval_join: the group name must be 1 to %d bytes",
-                                DV_GROUP_NAME_MAX - 1);
+                return dv_join_err(DEVAL_EINVAL, "deval_join: the group name must be 1 to %d bytes",
+                                   DV_GROUP_NAME_MAX - 1);
         if (world_size < 1 || world_size > DEVAL_MAX_WORLD)
-                return join_err(DEVAL_EINVAL, "deval_join: world size %d is out of range 1..%d",
-                                world_size, DEVAL_MAX_WORLD);
+                return dv_join_err(DEVAL_EINVAL, "deval_join: world size %d is out of range 1..%d",
+                                   world_size, DEVAL_MAX_WORLD);
         if (rank < 0 || rank >= world_size)
-                return join_err(DEVAL_EINVAL,
-                                "deval_join: rank %d is out of range for world size %d", rank,
-                                world_size);
+                return dv_join_err(DEVAL_EINVAL,
+                                   "deval_join: rank %d is out of range for world size %d", rank,
+                                   world_size);
 
         g = calloc(1, sizeof(*g));
         if (!g)
-                return join_err(DEVAL_ENOMEM, "deval_join: out of memory");
+                return dv_join_err(DEVAL_ENOMEM, "deval_join: out of memory");
         g->sock = -1;
         g->device = -1;
         dv_plan_init(&g->plan);
@@ -370,7 +370,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         if (!g->fast_reqs || !g->mirror_recs || !g->mirror_shapes || !g->mirror_valid ||
             !g->mirror_srcs) {
                 group_free(g);
-                return join_err(DEVAL_ENOMEM, "deval_join: out of memory");
+                return dv_join_err(DEVAL_ENOMEM, "deval_join: out of memory");
         }
         g->pid = getpid();
         g->forks = dv_forks();
@@ -390,11 +390,11 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         if (dv_client_socket_path(opts ? opts->socket_path : NULL, g->socket_path,
                                   sizeof(g->socket_path), &named) < 0 ||
             strlen(g->socket_path) >= sizeof(sa.sun_path))
-                return join_err(DEVAL_EINVAL, "deval_join: the socket path is too long");
+                return dv_join_err(DEVAL_EINVAL, "deval_join: the socket path is too long");
 
         g->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         if (g->sock < 0)
-                return join_err(DEVAL_ESYS, "deval_join: socket: %s", strerror(errno));
+                return dv_join_err(DEVAL_ESYS, "deval_join: socket: %s", strerror(errno));
         if ((r = connect_devald(g, opts, named)) < 0)
                 return r;
 
@@ -402,13 +402,13 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                 const DvGpuApi *gpu = dv_gpu();
                 int count = 0;
                 if ((r = gpu->init()) < 0 || (r = gpu->device_count(&count)) < 0)
-                        return join_err(r, "deval_join: %s", dv_gpu_error());
+                        return dv_join_err(r, "deval_join: %s", dv_gpu_error());
                 if (opts->device < 0 || opts->device >= count)
-                        return join_err(DEVAL_EINVAL,
-                                        "deval_join: CUDA device %d does not exist (%d visible)",
-                                        opts->device, count);
+                        return dv_join_err(DEVAL_EINVAL,
+                                           "deval_join: CUDA device %d does not exist (%d visible)",
+                                           opts->device, count);
                 if ((r = gpu->device_uuid(opts->device, req.device_uuid)) < 0)
-                        return join_err(r, "deval_join: %s", dv_gpu_error());
+                        return dv_join_err(r, "deval_join: %s", dv_gpu_error());
                 req.has_device = 1;
                 g->device = opts->device;
         }
@@ -421,27 +421,27 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                 /* devald refusing the connection (a quota) answered and hung up already */
                 int nf = 0;
                 if (recv_reply(g->sock, 0, &rep, fds, &nf) == 0 && rep.status < 0)
-                        return join_err(rep.status, "deval_join: %.*s", DV_MSG_MAX, rep.msg);
-                return join_err(DEVAL_EDAEMON, "devald at %s is gone: %s", g->socket_path,
-                                strerror((int)-n));
+                        return dv_join_err(rep.status, "deval_join: %.*s", DV_MSG_MAX, rep.msg);
+                return dv_join_err(DEVAL_EDAEMON, "devald at %s is gone: %s", g->socket_path,
+                                   strerror((int)-n));
         }
         r = recv_reply(g->sock, g->timeout_ms < 0 ? -1 : g->timeout_ms + REPLY_GRACE_MS, &rep, fds,
                        &nfds);
         if (r == DEVAL_ETIMEDOUT)
-                return join_err(r, "devald at %s did not answer the join of group '%s' in time",
-                                g->socket_path, group);
+                return dv_join_err(r, "devald at %s did not answer the join of group '%s' in time",
+                                   g->socket_path, group);
         if (r < 0)
-                return join_err(r, "devald at %s hung up during the join of group '%s'",
-                                g->socket_path, group);
+                return dv_join_err(r, "devald at %s hung up during the join of group '%s'",
+                                   g->socket_path, group);
         if (rep.status < 0)
-                return join_err(rep.status, "%s", rep.msg);
+                return dv_join_err(rep.status, "%s", rep.msg);
         int want = g->device >= 0 ? 6 : 4;
         if (nfds != want || rep.size[0] < dv_ctl_size(world_size) ||
             rep.size[1] < dv_done_size(world_size) ||
             (g->device >= 0) != ((rep.flags & DV_REPLY_DEVICE) != 0)) {
                 for (int i = 0; i < nfds; i++)
                         close(fds[i]);
-                return join_err(DEVAL_EPROTO, "devald sent malformed segments");
+                return dv_join_err(DEVAL_EPROTO, "devald sent malformed segments");
         }
         void *ctl = NULL, *done = NULL, *in = NULL, *outp = NULL;
         int e1 = dv_map_fd(fds[0], rep.size[0], PROT_READ | PROT_WRITE, &ctl);
@@ -450,6 +450,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         int e3 = dv_map_fd(fds[3], rep.size[3], PROT_READ, &outp);
         g->hdr = ctl;
         g->ctl_size = rep.size[0];
+        g->req = ctl ? &g->hdr->slots[g->rank].req : NULL;
         g->done = done;
         g->done_size = rep.size[1];
         g->in = in;
@@ -463,21 +464,21 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                 close(fds[4]);
                 close(fds[5]);
                 if (e4 < 0 || e5 < 0)
-                        return join_err(DEVAL_ESYS, "cannot map the group's device memory: %s",
-                                        dv_gpu_error());
+                        return dv_join_err(DEVAL_ESYS, "cannot map the group's device memory: %s",
+                                           dv_gpu_error());
                 g->din_size = rep.size[4];
                 g->dout_size = rep.size[5];
                 g->dout_gen = rep.dev_gen;
         }
         if (e0 == -EPROTO || e1 == -EPROTO || e2 == -EPROTO || e3 == -EPROTO)
-                return join_err(DEVAL_EPROTO, "devald sent a segment that is not a sealed memfd "
-                                              "of the size it said");
+                return dv_join_err(DEVAL_EPROTO, "devald sent a segment that is not a sealed memfd "
+                                                 "of the size it said");
         if (e0 < 0 || e1 < 0 || e2 < 0 || e3 < 0)
-                return join_err(DEVAL_ENOMEM, "cannot map the group's shared memory");
+                return dv_join_err(DEVAL_ENOMEM, "cannot map the group's shared memory");
         if (g->hdr->magic != DV_CTL_MAGIC || g->hdr->version != DV_PROTO_VERSION ||
             g->hdr->world_size != world_size || g->done->magic != DV_CTL_MAGIC ||
             g->done->version != DV_PROTO_VERSION || g->done->world_size != world_size)
-                return join_err(DEVAL_EPROTO, "devald's control segment has another layout");
+                return dv_join_err(DEVAL_EPROTO, "devald's control segment has another layout");
         /* where the inline inputs and the output of the steps the ranks run lie: devald's
          * layout, recomputed here, and only believed if it is that and fits */
         uint32_t inl = g->hdr->inline_size;
@@ -485,7 +486,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         if ((inl && (inl < DV_INLINE_MIN || inl > DV_INLINE_MAX || (inl & (inl - 1)))) ||
             g->hdr->inl_off != l.inl_off || g->hdr->out_off != l.out_off ||
             g->hdr->out_size != l.out_size || l.total > g->ctl_size)
-                return join_err(DEVAL_EPROTO, "devald's control segment has another layout");
+                return dv_join_err(DEVAL_EPROTO, "devald's control segment has another layout");
         g->inl_size = inl;
         g->inl = (uint8_t *)g->hdr + l.inl_off + (uint64_t)rank * inl;
         g->inl_all = (uint8_t *)g->hdr + l.inl_off;
@@ -512,6 +513,11 @@ int deval_leave(deval_group *g) {
 
         if (!g)
                 return 0;
+        if (g->span) { /* its node's group is left with it */
+                dv_span_free(g);
+                group_free(g);
+                return 0;
+        }
         if (g->pid != getpid()) { /* a forked child's copy: the membership is the parent's */
                 g->sock = -1;     /* the parent's socket stays open for the parent */
                 group_free(g);

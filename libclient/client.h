@@ -14,8 +14,13 @@
 #include "plan.h"
 #include "wire.h"
 
+typedef struct DvSpan DvSpan;
+
 struct deval_group {
         int sock;
+        DvSpan *span;   /* a group that spans machines (span.c): this handle's collectives
+                                run there, in global ranks; NULL: a group of one machine */
+        DvRequest *req; /* where this rank describes its collective: its slot, or the span's */
         int rank, world;
         pid_t pid;      /* the process that joined; a forked child may not use the handle */
         unsigned forks; /* dv_forks() at the join: while it holds, this is that process */
@@ -98,6 +103,7 @@ struct deval_group {
 
 int dv_set_err(deval_group *g, int status, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
+int dv_join_err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int dv_request(deval_group *g, const void *req, size_t len, DvReply *rep, int *fds, int *nfds);
 
 bool dv_daemon_alive(const deval_group *g);
@@ -113,6 +119,14 @@ int dv_mirror_run(deval_group *g, uint32_t seq);
 void dv_fast_stat(deval_group *g, uint32_t seq, int last, uint64_t first, uint64_t lastt);
 int dv_fast_gather_to(deval_group *g, const DvPlanInput *in, const uint8_t *const *srcs,
                       uint8_t *out, DvResult *res);
+
+int dv_plan_run(deval_group *g, const DvPlan *p, int per_rank, bool first_tensor,
+                const uint8_t *const *srcs, uint8_t *out);
+
+/* span.c */
+int dv_span_run(deval_group *g, const char *fn, bool pass_end, const DvResult **ret);
+int dv_span_reserve(deval_group *g, uint64_t size);
+void dv_span_free(deval_group *g);
 
 void dv_replay_clear(deval_group *g);
 int dv_replay_keep(deval_group *g, const char *fn, const DvResult *res);

@@ -51,6 +51,8 @@ static int coll_begin(deval_group *g) {
                 return 0; /* answered from what was kept, whatever the group did since */
         if (g->failed)
                 return g->failed;
+        if (g->span)
+                return 0;
         int s = atomic_load_explicit(&g->done->abort_status, memory_order_acquire);
         if (s)
                 return group_fail_local(g, s, g->done->abort_msg);
@@ -108,7 +110,7 @@ static int req_start(deval_group *g, uint32_t op, DvRequest **ret) {
         int r = coll_owner(g);
         if (r < 0)
                 return r;
-        DvRequest *q = &g->hdr->slots[g->rank].req;
+        DvRequest *q = g->req;
         memset(q, 0, offsetof(DvRequest, t));
         q->seq = g->seq + 1;
         q->op = op;
@@ -449,7 +451,9 @@ static int coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResu
  */
 static int coll_run(deval_group *g, const char *fn, const DvResult **ret) {
         if (g->replaying && dv_replay_pending(g))
-                return dv_replay_take(g, fn, &g->hdr->slots[g->rank].req, ret);
+                return dv_replay_take(g, fn, g->req, ret);
+        if (g->span)
+                return dv_span_run(g, fn, false, ret);
         return coll_wait(g, fn, /* pass_end= */ false, ret);
 }
 
@@ -802,6 +806,8 @@ static int eval_end(deval_group *g, const char *fn, uint32_t flags) {
         if ((r = req_start(g, DV_OP_EVAL_END, &q)) < 0)
                 return r;
         q->flags = flags;
+        if (g->span)
+                return dv_span_run(g, fn, true, &res);
         return coll_wait(g, fn, /* pass_end= */ true, &res);
 }
 

@@ -123,19 +123,30 @@ static bool kernel_segs(deval_group *g, const DvPlan *p, int per_rank, bool firs
 int dv_fast_gather_to(deval_group *g, const DvPlanInput *in, const uint8_t *const *srcs,
                       uint8_t *out, DvResult *res) {
         DvPlan *p = &g->plan;
-        DvKernelSeg *segs;
-        uint64_t *starts;
 
         dv_plan_reset(p);
         int r = dv_plan_gather(in, p);
         if (r < 0)
                 return r;
-        if (!kernel_segs(g, p, in->ntensors, false, &segs, &starts))
-                return DEVAL_ENOMEM;
-        dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], out, srcs);
+        if ((r = dv_plan_run(g, p, in->ntensors, false, srcs, out)) < 0)
+                return r;
         res->ntensors = (uint32_t)in->ntensors;
         for (int i = 0; i < in->ntensors; i++)
                 dv_desc_of(&p->out[i], p->out_offset[i], p->out_nbytes[i], &res->t[i]);
+        return 0;
+}
+
+/*
+ * dv_plan_run() - copy plan p here, into out (p->out_end bytes at least), from srcs: rank k's
+ * input i at srcs[k * per_rank + i]. Return: 0; DEVAL_ENOMEM.
+ */
+int dv_plan_run(deval_group *g, const DvPlan *p, int per_rank, bool first_tensor,
+                const uint8_t *const *srcs, uint8_t *out) {
+        DvKernelSeg *segs;
+        uint64_t *starts;
+        if (!kernel_segs(g, p, per_rank, first_tensor, &segs, &starts))
+                return DEVAL_ENOMEM;
+        dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], out, srcs);
         return 0;
 }
 

@@ -161,10 +161,12 @@ int dv_job_one_machine(const DvJob *job, char *err, size_t errlen) {
         else
                 return 0;
         snprintf(err, errlen,
-                 "this job runs on more than one machine: %s says %s; a deval group holds the "
-                 "ranks of one machine, so the others would never join it. Give each machine a "
-                 "group of its own (a name per machine, with the rank and size within it), or set "
-                 "DEVAL_ONE_MACHINE=1 if every rank does run here",
+                 "this job runs on more than one machine: %s says %s; deval_join() holds the "
+                 "ranks of one machine, so the others would never join it. Join a group that "
+                 "spans the machines through the job's engine (deval_mpi_join() of "
+                 "libdeval-mpi; in Python, deval.join() once torch.distributed is initialised), "
+                 "give each machine a group of its own, or set DEVAL_ONE_MACHINE=1 if every "
+                 "rank does run here",
                  job->launcher, says);
         return DEVAL_ENOTSUP;
 }
