@@ -141,6 +141,17 @@ class _GatherOpts(_Sized):
                 ("root", ctypes.c_int32)]
 
 
+_ALLGATHER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+_RELEASE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class _Engine(_Sized):
+    _fields_ = [("size", ctypes.c_uint32), ("nodes", ctypes.c_int32), ("node", ctypes.c_int32),
+                ("reserved", ctypes.c_int32), ("ctx", ctypes.c_void_p),
+                ("allgather", _ALLGATHER), ("release", _RELEASE)]
+
+
 def _candidates():
     env = os.environ.get("DEVAL_LIBRARY")
     if env:
@@ -214,6 +225,10 @@ def _load():
         "deval_broadcast_bytes": ([G, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                    ctypes.POINTER(_Bytes)], ctypes.c_int),
         "deval_barrier": ([G], ctypes.c_int),
+        "deval_join_spanning": ([ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_int, ctypes.POINTER(_JoinOpts),
+                                 ctypes.POINTER(_Engine), ctypes.POINTER(G)], ctypes.c_int),
+        "deval_nodes": ([G, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -703,22 +718,125 @@ def _env_int(name):
         raise InvalidArgument("deval.join: $%s is %r, not a number" % (name, v), -1) from None
 
 
-def _one_machine(world_size):
-    """A world size from $WORLD_SIZE that torchrun's $LOCAL_WORLD_SIZE says spans machines:
-    NotSupported, as libdeval says it when it takes the world size from the launcher."""
+def _spans_machines(world_size):
+    """How many of the job's ranks torchrun's $LOCAL_WORLD_SIZE says run on this machine, when
+    that is fewer than world_size (the job spans machines); None otherwise, or when
+    $DEVAL_ONE_MACHINE=1 says every rank runs here."""
     if os.environ.get("DEVAL_ONE_MACHINE") == "1":
-        return
+        return None
     try:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", ""))
     except ValueError:
-        return  # not said
-    if 0 <= local < world_size:
+        return None  # not said
+    return local if 0 <= local < world_size else None
+
+
+class _TorchEngine:
+    """torch.distributed between the node leaders: a gloo group of the leaders alone, point to
+    point, so that a leader that fails or does not answer in time is named."""
+
+    def __init__(self, dist, leaders, node, timeout_s):
+        from datetime import timedelta
+        self.dist = dist
+        self.leaders = leaders  # global rank of each node's leader, by node
+        self.node = node
+        # every rank of the job takes part in creating it, as torch.distributed asks
+        self.pg = dist.new_group(leaders, backend="gloo",
+                                 timeout=timedelta(seconds=timeout_s if timeout_s > 0 else 1e7))
+        self.fn = _ALLGATHER(self.allgather)  # kept alive with the group
+
+    def allgather(self, ctx, send, recv, length, timeout_ms, why, why_len):
+        import time
+        from datetime import timedelta
+        node = self.node
+        try:
+            import torch
+            dist = self.dist
+            mine = torch.frombuffer(bytearray(ctypes.string_at(send, length)), dtype=torch.uint8)
+            bufs, works = {}, []
+            for node, r in enumerate(self.leaders):
+                if node != self.node:
+                    bufs[node] = torch.empty(length, dtype=torch.uint8)
+                    works.append((node, dist.irecv(bufs[node], src=r, group=self.pg)))
+            sends = [(node, dist.isend(mine, dst=r, group=self.pg))
+                     for node, r in enumerate(self.leaders) if node != self.node]
+            end = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+            for node, w in works + sends:
+                if end is None:
+                    w.wait()
+                else:
+                    w.wait(timedelta(seconds=max(end - time.monotonic(), 0.001)))
+            ctypes.memmove(recv + self.node * length, send, length)
+            for n, b in bufs.items():
+                ctypes.memmove(recv + n * length, b.data_ptr(), length)
+            return 0
+        except BaseException as e:  # never into ctypes, which would answer 0
+            text = str(e).splitlines()[0] if str(e) else type(e).__name__
+            late = "timed out" in text.lower() or "timeout" in text.lower()
+            msg = ("node %d (leader rank %d) did not answer within %d ms: %s" if late else
+                   "node %d (leader rank %d) failed: %s") % (
+                       (node, self.leaders[node], timeout_ms, text) if late else
+                       (node, self.leaders[node], text))
+            raw = msg.encode(errors="replace")[:max(why_len - 1, 0)]
+            ctypes.memmove(why, raw + b"\0", len(raw) + 1)
+            return -5 if late else -3
+
+
+def _join_spanning(group, local, world_size, opts):
+    """deval.join() in a job that torchrun says spans machines: each machine's ranks meet in
+    its devald, and its leader (local rank 0) swaps the node's part with the other leaders
+    through torch.distributed, which must be initialised."""
+    try:
+        import torch.distributed as dist
+        ready = dist.is_available() and dist.is_initialized()
+    except ImportError:
+        ready = False
+    if not ready:
         raise NotSupported(
             "deval.join: this job runs on more than one machine: $LOCAL_WORLD_SIZE says %d of "
-            "its %d ranks run on this one; a deval group holds the ranks of one machine, so "
-            "the others would never join it. Give each machine a group of its own (a name per "
-            "machine, with the rank and size within it), or set DEVAL_ONE_MACHINE=1 if every "
-            "rank does run here" % (local, world_size), -10)
+            "its %d ranks run on this one. A deval group spans machines through the job's own "
+            "torch.distributed, which is not initialised: call "
+            "torch.distributed.init_process_group() (or create the Accelerator) before "
+            "deval.join(). Set DEVAL_ONE_MACHINE=1 if every rank does run here"
+            % (local, world_size), -10)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != world_size:
+        raise Mismatch("deval.join: torch.distributed has %d ranks, the launcher says %d"
+                       % (world, world_size), -2)
+    local_rank = _env_int("LOCAL_RANK")
+    node_id = (os.environ.get("DEVAL_NODE") or os.environ.get("GROUP_RANK") or
+               os.environ.get("SLURM_NODEID") or __import__("socket").gethostname())
+    layout = [None] * world
+    dist.all_gather_object(layout, (node_id, local_rank, local))
+    ids = []
+    for nid, _, _ in layout:  # nodes numbered by their lowest rank
+        if nid not in ids:
+            ids.append(nid)
+    leaders = []
+    for nid in ids:
+        ranks = [r for r, (n, lr, _) in enumerate(layout) if n == nid]
+        lrs = sorted(layout[r][1] for r in ranks)
+        if lrs != list(range(len(ranks))) or {layout[r][2] for r in ranks} != {len(ranks)}:
+            raise Mismatch("deval.join: the ranks of node %r (%s) have local ranks %s and local "
+                           "world sizes %s: not 0..%d" % (nid, ranks, lrs, sorted(
+                               {layout[r][2] for r in ranks}), len(ranks) - 1), -2)
+        leaders.append(next(r for r in ranks if layout[r][1] == 0))
+    node = ids.index(node_id)
+    timeout_s = 300 if opts.timeout_ms == 0 else opts.timeout_ms / 1000
+    engine = _TorchEngine(dist, leaders, node, timeout_s)
+    e = _Engine()
+    e.nodes, e.node, e.allgather = len(ids), node, engine.fn
+    handle = ctypes.c_void_p()
+    r = _lib.deval_join_spanning(None if group is None else group.encode(), rank, world,
+                                 local_rank, local, ctypes.byref(opts), ctypes.byref(e),
+                                 ctypes.byref(handle))
+    if r != 0:
+        msg = _lib.deval_errmsg(None).decode(errors="replace")
+        raise _ERRORS.get(r, Error)(msg, r)
+    g = Group(handle, _lib.deval_group_name(handle).decode(), rank, world)
+    g._engine = engine
+    g.nodes, g.node = len(ids), node
+    return g
 
 
 def _device_index(device):
@@ -754,18 +872,25 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     torch.device) makes this a device group: devald must run the cuda backend, every rank
     names its GPU, and gathered CUDA tensors stay on the GPUs. When no devald answers and no
     socket was named, one is started for this user unless autostart is False (default: on
-    unless $DEVAL_AUTOSTART=0). A group holds the ranks of one machine: when the world size
-    comes from the launcher (no world_size given), a job it says runs on more than one
-    machine raises NotSupported ($DEVAL_ONE_MACHINE=1 says every rank runs here).
+    unless $DEVAL_AUTOSTART=0). When torchrun says the job spans machines ($LOCAL_WORLD_SIZE
+    below $WORLD_SIZE) and neither rank nor world_size is given, the group spans them: each
+    machine's ranks meet in its devald, and one rank per machine exchanges the machine's part
+    with the others through torch.distributed (a gloo group of those ranks), which must be
+    initialised first (NotSupported says so otherwise); results are those of one machine.
+    $DEVAL_ONE_MACHINE=1 says every rank runs here. Other launchers' multi-machine jobs raise
+    NotSupported.
     """
     if group is not None and not isinstance(group, str):
         raise InvalidArgument("deval.join: the group name must be a str", -1)
+    spans = None
+    if world_size is None and rank is None and os.environ.get("LOCAL_WORLD_SIZE"):
+        try:
+            spans = _spans_machines(int(os.environ.get("WORLD_SIZE", "")))
+        except ValueError:
+            spans = None
     if group is not None:
-        from_env = world_size is None
         rank = _env_int("RANK") if rank is None else rank
         world_size = _env_int("WORLD_SIZE") if world_size is None else world_size
-        if from_env:
-            _one_machine(world_size)
     else:  # libdeval reads the launcher's variables
         rank = -1 if rank is None else rank
         world_size = -1 if world_size is None else world_size
@@ -791,6 +916,8 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
         opts.timeout_ms = -1
     else:
         opts.timeout_ms = max(1, min(int(timeout * 1000), 2**31 - 1))
+    if spans is not None:
+        return _join_spanning(group, spans, int(os.environ["WORLD_SIZE"]), opts)
     handle = ctypes.c_void_p()
     r = _lib.deval_join(None if group is None else group.encode(), rank, world_size,
                         ctypes.byref(opts), ctypes.byref(handle))
@@ -817,6 +944,8 @@ class Group:
         self.world_size = world_size
         self.num_processes = world_size  # Accelerate's name
         self.process_index = rank
+        self.nodes, self.node = 1, 0  # the machines the group spans, and this one
+        self._engine = None
         self._in_pass = False
         self._fast = _Fast() if device is None else None
         # what _speed is given: the handle's address (0 once left), default options

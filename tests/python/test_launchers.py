@@ -144,9 +144,9 @@ def free_port():
 
 @pytest.mark.parametrize("named", [False, True])
 def test_a_job_on_two_machines_is_refused_at_once(runtime, tmp_path, named):
-    """torchrun --nnodes 2: a group holds one machine's ranks, so deval.join() says so at
-    once, named or not (the ranks of the other machine would never join it: the join would
-    wait its 300 s for them); told that both "machines" are this one, the two ranks meet."""
+    """torchrun --nnodes 2 without torch.distributed initialised: a group across the machines
+    needs it, so deval.join() says so at once, named or not (never a wait of 300 s for ranks
+    that cannot come); told that both "machines" are this one, the two ranks meet."""
     pytest.importorskip("torch")
     script = tmp_path / "nodes.py"
     script.write_text(NODES_SCRIPT)
@@ -155,11 +155,11 @@ def test_a_job_on_two_machines_is_refused_at_once(runtime, tmp_path, named):
     agents = [torchrun_node(str(script), k, port, args=args) for k in (0, 1)]
     outs = [p.communicate(timeout=180)[0] for p in agents]
     assert all(p.returncode == 0 for p in agents), outs
-    said = ("$LOCAL_WORLD_SIZE says 1 of its 2 ranks run on this one" if named else
-            "torchrun says 1 of its 2 ranks run on this one ($LOCAL_WORLD_SIZE)")
     for out in outs:
         assert "refused: deval" in out and "this job runs on more than one machine" in out, out
-        assert said in out and "DEVAL_ONE_MACHINE=1" in out, out
+        assert "$LOCAL_WORLD_SIZE says 1 of its 2 ranks run on this one" in out, out
+        assert "torch.distributed, which is not initialised" in out, out
+        assert "DEVAL_ONE_MACHINE=1" in out, out
     port = free_port()
     agents = [torchrun_node(str(script), k, port, {"DEVAL_ONE_MACHINE": "1"}, args)
               for k in (0, 1)]
