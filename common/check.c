@@ -37,6 +37,9 @@ int dv_msg_check(const void *buf, size_t n) {
         case DV_MSG_DUMP:
                 want = sizeof(DvNameReq);
                 break;
+        case DV_MSG_SPAN:
+                want = sizeof(DvSpanReq);
+                break;
         case DV_MSG_OUTPUT:
         case DV_MSG_DEV_OUTPUT:
         case DV_MSG_LEAVE:
@@ -95,4 +98,39 @@ int dv_desc_check(const DvTensorDesc *t, uint64_t arena, bool with_data) {
             t->nbytes > arena - t->offset)
                 return DV_DESC_BAD_PLACE;
         return DV_DESC_OK;
+}
+
+/**
+ * dv_span_check() - a span record's fields: its name, the node within the nodes, the nodes
+ * listed, their ranks and hosts, and the spanning group's rank of each of local_world ranks,
+ * each once, within the world.
+ */
+int dv_span_check(const DvSpanInfo *s, int local_world, char *why, size_t len) {
+        if (s->group[0] == '\0' || !memchr(s->group, 0, sizeof(s->group)))
+                return snprintf(why, len, "malformed span record: its group name"), DEVAL_EINVAL;
+        if (s->world < local_world || s->world > DEVAL_MAX_WORLD || s->nodes < 1 ||
+            s->nodes > s->world || s->node < 0 || s->node >= s->nodes ||
+            s->listed != (s->nodes < DV_SPAN_NODES ? s->nodes : DV_SPAN_NODES))
+                return snprintf(why, len,
+                                "malformed span record: node %d of %d, %d listed, world %d",
+                                s->node, s->nodes, s->listed, s->world),
+                       DEVAL_EINVAL;
+        for (int n = 0; n < s->listed; n++) {
+                const DvSpanNode *x = &s->node_info[n];
+                if (!memchr(x->host, 0, sizeof(x->host)) || x->nranks < 1 || x->nranks > s->world ||
+                    x->leader < 0 || x->leader >= s->world)
+                        return snprintf(why, len, "malformed span record: node %d", n),
+                               DEVAL_EINVAL;
+        }
+        for (int k = 0; k < local_world; k++) {
+                if (s->ranks[k] < 0 || s->ranks[k] >= s->world)
+                        return snprintf(why, len, "malformed span record: local rank %d", k),
+                               DEVAL_EINVAL;
+                for (int j = 0; j < k; j++)
+                        if (s->ranks[j] == s->ranks[k])
+                                return snprintf(why, len, "malformed span record: rank %d twice",
+                                                s->ranks[k]),
+                                       DEVAL_EINVAL;
+        }
+        return 0;
 }

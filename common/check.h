@@ -17,6 +17,9 @@ int dv_msg_check(const void *buf, size_t n);
 /* A join request's own fields: name, world size, rank. 0, or DEVAL_EINVAL with why. */
 int dv_join_check(const DvJoinReq *req, char *why, size_t len);
 
+/* A span record for a group of local_world ranks: 0, or DEVAL_EINVAL with why. */
+int dv_span_check(const DvSpanInfo *s, int local_world, char *why, size_t len);
+
 enum {
         DV_DESC_OK = 0,
         DV_DESC_BAD_TYPE,  /* dtype or ndim */

@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  6
+#define DV_PROTO_VERSION  7
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -43,6 +43,7 @@ enum {
         /* DvGrowReq -> DvReply + fd {the direct output, gen}: of size bytes at least, grown
          * if need be (size 0: the current one). See DV_REQ_DIRECT. */
         DV_MSG_DIRECT = 12,
+        DV_MSG_SPAN = 13, /* DvSpanReq -> DvReply: this member's group spans machines */
 };
 
 typedef struct {
@@ -144,6 +145,31 @@ typedef struct {
         uint32_t reserved;
 } DvRankInfo;
 
+/*
+ * A group that spans machines (libclient/span.c) is, at each machine's devald, the group of
+ * that machine's ranks; its leader tells devald what it is part of, for deval-ctl.
+ */
+#define DV_SPAN_NODES 64 /* the nodes a span record lists */
+typedef struct {
+        int32_t leader; /* its leader's rank in the spanning group */
+        int32_t nranks;
+        char host[56];
+} DvSpanNode;
+
+typedef struct {
+        char group[DV_GROUP_NAME_MAX]; /* the spanning group's name */
+        int32_t node, nodes;           /* nodes 0: not a spanning group */
+        int32_t world;                 /* ranks of the spanning group */
+        int32_t listed;                /* entries of node_info: min(nodes, DV_SPAN_NODES) */
+        DvSpanNode node_info[DV_SPAN_NODES];
+        int16_t ranks[DEVAL_MAX_WORLD]; /* the spanning group's rank of each local rank */
+} DvSpanInfo;
+
+typedef struct {
+        DvMsgHdr hdr;
+        DvSpanInfo info;
+} DvSpanReq;
+
 typedef struct {
         DvMsgHdr hdr;
         int32_t status;
@@ -159,6 +185,7 @@ typedef struct {
         char worker_cpus[64]; /* the cores the worker is bound to; "" when not bound */
         DvGroupInfo info;
         char abort_msg[DV_MSG_MAX];
+        DvSpanInfo span;
         DvRankInfo ranks[];
 } DvGroupReply;
 
@@ -526,6 +553,7 @@ _Static_assert(sizeof(DvGrowReq) == 24, "wire layout");
 _Static_assert(sizeof(DvReply) == 600, "wire layout");
 _Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
 _Static_assert(sizeof(DvGroupInfo) == 128, "wire layout");
+_Static_assert(sizeof(DvSpanInfo) == 80 + 64 * DV_SPAN_NODES + 2 * DEVAL_MAX_WORLD, "wire layout");
 _Static_assert(sizeof(DvRankInfo) == 48, "wire layout");
 _Static_assert(sizeof(DvSlot) % 64 == 0, "slots on their own cache lines");
 _Static_assert(sizeof(DvMirror) == 256, "a mirror record is four cache lines");

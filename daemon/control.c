@@ -126,6 +126,8 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
         r->nranks = (uint32_t)g->world;
         r->timeout_ms = g->timeout_ns < 0 ? -1 : (int32_t)(g->timeout_ns / 1000000);
         group_info(g, dv_now_ns(), &r->info);
+        if (g->loop.span)
+                r->span = *g->loop.span;
         pthread_mutex_lock(&g->lock);
         r->waiting_seq = g->locked.waiting_seq;
         r->worker_tid = atomic_load(&g->worker_tid);
@@ -222,6 +224,7 @@ bool control_handle(Daemon *d, Conn *c) {
                 DvJoinReq join;
                 DvGrowReq grow;
                 DvNameReq name;
+                DvSpanReq span;
                 char raw[256];
         } m;
         char msg[DV_MSG_MAX] = "";
@@ -281,6 +284,20 @@ bool control_handle(Daemon *d, Conn *c) {
                         return true;
                 }
                 conn_reply_segments(c, &(ConnSegments){.fds = &a.fd, .sizes = &a.size, .n = 1});
+                return true;
+        }
+        case DV_MSG_SPAN: {
+                Group *g = c->group;
+                if (!g || g->loop.state != DV_GROUP_ACTIVE) {
+                        conn_reply(c, DEVAL_EPROTO, "this connection has no active group");
+                        return true;
+                }
+                int r = dv_span_check(&m.span.info, g->world, msg, sizeof(msg));
+                if (r == 0 && !g->loop.span && !(g->loop.span = malloc(sizeof(DvSpanInfo))))
+                        r = DEVAL_ENOMEM;
+                if (r == 0)
+                        memcpy(g->loop.span, &m.span.info, sizeof(DvSpanInfo));
+                conn_reply(c, r, r == DEVAL_ENOMEM ? "devald is out of memory" : msg);
                 return true;
         }
         case DV_MSG_DIRECT: {

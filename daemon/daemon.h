@@ -124,6 +124,7 @@ struct Group {
                 int jobs;        /* GPU jobs running for it, which keep it (gpu_jobs.h) */
                 Arena direct;    /* host groups: what the ranks write (output_direct()) */
                 uint64_t direct_gen;
+                DvSpanInfo *span; /* what its leader said it is part of (DV_MSG_SPAN), or NULL */
         } loop;
 
         /* The worker's and the main thread's: written under lock. The thread that alone

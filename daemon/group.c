@@ -168,6 +168,7 @@ static void group_free(Group *g) {
         free(g->work.pass.parked);
         free(g->work.reqs);
         free(g->work.arrivals);
+        free(g->loop.span);
         free(g->members);
         flight_deinit(&g->locked.flight);
         pthread_mutex_destroy(&g->lock);

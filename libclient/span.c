@@ -35,12 +35,14 @@
 #include "client.h"
 #include "dtype.h"
 #include "job.h"
+#include "sock.h"
 #include "util.h"
 
 #define PART_MAGIC   0x44565350u /* "DVSP" */
 #define GLOBAL_MAGIC 0x44564742u /* "DVGB" */
 #define ROUND1       4096        /* bytes each leader sends in the engine's first round */
 #define HELLO_OP     0xffffu     /* the join's exchange: the parts describe the layout */
+#define HOST_MAX     56          /* a host name, as the join's parts carry it */
 /* the node's group outlives a leader's wait on the engine: its ranks hear why it failed */
 #define LOCAL_GRACE_MS 15000
 
@@ -384,7 +386,7 @@ static int exchange(deval_group *g, const char *fn, bool hello) {
         size_t part_len = 0;
         int r;
 
-        if ((r = make_part(g, hello ? &(DvRequest){.op = HELLO_OP} : g->req, &part_len)) < 0)
+        if ((r = make_part(g, hello ? &sp->req : g->req, &part_len)) < 0)
                 return r;
         deval_bytes item = {sp->part, part_len}, view;
         const deval_bytes *items;
@@ -1105,6 +1107,57 @@ static int join_fail(deval_group *g, int status, const char *fmt, ...) {
         return dv_join_err(status, "%s", msg);
 }
 
+/*
+ * The join's exchange: every rank's node, local rank and host, checked to agree, then the
+ * layout in node_ranks and node_start. The leader tells its devald what its group is part of.
+ */
+static int hello(deval_group *g, const char *fn) {
+        DvSpan *sp = g->span;
+        int r;
+
+        if ((r = dv_span_reserve(g, HOST_MAX)) < 0)
+                return r;
+        memset(g->in, 0, HOST_MAX);
+        gethostname((char *)g->in, HOST_MAX - 1);
+        DvRequest *q = &sp->req;
+        memset(q, 0, sizeof(*q));
+        q->op = HELLO_OP;
+        q->ntensors = 1;
+        q->t[0] = (DvTensorDesc){
+                .dtype = DEVAL_U8, .ndim = 1, .shape = {HOST_MAX}, .nbytes = HOST_MAX};
+        if ((r = exchange(g, fn, true)) < 0)
+                return r;
+        for (int k = 0; k < g->world; k++)
+                if (sp->reqs[k].ntensors != 1 || sp->dlen[k] < HOST_MAX)
+                        return broken(g, DEVAL_EPROTO, fn,
+                                      "a rank's part of the join is malformed");
+        sp->laid_out = true;
+        if (sp->local_rank != 0)
+                return 0;
+        DvSpanReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_SPAN}};
+        DvSpanInfo *si = &req.info;
+        snprintf(si->group, sizeof(si->group), "%s", g->name);
+        si->node = sp->node;
+        si->nodes = sp->nodes;
+        si->world = g->world;
+        si->listed = DV_MIN(sp->nodes, DV_SPAN_NODES);
+        for (int n = 0; n < si->listed; n++) {
+                int leader = sp->node_ranks[sp->node_start[n]];
+                si->node_info[n].leader = leader;
+                si->node_info[n].nranks = sp->node_start[n + 1] - sp->node_start[n];
+                snprintf(si->node_info[n].host, sizeof(si->node_info[n].host), "%.*s", HOST_MAX - 1,
+                         (const char *)sp->data[leader]);
+        }
+        for (int i = 0; i < sp->local_world; i++)
+                si->ranks[i] = (int16_t)sp->node_ranks[sp->node_start[sp->node] + i];
+        DvReply rep;
+        int fds[DV_MAX_FDS], nfds = DV_MAX_FDS;
+        if (dv_request(sp->local, &req, sizeof(req), &rep, fds, &nfds) == 0) /* for deval-ctl */
+                for (int i = 0; i < nfds; i++)
+                        close(fds[i]);
+        return 0;
+}
+
 /**
  * deval_join_spanning() - join a group whose ranks run on engine->nodes machines. Every rank
  * of the group calls it: the ranks of each machine meet in its devald (opts as deval_join()),
@@ -1194,9 +1247,8 @@ int deval_join_spanning(const char *group, int rank, int world_size, int local_r
         lo.timeout_ms = t < 0 ? -1 : t + LOCAL_GRACE_MS;
         if ((r = deval_join(name, local_rank, local_world, &lo, &sp->local)) < 0)
                 return join_fail(g, r, "%s", deval_errmsg(NULL));
-        if ((r = exchange(g, fn, true)) < 0)
+        if ((r = hello(g, fn)) < 0)
                 return join_fail(g, r, "%s", deval_errmsg(g));
-        sp->laid_out = true;
         *out = g;
         return 0;
 }

@@ -278,8 +278,84 @@ static const char *rank_state(uint32_t s) {
         return "-";
 }
 
+/*
+ * A group that spans machines is, at this devald, the group of this machine's ranks, named
+ * after it and the node ("NAME.n1"): name the one that holds NAME's ranks here, when name is
+ * not a group here itself. Return: name, or the local group's name in buf.
+ */
+static const char *span_local(const char *name, char *buf, size_t len) {
+        DvMsgHdr req = {DV_PROTO_VERSION, DV_MSG_STATUS};
+        size_t cap = sizeof(DvStatusReply) + DV_STATUS_MAX_GROUPS * sizeof(DvGroupInfo);
+        _cleanup_(freep) DvStatusReply *r = calloc(1, cap);
+        if (!r || ctl_request(&req, sizeof(req), r, cap) < (ssize_t)sizeof(DvStatusReply) ||
+            r->hdr.type != DV_MSG_STATUS || r->ngroups > DV_STATUS_MAX_GROUPS)
+                return name;
+        size_t n = strlen(name), found = 0;
+        for (uint32_t i = 0; i < r->ngroups; i++) {
+                const char *g = r->groups[i].name;
+                if (!memchr(g, 0, DV_GROUP_NAME_MAX))
+                        continue;
+                if (strcmp(g, name) == 0)
+                        return name;
+                if (strncmp(g, name, n) == 0 && strncmp(g + n, ".n", 2) == 0 && g[n + 2] &&
+                    strspn(g + n + 2, "0123456789") == strlen(g + n + 2)) {
+                        snprintf(buf, len, "%s", g);
+                        found++;
+                }
+        }
+        return found == 1 ? buf : name;
+}
+
+static void print_span(const DvGroupReply *r, const char *sp) {
+        const DvSpanInfo *s = &r->span;
+        int local = r->nranks < DEVAL_MAX_WORLD ? (int)r->nranks : DEVAL_MAX_WORLD;
+        int listed = s->listed < DV_SPAN_NODES ? s->listed : DV_SPAN_NODES;
+        if (arg_json) {
+                printf(",%s\"span\":%s", sp, sp);
+                if (s->nodes <= 0) {
+                        printf("null");
+                        return;
+                }
+                printf("{\"group\":%s", sp);
+                json_string(s->group);
+                printf(",%s\"node\":%s%d,%s\"nodes\":%s%d,%s\"world_size\":%s%d,%s\"ranks\":%s[",
+                       sp, sp, s->node, sp, sp, s->nodes, sp, sp, s->world, sp, sp);
+                for (int k = 0; k < local; k++)
+                        printf("%s%d", k ? "," : "", s->ranks[k]);
+                printf("],%s\"node_list\":%s[", sp, sp);
+                for (int n = 0; n < listed; n++) {
+                        printf("%s{\"node\":%s%d,%s\"host\":%s", n ? "," : "", sp, n, sp, sp);
+                        json_string(s->node_info[n].host);
+                        printf(",%s\"ranks\":%s%d,%s\"leader\":%s%d}", sp, sp,
+                               s->node_info[n].nranks, sp, sp, s->node_info[n].leader);
+                }
+                printf("]}");
+                return;
+        }
+        if (s->nodes <= 0)
+                return;
+        const DvSpanNode *me = s->node < listed ? &s->node_info[s->node] : NULL;
+        printf("spans %d machines as group '%s' of %d ranks: this is node %d", s->nodes, s->group,
+               s->world, s->node);
+        if (me)
+                printf(" (host %s), led by rank %d", me->host, me->leader);
+        printf("; its ranks here are ");
+        for (int k = 0; k < local; k++)
+                printf("%s%d", k ? ", " : "", s->ranks[k]);
+        printf(" (local ranks 0..%d)\n", local - 1);
+        for (int n = 0; n < listed; n++)
+                if (n != s->node)
+                        printf("  node %d: host %s, %d rank%s, led by rank %d\n", n,
+                               s->node_info[n].host, s->node_info[n].nranks,
+                               s->node_info[n].nranks == 1 ? "" : "s", s->node_info[n].leader);
+        if (s->nodes > listed)
+                printf("  and %d more nodes\n", s->nodes - listed);
+}
+
 static int cmd_group(const char *name) {
         DvNameReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_GROUP}};
+        char local[DV_GROUP_NAME_MAX];
+        name = span_local(name, local, sizeof(local));
         size_t cap = sizeof(DvGroupReply) + DEVAL_MAX_WORLD * sizeof(DvRankInfo);
         _cleanup_(freep) DvGroupReply *r = calloc(1, cap);
         if (!r)
@@ -297,6 +373,9 @@ static int cmd_group(const char *name) {
         r->info.name[DV_GROUP_NAME_MAX - 1] = '\0';
         r->abort_msg[DV_MSG_MAX - 1] = '\0';
         r->worker_cpus[sizeof(r->worker_cpus) - 1] = '\0';
+        r->span.group[DV_GROUP_NAME_MAX - 1] = '\0';
+        for (int i = 0; i < DV_SPAN_NODES; i++)
+                r->span.node_info[i].host[sizeof(r->span.node_info[i].host) - 1] = '\0';
         const DvGroupInfo *g = &r->info;
         if (arg_json) {
                 const char *sp = arg_json == JSON_PRETTY ? " " : "";
@@ -317,6 +396,7 @@ static int cmd_group(const char *name) {
                 printf(",%s\"worker_tid\":%s%d,%s\"numa\":%s%d,%s\"worker_cpus\":%s", sp, sp,
                        r->worker_tid, sp, sp, r->numa, sp, sp);
                 json_string(r->worker_cpus);
+                print_span(r, sp);
                 printf(",%s\"ranks\":%s[", sp, sp);
                 for (uint32_t k = 0; k < r->nranks; k++) {
                         const DvRankInfo *ri = &r->ranks[k];
@@ -341,6 +421,7 @@ static int cmd_group(const char *name) {
                " collectives, %s moved, %s mapped, up %.1f s\n",
                g->name, state_name(g->state), g->uid, g->joined, g->world_size, g->collectives,
                moved, mapped, (double)g->age_us / 1e6);
+        print_span(r, "");
         if (r->abort_msg[0])
                 printf("failed: %s\n", r->abort_msg);
         else if (g->state == DV_GROUP_ACTIVE && r->waiting_ms)

@@ -12,8 +12,8 @@ import struct
 HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "..", "..", "common", "wire.h")) as f:
     VERSION = int(re.search(r"#define DV_PROTO_VERSION\s+(\d+)", f.read()).group(1))
-JOIN, GROW, OUTPUT, LEAVE, STATUS, GROUP, ABORT, DEV_OUTPUT, TOPO, DUMP, DIRECT = (
-    1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12)
+JOIN, GROW, OUTPUT, LEAVE, STATUS, GROUP, ABORT, DEV_OUTPUT, TOPO, DUMP, DIRECT, SPAN = (
+    1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13)
 
 
 def hdr(kind):
@@ -27,6 +27,18 @@ def join(name, rank, world, timeout=1000, device=False):
     body += struct.pack("<iiii", rank, world, timeout, 1 if device else 0) + bytes(16)
     body += b"torchrun".ljust(16, b"\0")
     return hdr(JOIN) + body
+
+
+def span(name, node, nodes, world, ranks, listed=None):
+    # DvSpanReq: hdr, DvSpanInfo: char group[64], int32 node, nodes, world, listed,
+    # DvSpanNode[64] {int32 leader, nranks, char host[56]}, int16 ranks[512]
+    listed = min(nodes, 64) if listed is None else listed
+    body = name.encode()[:63].ljust(64, b"\0") + struct.pack("<iiii", node, nodes, world, listed)
+    per = max(world // nodes, 1)
+    for n in range(64):
+        body += struct.pack("<ii", n * per, per) + b"host%d" % n + bytes(56 - len(b"host%d" % n))
+    body += b"".join(struct.pack("<h", r) for r in ranks).ljust(1024, b"\0")
+    return hdr(SPAN) + body
 
 
 def write(target, name, data):
@@ -50,6 +62,9 @@ def msgs():
         write("msg", name, hdr(kind))
     for kind, name in ((GROUP, "group"), (ABORT, "abort"), (DUMP, "dump")):
         write("msg", name, hdr(kind) + b"run-1".ljust(64, b"\0"))
+    write("msg", "span", span("run-1", 1, 2, 4, [2, 3]))
+    write("msg", "span-bad-node", span("run-1", 2, 2, 4, [2, 3]))
+    write("msg", "span-twice", span("run-1", 0, 2, 4, [1, 1]))
     write("msg", "old-version", struct.pack("<II", 0, JOIN))
     write("msg", "short", hdr(GROW)[:6])
 

@@ -217,3 +217,42 @@ def test_devald_killed_on_one_node(nodes):
     for rank in (0, 1):
         assert ("DaemonLost" in outs[rank] or "PeerLost" in outs[rank]) and \
             "node 1" in outs[rank], outs[rank]
+
+
+def test_ctl_shows_the_node_the_leader_and_the_other_nodes(nodes):
+    """deval-ctl group NAME, asked at node 1's devald by the spanning group's name."""
+    pytest.importorskip("torch")
+    import json
+    daemons = nodes(3)
+    procs = spawn((0, 1, 1, 2), daemons, ["fail", "none"], {"SPAN_VICTIM": "-1",
+                                                             "SPAN_TIMEOUT": "20"})
+    ctl = os.path.join(BUILD, "deval-ctl")
+    try:
+        deadline, names = time.monotonic() + 60, []
+        while not names and time.monotonic() < deadline:
+            st = subprocess.run([ctl, "--socket", daemons[1].socket, "--json", "status"],
+                                capture_output=True, text=True, timeout=30)
+            names = [g["name"] for g in json.loads(st.stdout)["groups"]
+                     if g["state"] == "active"] if st.returncode == 0 else []
+            time.sleep(0.2)
+        assert len(names) == 1 and names[0].endswith(".n1"), names
+        name = names[0][:-3]
+        text = subprocess.run([ctl, "--socket", daemons[1].socket, "group", name],
+                              capture_output=True, text=True, timeout=30).stdout
+        assert "spans 3 machines as group '%s' of 4 ranks: this is node 1" % name in text, text
+        assert "led by rank 1; its ranks here are 1, 2" in text, text
+        assert "node 0: host %s, 1 rank, led by rank 0" % socket.gethostname()[:55] in text, text
+        assert "node 2: host %s, 1 rank, led by rank 3" % socket.gethostname()[:55] in text, text
+        js = json.loads(subprocess.run([ctl, "--socket", daemons[1].socket, "--json", "group",
+                                        name], capture_output=True, text=True,
+                                       timeout=30).stdout)
+        assert js["span"]["ranks"] == [1, 2] and js["span"]["nodes"] == 3, js["span"]
+        assert [n["leader"] for n in js["span"]["node_list"]] == [0, 1, 3], js["span"]
+        flat = json.loads(subprocess.run([ctl, "--socket", daemons[1].socket, "--json", "group",
+                                          names[0]], capture_output=True, text=True,
+                                         timeout=30).stdout)
+        assert flat["span"] == js["span"]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
