@@ -149,7 +149,8 @@ typedef struct {
         int32_t reserved;
         void *ctx; /* handed to allgather */
         /* Called on leaders only, by all of them alike: each passes len bytes at send, and
-         * recv (nodes * len bytes) receives node k's at recv + k * len. Return 0, or a
+         * recv (nodes * len bytes) receives node k's at recv + k * len (send may be this
+         * node's place there). Return 0, or a
          * DEVAL_E* status with a sentence in why (naming the node that failed or did not
          * answer), within timeout_ms when that is >= 0. */
         int (*allgather)(void *ctx, const void *send, void *recv, size_t len, int timeout_ms,

@@ -61,7 +61,8 @@ typedef struct { /* what a leader broadcasts to its node */
         int32_t status; /* < 0: msg follows instead of the nodes' parts */
         uint32_t nodes;
         uint32_t reserved;
-        /* status 0: uint64_t len[nodes], then each node's bytes, 64-byte aligned */
+        uint64_t stride; /* status 0: uint64_t len[nodes], then node k's bytes at k * stride
+                            from the first 64-byte boundary after them */
 } GlobalHdr;
 
 typedef struct { /* a leader's first round */
@@ -170,66 +171,88 @@ static int local_failed(deval_group *g, const char *fn, int status) {
         return broken(g, status, fn, msg);
 }
 
+/* The node's parts as its leader sends them: their count, then each one's length and bytes. */
+static uint64_t node_size(const deval_bytes *items, size_t n) {
+        uint64_t len = 8;
+        for (size_t i = 0; i < n; i++)
+                len += 8 + DV_ALIGN(items[i].len, 8);
+        return len;
+}
+
+static void node_write(uint8_t *dst, const deval_bytes *items, size_t n) {
+        uint64_t at = 8, count = n;
+        memcpy(dst, &count, 8);
+        for (size_t i = 0; i < n; i++) {
+                uint64_t l = items[i].len;
+                memcpy(dst + at, &l, 8);
+                memcpy(dst + at + 8, items[i].data, l);
+                memset(dst + at + 8 + l, 0, DV_ALIGN(l, 8) - l);
+                at += 8 + DV_ALIGN(l, 8);
+        }
+}
+
+static int engine_failed(DvSpan *sp, int r, const char *why) {
+        return fail(sp, r < DEVAL_ESYS ? DEVAL_EPROTO : r, "the engine between nodes: %s",
+                    why[0] ? why : deval_strerror(r));
+}
+
 /*
- * A leader's turn at the engine: its node's bytes (or its failure) go to every leader, and
- * what every node sent comes back as the global bytes in sp->buf[3] (*len).
+ * A leader's turn at the engine: its node's parts (items), or its failure, go to every
+ * leader; what every node sent comes back as the global bytes, laid out in the node group's
+ * input buffer (*out, *len), where the broadcast to the node takes them without a copy: a
+ * header, each node's length, then node k's bytes at a stride every node's fit in.
  */
-static int leader_swap(DvSpan *sp, int status, const char *why, const uint8_t *node,
-                       uint64_t node_len, int timeout_ms, uint64_t *len) {
-        int N = sp->nodes;
+static int leader_swap(deval_group *g, int status, const char *why, const deval_bytes *items,
+                       size_t n, uint8_t **out, uint64_t *len) {
+        DvSpan *sp = g->span;
+        int N = sp->nodes, r;
         char ewhy[DV_MSG_MAX] = "";
-        Round1 mine = {.status = status, .len = status < 0 ? 0 : node_len};
+        uint64_t node_len = status < 0 ? 0 : node_size(items, n);
+        Round1 mine = {.status = status, .len = node_len};
 
         if (status < 0)
                 snprintf((char *)mine.bytes, sizeof(mine.bytes), "%s", why);
-        else
-                memcpy(mine.bytes, node, DV_MIN(node_len, sizeof(mine.bytes)));
+        else if (node_len <= sizeof(mine.bytes))
+                node_write(mine.bytes, items, n);
         if (!grow(&sp->buf[1], &sp->cap[1], (size_t)N * sizeof(Round1)))
                 return fail(sp, DEVAL_ENOMEM, "out of memory");
-        int r = sp->eng.allgather(sp->eng.ctx, &mine, sp->buf[1], sizeof(Round1), timeout_ms, ewhy,
-                                  sizeof(ewhy));
-        if (r < 0)
-                return fail(sp, r < DEVAL_ESYS ? DEVAL_EPROTO : r, "the engine between nodes: %s",
-                            ewhy[0] ? ewhy : deval_strerror(r));
+        if ((r = sp->eng.allgather(sp->eng.ctx, &mine, sp->buf[1], sizeof(Round1), g->timeout_ms,
+                                   ewhy, sizeof(ewhy))) < 0)
+                return engine_failed(sp, r, ewhy);
         const Round1 *all = (const Round1 *)sp->buf[1];
-        uint64_t most = 0, total = 0;
-        for (int n = 0; n < N; n++) {
-                if (all[n].status < 0) {
-                        int s = all[n].status < DEVAL_ESYS ? DEVAL_EPROTO : all[n].status;
-                        return fail(sp, s, "%.*s", (int)sizeof(all[n].bytes), all[n].bytes);
+        uint64_t most = 0;
+        for (int k = 0; k < N; k++) {
+                if (all[k].status < 0) {
+                        int st = all[k].status < DEVAL_ESYS ? DEVAL_EPROTO : all[k].status;
+                        return fail(sp, st, "%.*s", (int)sizeof(all[k].bytes), all[k].bytes);
                 }
-                if (all[n].len > (1ull << 46))
-                        return fail(sp, DEVAL_EPROTO, "node %d sent a malformed length", n);
-                most = DV_MAX(most, all[n].len);
-                total += DV_ALIGN(all[n].len, DV_ARENA_ALIGN);
+                if (all[k].len < 8 || all[k].len > (1ull << 40))
+                        return fail(sp, DEVAL_EPROTO, "node %d sent a malformed length", k);
+                most = DV_MAX(most, all[k].len);
         }
         uint64_t head = DV_ALIGN(sizeof(GlobalHdr) + (uint64_t)N * 8, DV_ARENA_ALIGN);
-        const uint8_t *round2 = NULL;
-        if (most > sizeof(mine.bytes)) { /* the rest of every node's bytes, padded alike */
-                if (!grow(&sp->buf[0], &sp->cap[0], most) ||
-                    !grow(&sp->buf[2], &sp->cap[2], (size_t)(most * (uint64_t)N)))
-                        return fail(sp, DEVAL_ENOMEM, "out of memory");
-                memset(sp->buf[0] + node_len, 0, most - node_len);
-                r = sp->eng.allgather(sp->eng.ctx, sp->buf[0], sp->buf[2], most, timeout_ms, ewhy,
-                                      sizeof(ewhy));
-                if (r < 0)
-                        return fail(sp, r < DEVAL_ESYS ? DEVAL_EPROTO : r,
-                                    "the engine between nodes: %s",
-                                    ewhy[0] ? ewhy : deval_strerror(r));
-                round2 = sp->buf[2];
+        uint64_t stride = DV_ALIGN(most, DV_ARENA_ALIGN);
+        void *buf;
+        if ((r = deval_input_buffer(sp->local, head + stride * (uint64_t)N, &buf)) < 0)
+                return fail(sp, r, "node %d's leader: %s", sp->node, deval_errmsg(sp->local));
+        uint8_t *b = buf;
+        *(GlobalHdr *)b =
+                (GlobalHdr){.magic = GLOBAL_MAGIC, .nodes = (uint32_t)N, .stride = stride};
+        for (int k = 0; k < N; k++)
+                memcpy(b + sizeof(GlobalHdr) + (size_t)k * 8, &all[k].len, 8);
+        if (most > sizeof(mine.bytes)) { /* every node's bytes, each in its place */
+                uint8_t *own = b + head + (uint64_t)sp->node * stride;
+                node_write(own, items, n);
+                memset(own + node_len, 0, stride - node_len);
+                if ((r = sp->eng.allgather(sp->eng.ctx, own, b + head, stride, g->timeout_ms, ewhy,
+                                           sizeof(ewhy))) < 0)
+                        return engine_failed(sp, r, ewhy);
+        } else {
+                for (int k = 0; k < N; k++)
+                        memcpy(b + head + (uint64_t)k * stride, all[k].bytes, all[k].len);
         }
-        if (!grow(&sp->buf[3], &sp->cap[3], head + total))
-                return fail(sp, DEVAL_ENOMEM, "out of memory");
-        GlobalHdr *gh = (GlobalHdr *)sp->buf[3];
-        *gh = (GlobalHdr){.magic = GLOBAL_MAGIC, .nodes = (uint32_t)N};
-        uint64_t at = head;
-        for (int n = 0; n < N; n++) {
-                memcpy(sp->buf[3] + sizeof(*gh) + (size_t)n * 8, &all[n].len, 8);
-                const uint8_t *src = round2 ? round2 + (uint64_t)n * most : all[n].bytes;
-                memcpy(sp->buf[3] + at, src, all[n].len);
-                at += DV_ALIGN(all[n].len, DV_ARENA_ALIGN);
-        }
-        *len = at;
+        *out = b;
+        *len = head + stride * (uint64_t)N;
         return 0;
 }
 
@@ -260,7 +283,7 @@ static int parse(deval_group *g, const uint8_t *b, uint64_t len, bool hello) {
                 return fail(sp, s, "%.*s", (int)n, (const char *)(gh + 1));
         }
         uint64_t head = DV_ALIGN(sizeof(*gh) + (uint64_t)N * 8, DV_ARENA_ALIGN);
-        if (gh->nodes != (uint32_t)N || len < head)
+        if (gh->nodes != (uint32_t)N || len < head || gh->stride > (len - head) / (uint64_t)N)
                 return fail(sp, DEVAL_EPROTO, "the leaders disagree on the nodes: %u, not %d",
                             gh->nodes, N);
         for (int k = 0; k < W; k++)
@@ -272,10 +295,10 @@ static int parse(deval_group *g, const uint8_t *b, uint64_t len, bool hello) {
                 if (hello)
                         sp->node_start[n] = placed;
                 memcpy(&nlen, b + sizeof(*gh) + (size_t)n * 8, 8);
-                if (nlen > len - at)
+                at = head + (uint64_t)n * gh->stride;
+                if (nlen > gh->stride)
                         return fail(sp, DEVAL_EPROTO, "node %d's bytes are cut short", n);
                 const uint8_t *p = b + at, *end = p + nlen;
-                at += DV_MIN(DV_ALIGN(nlen, DV_ARENA_ALIGN), len - at);
                 uint64_t count;
                 if (nlen < 8)
                         return fail(sp, DEVAL_EPROTO, "node %d sent no parts", n);
@@ -389,8 +412,8 @@ static int exchange(deval_group *g, const char *fn, bool hello) {
         if ((r = make_part(g, hello ? &sp->req : g->req, &part_len)) < 0)
                 return r;
         deval_bytes item = {sp->part, part_len}, view;
-        const deval_bytes *items;
-        size_t n;
+        const deval_bytes *items = NULL;
+        size_t n = 0;
         deval_gather_opts to_leader = DEVAL_GATHER_OPTS_INIT;
         to_leader.root = 0;
         r = deval_gather_objects(L, 1, &item, &to_leader, &n, &items);
@@ -398,40 +421,20 @@ static int exchange(deval_group *g, const char *fn, bool hello) {
                 if (r < 0 || (r = deval_broadcast_bytes(L, NULL, 0, 0, &view)) < 0)
                         return local_failed(g, fn, r);
         } else {
-                int status = r;
                 char why[DV_MSG_MAX] = "";
-                uint64_t node_len = 8, len = 0;
-                if (r < 0) {
+                uint8_t *global = NULL;
+                uint64_t len = 0;
+                if (r < 0)
                         say_global(sp, deval_errmsg(L), why, sizeof(why));
-                } else {
-                        for (size_t i = 0; i < n; i++)
-                                node_len += 8 + DV_ALIGN(items[i].len, 8);
-                        if (!grow(&sp->buf[0], &sp->cap[0], node_len)) {
-                                status = DEVAL_ENOMEM;
-                                snprintf(why, sizeof(why), "node %d's leader is out of memory",
-                                         sp->node);
-                        } else {
-                                uint64_t at = 8, count = n;
-                                memcpy(sp->buf[0], &count, 8);
-                                for (size_t i = 0; i < n; i++) {
-                                        uint64_t l = items[i].len;
-                                        memcpy(sp->buf[0] + at, &l, 8);
-                                        memcpy(sp->buf[0] + at + 8, items[i].data, l);
-                                        memset(sp->buf[0] + at + 8 + l, 0, DV_ALIGN(l, 8) - l);
-                                        at += 8 + DV_ALIGN(l, 8);
-                                }
-                        }
-                }
-                int timeout = g->timeout_ms;
-                int s = leader_swap(sp, status, why, sp->buf[0], node_len, timeout, &len);
-                if (status < 0) /* the node's ranks know; the others know from the engine */
-                        return broken(g, status, fn, why);
-                if (s < 0)
+                int s = leader_swap(g, r, why, items, n, &global, &len);
+                if (r < 0) /* the node's ranks know; the others know from the engine */
+                        return broken(g, r, fn, why);
+                if (s < 0) {
                         len = global_failure(sp, s);
-                if ((r = deval_broadcast_bytes(L, sp->buf[3], len, 0, &view)) < 0)
+                        global = sp->buf[3];
+                }
+                if ((r = deval_broadcast_bytes(L, global, len, 0, &view)) < 0)
                         return local_failed(g, fn, r);
-                view.data = sp->buf[3];
-                view.len = len;
         }
         if ((r = parse(g, view.data, view.len, hello)) < 0)
                 return broken(g, r, fn, sp->msg);

@@ -16,7 +16,7 @@ gather_for_metrics calls per batch) they are exact: every sample once, in datase
 One Accelerator per process is enabled; deval.accelerate.disable() undoes it.
 """
 
-from . import InvalidArgument, _loop, join
+from . import InvalidArgument, _loop, _spans_machines, join
 
 __all__ = ["enable", "disable"]
 
@@ -157,9 +157,13 @@ def enable(obj, group=None, socket=None, timeout=None):
         raise InvalidArgument("deval.accelerate.enable: another Accelerator is enabled in this "
                               "process; disable() it first", -1)
     # with no group, libdeval names it after the job that torchrun (or accelerate launch,
-    # mpirun, srun) started
-    g = join(group, accelerator.process_index, accelerator.num_processes, socket=socket,
-             timeout=timeout)
+    # mpirun, srun) started; a job torchrun runs on several machines gets a group across them,
+    # through the process group the Accelerator made
+    if _spans_machines(accelerator.num_processes) is not None:
+        g = join(group, socket=socket, timeout=timeout)
+    else:
+        g = join(group, accelerator.process_index, accelerator.num_processes, socket=socket,
+                 timeout=timeout)
     st = _State(accelerator, g)
     for name, fn in _make_methods(st).items():
         st.saved[name] = accelerator.__dict__.get(name)

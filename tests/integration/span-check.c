@@ -233,9 +233,33 @@ static void pass(deval_group *g, Log *l, bool span, int num, int order, int bs, 
                 check(g, l, deval_eval_replay_done(g), "replay_done");
 }
 
+/* a node's parts longer than the engine's first round: its second round carries them */
+static void large(deval_group *g, Log *l, bool span) {
+        int rows = 200 + R * 37, cols = 16 + R % 3;
+        float *x = malloc((size_t)rows * (size_t)cols * sizeof(float));
+        int64_t *y = malloc((size_t)rows * sizeof(int64_t));
+        deval_tensor in[2], out[2];
+        make(R, 5000, rows, cols, x, y, in);
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        o.order = DEVAL_ORDER_STRIDED;
+        maybe_stop(span);
+        if (check(g, l, deval_gather(g, 2, in, &o, out), "large gather") == 0)
+                for (int i = 0; i < 2; i++)
+                        put_tensor(l, &out[i]);
+        maybe_stop(span);
+        deval_tensor t = in[0];
+        t.shape[0] = 64; /* the same shape everywhere: 64 x 16 floats */
+        t.shape[1] = 16;
+        if (check(g, l, deval_reduce(g, &t, DEVAL_SUM), "large reduce") == 0)
+                put_tensor(l, &t);
+        free(x);
+        free(y);
+}
+
 static void run_all(deval_group *g, Log *l, bool span) {
         step_no = 0;
         gathers(g, l, span);
+        large(g, l, span);
         objects(g, l, span, false, -1);
         others(g, l, span);
         pass(g, l, span, 37, DEVAL_ORDER_RANK, 4, 0);

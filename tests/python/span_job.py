@@ -5,6 +5,8 @@ with torchrun's variables): torch.distributed over gloo, deval.join() across the
     span_job.py compare        every result of the sequence below on the spanning group and on
                                a flat group of the same ranks at one devald ($SPAN_FLAT_SOCKET)
                                must be identical; prints "identical N"
+    span_job.py accelerate     an Accelerator with deval.accelerate.enable(): its prepared
+                               loaders' gather_for_metrics give the single-process result
     span_job.py fail MODE      barriers in a loop; MODE "kill" / "stop" makes rank $SPAN_VICTIM
                                kill / stop itself at the 5th; prints what each rank got
 """
@@ -63,6 +65,9 @@ def sequence(g):
     record(out, g.gather(np.arange(r + 2, dtype=np.float32)[None].repeat(r % 2 + 1, 0) + r))
     record(out, g.reduce(np.array([0.1 * (r + 1), 1e7, 1 / (r + 3)], dtype=np.float32)))
     record(out, g.reduce(torch.tensor([r, -r, 7]), "max"))
+    # a node's parts past the engine's first round (4 KiB): the second round carries them
+    record(out, g.gather(torch.arange((2000 + 97 * r) * 8, dtype=torch.float32).reshape(-1, 8)
+                         / (r + 1)))
     record(out, g.broadcast(torch.arange(4) * (r + 1), from_process=w - 1))
     record(out, g.gather_object([{"rank": r, "text": "x" * r}]))
     record(out, g.broadcast_object({"from": r}, from_process=1))
@@ -85,7 +90,32 @@ def sequence(g):
     return out
 
 
+def accelerate_loop():
+    """The loop an Accelerate user writes, across nodes: every metric input exactly once."""
+    from accelerate import Accelerator
+    import deval.accelerate
+    acc = Accelerator(cpu=True)
+    g = deval.accelerate.enable(acc)
+    assert g.nodes == 2, g.nodes
+    for n, even in ((41, True), (23, True), (37, False)):
+        acc.even_batches = even
+        ds = Squares(n)
+        loader = acc.prepare(torch.utils.data.DataLoader(ds, batch_size=4))
+        preds, labels = [], []
+        for x, y in loader:
+            p, l = acc.gather_for_metrics((x[:, 0] * 2, y))
+            preds.append(p)
+            labels.append(l)
+        labels = torch.cat(labels)
+        assert labels.tolist() == list(range(n)), (n, even, labels.tolist())
+        assert torch.cat(preds).tolist() == [2.0 * i for i in range(n)], (n, even)
+    os.write(1, b"rank %d node %d/2: accelerate exact\n" % (g.rank, g.node))
+    deval.accelerate.disable()
+
+
 def main():
+    if sys.argv[1] == "accelerate":
+        return accelerate_loop()
     dist.init_process_group("gloo")
     mode = sys.argv[1]
     timeout = float(os.environ.get("SPAN_TIMEOUT", "60"))

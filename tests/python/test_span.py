@@ -147,6 +147,19 @@ def test_torchrun_two_nodes_match_one_machine(nodes):
     assert len({ln.split()[-1] for ln in lines}) == 1, lines  # the same count on every rank
 
 
+def test_accelerate_loop_across_nodes_gives_the_single_process_result(nodes):
+    """deval.accelerate.enable() under a job on two "nodes": the Accelerator's own process
+    group joins them; prepared loaders (even_batches on and off) lose and repeat nothing."""
+    pytest.importorskip("torch")
+    pytest.importorskip("accelerate")
+    daemons = nodes(2)
+    procs = spawn((0, 0, 1, 1), daemons, ["accelerate"])
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    for rank in range(4):
+        assert "rank %d node %d/2: accelerate exact" % (rank, rank // 2) in outs[rank], outs
+
+
 @pytest.mark.parametrize("layout", [(0, 1, 1, 2), (0, 1, 2)], ids=["3x1-2", "3x1"])
 def test_three_nodes_match_one_machine(nodes, layout):
     pytest.importorskip("torch")
