@@ -43,6 +43,12 @@
 #define ROUND1       4096        /* bytes each leader sends in the engine's first round */
 #define HELLO_OP     0xffffu     /* the join's exchange: the parts describe the layout */
 #define HOST_MAX     56          /* a host name, as the join's parts carry it */
+
+typedef struct { /* what the join's part of a rank carries */
+        char host[HOST_MAX];
+        uint64_t max_out; /* the largest result it takes: $DEVAL_SPAN_MAX_BYTES, else a
+                             quarter of its machine's memory */
+} Hello;
 /* the node's group outlives a leader's wait on the engine: its ranks hear why it failed */
 #define LOCAL_GRACE_MS 15000
 
@@ -104,6 +110,7 @@ struct DvSpan {
         int64_t *valid;
         const uint8_t **srcs;
         SpanPass pass;
+        uint64_t max_out; /* the largest result: the smallest any rank takes, alike on all */
         uint8_t *out;
         uint64_t out_cap;
         DvResult res;
@@ -560,7 +567,7 @@ static void plan_input(DvSpan *sp, int W, int n, DvPlanInput *in) {
                             .order = q->order,
                             .pad_first = q->pad_first != 0,
                             .pad_value = q->pad_value,
-                            .max_out = 1ull << 46};
+                            .max_out = sp->max_out};
         if (stream >= 0) {
                 in->in_pass = true;
                 in->order = sp->pass.order;
@@ -726,7 +733,7 @@ static int step_pad(deval_group *g) {
         DvPlan *p = &g->plan;
         dv_plan_reset(p);
         if ((r = dv_plan_pad(W, shapes, q[0].dim, q[0].pad_first != 0, q[0].pad_value, 0,
-                             1ull << 46, p)) < 0)
+                             sp->max_out, p)) < 0)
                 return plan_failed(sp, r, p);
         uint8_t *out = out_of(sp, p->out_end);
         if (!out || dv_plan_run(g, p, 1, true, srcs, out) < 0)
@@ -1110,6 +1117,17 @@ static int join_fail(deval_group *g, int status, const char *fmt, ...) {
         return dv_join_err(status, "%s", msg);
 }
 
+/* The largest result this rank takes: $DEVAL_SPAN_MAX_BYTES, else a quarter of memory. */
+static uint64_t max_result(void) {
+        const char *env = getenv("DEVAL_SPAN_MAX_BYTES");
+        if (env && *env)
+                return strtoull(env, NULL, 10);
+        long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+        if (pages <= 0 || size <= 0)
+                return 1ull << 32;
+        return (uint64_t)pages * (uint64_t)size / 4;
+}
+
 /*
  * The join's exchange: every rank's node, local rank and host, checked to agree, then the
  * layout in node_ranks and node_start. The leader tells its devald what its group is part of.
@@ -1118,22 +1136,28 @@ static int hello(deval_group *g, const char *fn) {
         DvSpan *sp = g->span;
         int r;
 
-        if ((r = dv_span_reserve(g, HOST_MAX)) < 0)
+        if ((r = dv_span_reserve(g, sizeof(Hello))) < 0)
                 return r;
-        memset(g->in, 0, HOST_MAX);
-        gethostname((char *)g->in, HOST_MAX - 1);
+        Hello mine = {.max_out = max_result()};
+        gethostname(mine.host, HOST_MAX - 1);
+        memcpy(g->in, &mine, sizeof(mine));
         DvRequest *q = &sp->req;
         memset(q, 0, sizeof(*q));
         q->op = HELLO_OP;
         q->ntensors = 1;
         q->t[0] = (DvTensorDesc){
-                .dtype = DEVAL_U8, .ndim = 1, .shape = {HOST_MAX}, .nbytes = HOST_MAX};
+                .dtype = DEVAL_U8, .ndim = 1, .shape = {sizeof(Hello)}, .nbytes = sizeof(Hello)};
         if ((r = exchange(g, fn, true)) < 0)
                 return r;
-        for (int k = 0; k < g->world; k++)
-                if (sp->reqs[k].ntensors != 1 || sp->dlen[k] < HOST_MAX)
+        sp->max_out = UINT64_MAX;
+        for (int k = 0; k < g->world; k++) {
+                Hello h;
+                if (sp->reqs[k].ntensors != 1 || sp->dlen[k] < sizeof(Hello))
                         return broken(g, DEVAL_EPROTO, fn,
                                       "a rank's part of the join is malformed");
+                memcpy(&h, sp->data[k], sizeof(h));
+                sp->max_out = DV_MIN(sp->max_out, DV_MAX(h.max_out, (uint64_t)1 << 20));
+        }
         sp->laid_out = true;
         if (sp->local_rank != 0)
                 return 0;
@@ -1149,7 +1173,7 @@ static int hello(deval_group *g, const char *fn) {
                 si->node_info[n].leader = leader;
                 si->node_info[n].nranks = sp->node_start[n + 1] - sp->node_start[n];
                 snprintf(si->node_info[n].host, sizeof(si->node_info[n].host), "%.*s", HOST_MAX - 1,
-                         (const char *)sp->data[leader]);
+                         ((const Hello *)sp->data[leader])->host);
         }
         for (int i = 0; i < sp->local_world; i++)
                 si->ranks[i] = (int16_t)sp->node_ranks[sp->node_start[sp->node] + i];
@@ -1250,6 +1274,13 @@ int deval_join_spanning(const char *group, int rank, int world_size, int local_r
         lo.timeout_ms = t < 0 ? -1 : t + LOCAL_GRACE_MS;
         if ((r = deval_join(name, local_rank, local_world, &lo, &sp->local)) < 0)
                 return join_fail(g, r, "%s", deval_errmsg(NULL));
+        /* the node's ranks wait on the engine at every step, for longer than a spin pays
+         * for: they sleep at once, leaving the cores to the leader's exchange, unless told
+         * otherwise ($DEVAL_SPIN_US, $DEVAL_YIELD_US) */
+        if (!getenv("DEVAL_SPIN_US"))
+                sp->local->spin_ns = 0;
+        if (!getenv("DEVAL_YIELD_US"))
+                sp->local->yield_ns = 0;
         if ((r = hello(g, fn)) < 0)
                 return join_fail(g, r, "%s", deval_errmsg(g));
         *out = g;
