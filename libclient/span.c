@@ -106,9 +106,10 @@ struct DvSpan {
         uint64_t *dlen;
         bool *parked;
         int64_t **prefix; /* objects */
-        DvShape *shapes;
-        int64_t *valid;
+        DvShape *shapes;  /* [inputs_cap] */
         const uint8_t **srcs;
+        size_t inputs_cap;
+        int64_t *valid;
         SpanPass pass;
         uint64_t max_out; /* the largest result: the smallest any rank takes, alike on all */
         uint8_t *out;
@@ -513,6 +514,22 @@ static int same_shapes(DvSpan *sp, int W, const char *what) {
         return 0;
 }
 
+/* sp->shapes and sp->srcs for n inputs at least, kept from step to step */
+static bool inputs(DvSpan *sp, size_t n) {
+        if (n <= sp->inputs_cap)
+                return true;
+        DvShape *shapes = realloc(sp->shapes, n * sizeof(*shapes));
+        if (shapes)
+                sp->shapes = shapes;
+        const uint8_t **srcs = realloc(sp->srcs, n * sizeof(*srcs));
+        if (srcs)
+                sp->srcs = srcs;
+        if (!shapes || !srcs)
+                return false;
+        sp->inputs_cap = n;
+        return true;
+}
+
 static uint8_t *out_of(DvSpan *sp, uint64_t bytes) {
         if (!grow(&sp->out, (size_t *)&sp->out_cap, (size_t)bytes))
                 return NULL;
@@ -613,14 +630,10 @@ static int step_gather(deval_group *g) {
         if ((r = gather_opts(sp, W)) < 0)
                 return r;
         int n = (int)q[0].ntensors;
-        DvShape *shapes = realloc(sp->shapes, (size_t)W * (size_t)n * sizeof(*shapes));
-        const uint8_t **srcs = realloc(sp->srcs, (size_t)W * (size_t)n * sizeof(*srcs));
-        if (shapes)
-                sp->shapes = shapes;
-        if (srcs)
-                sp->srcs = srcs;
-        if (!shapes || !srcs)
+        if (!inputs(sp, (size_t)W * (size_t)n))
                 return fail(sp, DEVAL_ENOMEM, "out of memory");
+        DvShape *shapes = sp->shapes;
+        const uint8_t **srcs = sp->srcs;
         for (int k = 0; k < W; k++) {
                 for (int i = 0; i < n; i++) {
                         shapes[k * n + i] = dv_shape_of(&q[k].t[i]);
@@ -668,14 +681,10 @@ static int step_objects(deval_group *g) {
                 if (!dv_objects_prefix(src, lens->shape[0], blob->shape[0], pre))
                         return bad_part(sp, k, 1);
         }
-        DvShape *shapes = realloc(sp->shapes, (size_t)W * sizeof(*shapes));
-        const uint8_t **blobs = realloc(sp->srcs, (size_t)W * sizeof(*blobs));
-        if (shapes)
-                sp->shapes = shapes;
-        if (blobs)
-                sp->srcs = blobs;
-        if (!shapes || !blobs)
+        if (!inputs(sp, (size_t)W))
                 return fail(sp, DEVAL_ENOMEM, "out of memory");
+        DvShape *shapes = sp->shapes;
+        const uint8_t **blobs = sp->srcs;
         for (int k = 0; k < W; k++) {
                 shapes[k] = dv_shape_of(&q[k].t[0]);
                 sp->valid[k] = q[k].valid_rows;
@@ -718,14 +727,10 @@ static int step_pad(deval_group *g) {
                 return r;
         if (q[0].dim < 0 || q[0].dim >= q[0].t[0].ndim)
                 return fail(sp, DEVAL_EPROTO, "dim %d is out of range", q[0].dim);
-        DvShape *shapes = realloc(sp->shapes, (size_t)W * sizeof(*shapes));
-        const uint8_t **srcs = realloc(sp->srcs, (size_t)W * sizeof(*srcs));
-        if (shapes)
-                sp->shapes = shapes;
-        if (srcs)
-                sp->srcs = srcs;
-        if (!shapes || !srcs)
+        if (!inputs(sp, (size_t)W))
                 return fail(sp, DEVAL_ENOMEM, "out of memory");
+        DvShape *shapes = sp->shapes;
+        const uint8_t **srcs = sp->srcs;
         for (int k = 0; k < W; k++) {
                 shapes[k] = dv_shape_of(&q[k].t[0]);
                 srcs[k] = sp->data[k] ? sp->data[k] + q[k].t[0].offset : NULL;
