@@ -718,17 +718,30 @@ def _env_int(name):
         raise InvalidArgument("deval.join: $%s is %r, not a number" % (name, v), -1) from None
 
 
-def _spans_machines(world_size):
-    """How many of the job's ranks torchrun's $LOCAL_WORLD_SIZE says run on this machine, when
-    that is fewer than world_size (the job spans machines); None otherwise, or when
+def _env_ints(*names):
+    try:
+        return [int(os.environ[n]) for n in names]
+    except (KeyError, ValueError):
+        return None
+
+
+def _spans_machines():
+    """What the launcher says when it runs this job on more than one machine (torchrun's
+    $LOCAL_WORLD_SIZE below $WORLD_SIZE, mpirun's $OMPI_COMM_WORLD_LOCAL_SIZE below its size,
+    srun on more than one node), as a phrase; None when it does not say so, or when
     $DEVAL_ONE_MACHINE=1 says every rank runs here."""
     if os.environ.get("DEVAL_ONE_MACHINE") == "1":
         return None
-    try:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", ""))
-    except ValueError:
-        return None  # not said
-    return local if 0 <= local < world_size else None
+    for local, world in (("LOCAL_WORLD_SIZE", "WORLD_SIZE"),
+                         ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE")):
+        v = _env_ints(local, world)
+        if v and 0 <= v[0] < v[1]:
+            return "$%s says %d of its %d ranks run on this one" % (local, v[0], v[1])
+    for name in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES"):
+        v = _env_ints(name)
+        if v:
+            return "$%s says it runs on %d machines" % (name, v[0]) if v[0] > 1 else None
+    return None
 
 
 class _TorchEngine:
@@ -784,10 +797,10 @@ class _TorchEngine:
             return -5 if late else -3
 
 
-def _join_spanning(group, local, world_size, opts):
-    """deval.join() in a job that torchrun says spans machines: each machine's ranks meet in
-    its devald, and its leader (local rank 0) swaps the node's part with the other leaders
-    through torch.distributed, which must be initialised."""
+def _join_spanning(group, said, opts):
+    """deval.join() in a job that its launcher says spans machines: each machine's ranks meet
+    in its devald, and its leader (its lowest rank) swaps the node's part with the other
+    leaders through torch.distributed, which must be initialised."""
     try:
         import torch.distributed as dist
         ready = dist.is_available() and dist.is_initialized()
@@ -795,34 +808,22 @@ def _join_spanning(group, local, world_size, opts):
         ready = False
     if not ready:
         raise NotSupported(
-            "deval.join: this job runs on more than one machine: $LOCAL_WORLD_SIZE says %d of "
-            "its %d ranks run on this one. A deval group spans machines through the job's own "
-            "torch.distributed, which is not initialised: call "
+            "deval.join: this job runs on more than one machine: %s. A deval group spans "
+            "machines through the job's own torch.distributed, which is not initialised: call "
             "torch.distributed.init_process_group() (or create the Accelerator) before "
-            "deval.join(). Set DEVAL_ONE_MACHINE=1 if every rank does run here"
-            % (local, world_size), -10)
+            "deval.join(). Set DEVAL_ONE_MACHINE=1 if every rank does run here" % said, -10)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world != world_size:
-        raise Mismatch("deval.join: torch.distributed has %d ranks, the launcher says %d"
-                       % (world, world_size), -2)
-    local_rank = _env_int("LOCAL_RANK")
     node_id = (os.environ.get("DEVAL_NODE") or os.environ.get("GROUP_RANK") or
                os.environ.get("SLURM_NODEID") or __import__("socket").gethostname())
     layout = [None] * world
-    dist.all_gather_object(layout, (node_id, local_rank, local))
+    dist.all_gather_object(layout, node_id)
     ids = []
-    for nid, _, _ in layout:  # nodes numbered by their lowest rank
+    for nid in layout:  # nodes numbered by their lowest rank
         if nid not in ids:
             ids.append(nid)
-    leaders = []
-    for nid in ids:
-        ranks = [r for r, (n, lr, _) in enumerate(layout) if n == nid]
-        lrs = sorted(layout[r][1] for r in ranks)
-        if lrs != list(range(len(ranks))) or {layout[r][2] for r in ranks} != {len(ranks)}:
-            raise Mismatch("deval.join: the ranks of node %r (%s) have local ranks %s and local "
-                           "world sizes %s: not 0..%d" % (nid, ranks, lrs, sorted(
-                               {layout[r][2] for r in ranks}), len(ranks) - 1), -2)
-        leaders.append(next(r for r in ranks if layout[r][1] == 0))
+    mine = [r for r, n in enumerate(layout) if n == node_id]  # local ranks in rank order
+    local_rank, local = mine.index(rank), len(mine)
+    leaders = [layout.index(nid) for nid in ids]
     node = ids.index(node_id)
     timeout_s = 300 if opts.timeout_ms == 0 else opts.timeout_ms / 1000
     engine = _TorchEngine(dist, leaders, node, timeout_s)
@@ -874,22 +875,18 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     torch.device) makes this a device group: devald must run the cuda backend, every rank
     names its GPU, and gathered CUDA tensors stay on the GPUs. When no devald answers and no
     socket was named, one is started for this user unless autostart is False (default: on
-    unless $DEVAL_AUTOSTART=0). When torchrun says the job spans machines ($LOCAL_WORLD_SIZE
-    below $WORLD_SIZE) and neither rank nor world_size is given, the group spans them: each
-    machine's ranks meet in its devald, and one rank per machine exchanges the machine's part
-    with the others through torch.distributed (a gloo group of those ranks), which must be
-    initialised first (NotSupported says so otherwise); results are those of one machine.
-    $DEVAL_ONE_MACHINE=1 says every rank runs here. Other launchers' multi-machine jobs raise
-    NotSupported.
+    unless $DEVAL_AUTOSTART=0). When the launcher says the job spans machines (torchrun's
+    $LOCAL_WORLD_SIZE below $WORLD_SIZE, mpirun's $OMPI_COMM_WORLD_LOCAL_SIZE below its size,
+    srun on more than one node) and neither rank nor world_size is given, the group spans
+    them: each machine's ranks (by $DEVAL_NODE, $GROUP_RANK, $SLURM_NODEID or the host name)
+    meet in its devald, and one rank per machine exchanges the machine's part with the
+    others through torch.distributed (a gloo group of those ranks), which must be initialised
+    first (NotSupported says so otherwise); results are those of one machine.
+    $DEVAL_ONE_MACHINE=1 says every rank runs here.
     """
     if group is not None and not isinstance(group, str):
         raise InvalidArgument("deval.join: the group name must be a str", -1)
-    spans = None
-    if world_size is None and rank is None and os.environ.get("LOCAL_WORLD_SIZE"):
-        try:
-            spans = _spans_machines(int(os.environ.get("WORLD_SIZE", "")))
-        except ValueError:
-            spans = None
+    spans = _spans_machines() if world_size is None and rank is None else None
     if group is not None:
         rank = _env_int("RANK") if rank is None else rank
         world_size = _env_int("WORLD_SIZE") if world_size is None else world_size
@@ -919,7 +916,7 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     else:
         opts.timeout_ms = max(1, min(int(timeout * 1000), 2**31 - 1))
     if spans is not None:
-        return _join_spanning(group, spans, int(os.environ["WORLD_SIZE"]), opts)
+        return _join_spanning(group, spans, opts)
     handle = ctypes.c_void_p()
     r = _lib.deval_join(None if group is None else group.encode(), rank, world_size,
                         ctypes.byref(opts), ctypes.byref(handle))

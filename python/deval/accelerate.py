@@ -159,7 +159,7 @@ def enable(obj, group=None, socket=None, timeout=None):
     # with no group, libdeval names it after the job that torchrun (or accelerate launch,
     # mpirun, srun) started; a job torchrun runs on several machines gets a group across them,
     # through the process group the Accelerator made
-    if _spans_machines(accelerator.num_processes) is not None:
+    if _spans_machines() is not None:
         g = join(group, socket=socket, timeout=timeout)
     else:
         g = join(group, accelerator.process_index, accelerator.num_processes, socket=socket,

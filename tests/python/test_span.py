@@ -105,23 +105,28 @@ def test_mpi_node_that_stops_answering_is_named(tmp_path, nodes):
 def env_for(extra):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-              "DEVAL_ONE_MACHINE", "TORCHELASTIC_RUN_ID"):
+              "DEVAL_ONE_MACHINE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_NNODES",
+              "SLURM_STEP_NUM_NODES", "SLURM_NODEID", "SLURM_PROCID", "SLURM_NTASKS"):
         env.pop(k, None)
     env.update(extra)
     return env
 
 
-def spawn(layout, daemons, args, extra=None):
-    """The ranks of layout (rank -> node) as torchrun would start them, without its agents
-    (which would stop the survivors of a failure before they report it)."""
+def spawn(layout, daemons, args, extra=None, launcher="torchrun"):
+    """The ranks of layout (rank -> node) as torchrun (or srun) would start them, without
+    torchrun's agents (which would stop the survivors of a failure before they report it)."""
     port, procs = free_port(), []
     for rank, node in enumerate(layout):
         local = [r for r, n in enumerate(layout) if n == node]
+        said = (dict(LOCAL_RANK=str(local.index(rank)), LOCAL_WORLD_SIZE=str(len(local)),
+                     GROUP_RANK=str(node)) if launcher == "torchrun" else
+                dict(SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID=str(rank),
+                     SLURM_NTASKS=str(len(layout)), SLURM_NNODES=str(max(layout) + 1),
+                     SLURM_NODEID=str(node), SLURM_LOCALID=str(local.index(rank))))
         env = env_for(dict(extra or {}, RANK=str(rank), WORLD_SIZE=str(len(layout)),
-                           LOCAL_RANK=str(local.index(rank)), LOCAL_WORLD_SIZE=str(len(local)),
-                           GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                            DEVAL_SOCKET=daemons[node].socket,
-                           SPAN_FLAT_SOCKET=daemons[-1].socket))
+                           SPAN_FLAT_SOCKET=daemons[-1].socket, **said))
         procs.append(subprocess.Popen([sys.executable, JOB, *args], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     return procs
@@ -160,12 +165,15 @@ def test_accelerate_loop_across_nodes_gives_the_single_process_result(nodes):
         assert "rank %d node %d/2: accelerate exact" % (rank, rank // 2) in outs[rank], outs
 
 
-@pytest.mark.parametrize("layout", [(0, 1, 1, 2), (0, 1, 2)], ids=["3x1-2", "3x1"])
-def test_three_nodes_match_one_machine(nodes, layout):
+@pytest.mark.parametrize("layout,launcher", [((0, 1, 1, 2), "torchrun"), ((0, 1, 2), "torchrun"),
+                                             ((0, 1, 1, 2), "srun")],
+                         ids=["3x1-2", "3x1", "srun-3x1-2"])
+def test_three_nodes_match_one_machine(nodes, layout, launcher):
+    """3 nodes under torchrun's variables, and under srun's (the nodes from $SLURM_NODEID)."""
     pytest.importorskip("torch")
     pytest.importorskip("accelerate")
     daemons = nodes(3)
-    procs = spawn(layout, daemons, ["compare"])
+    procs = spawn(layout, daemons, ["compare"], launcher=launcher)
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     for rank, node in enumerate(layout):
