@@ -156,7 +156,15 @@ static bool grow(uint8_t **p, size_t *cap, size_t need) {
 static void say_global(const DvSpan *sp, const char *msg, char *out, size_t len) {
         size_t o = (size_t)snprintf(out, len, "node %d: ", sp->node);
         const int *ranks = sp->laid_out ? sp->node_ranks + sp->node_start[sp->node] : NULL;
+        const char *colon = strstr(msg, ": ");
+        if (strncmp(msg, "deval_", 6) == 0 && colon && colon - msg < 40)
+                msg = colon + 2; /* which of the node's calls it was is span.c's business */
         for (const char *m = msg; *m && o + 1 < len;) {
+                if (strncmp(m, "collective #", 12) == 0) { /* the node's steps, not the user's */
+                        o += (size_t)snprintf(out + o, len - o, "node step #");
+                        m += 12;
+                        continue;
+                }
                 if (ranks && strncmp(m, "rank ", 5) == 0 && isdigit((unsigned char)m[5]) &&
                     (m == msg || !isalpha((unsigned char)m[-1]))) {
                         char *end;

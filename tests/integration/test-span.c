@@ -36,7 +36,8 @@ enum {
         FAIL_NONE,
         FAIL_ERROR,
         FAIL_SILENT,
-        FAIL_GARBLE
+        FAIL_GARBLE,
+        FAIL_RANK_DIES
 };
 
 typedef struct {
@@ -188,6 +189,8 @@ static int rank_until_failure(const Harness *h, int rank, int world, void *arg) 
         double t0 = harness_now();
         int r = 0, i;
         for (i = 0; i < 400 && r == 0; i++) {
+                if (shm->mode == FAIL_RANK_DIES && rank == 3 && i == shm->round)
+                        _exit(0); /* as a killed rank: its socket closes */
                 int64_t v[64];
                 for (int k = 0; k < 64; k++)
                         v[k] = rank * 1000 + k + i;
@@ -211,8 +214,12 @@ static int rank_until_failure(const Harness *h, int rank, int world, void *arg) 
         CHECK(r < 0, "rank %d: no failure in %d steps", rank, i);
         CHECK(harness_now() - t0 < sp->timeout_ms / 1e3 + 20, "took %.1f s", harness_now() - t0);
         const char *msg = deval_errmsg(g);
+        fprintf(stderr, "rank %d: %s at step %d: %s\n", rank, deval_strerror(r), i - 1, msg);
         CHECK(strstr(msg, "node 1") != NULL, "rank %d: %s: %s", rank, deval_strerror(r), msg);
-        if (sp->layout[rank] == 1 && shm->mode == FAIL_ERROR) /* what the engine said there */
+        if (shm->mode == FAIL_RANK_DIES) /* every other rank, on both nodes, names it */
+                CHECK(r == DEVAL_EPEER && strstr(msg, "rank 3") && strstr(msg, "node 1"),
+                      "rank %d: %s: %s", rank, deval_strerror(r), msg);
+        else if (sp->layout[rank] == 1 && shm->mode == FAIL_ERROR) /* the engine's words */
                 CHECK(r == DEVAL_EPEER && strstr(msg, "the cable is cut"), "rank %d: %s: %s", rank,
                       deval_strerror(r), msg);
         else if (sp->layout[rank] != 1) /* this engine's failed leader posts nothing */
@@ -236,6 +243,12 @@ static void run_failure(int mode, int round, int timeout_ms, int expect_failed) 
         int failed = harness_run(&h, 4, rank_until_failure, &sp, 120);
         assert_int_equal(failed, expect_failed);
         harness_stop(&h);
+}
+
+/* rank 3 (node 1) dies: its leader learns it from devald, node 0 from that leader */
+static void test_rank_dies_on_the_other_node(void **state) {
+        (void)state;
+        run_failure(FAIL_RANK_DIES, 9, 20000, 0);
 }
 
 /* node 1's engine fails: node 1's ranks return its words, node 0's time out naming node 1 */
@@ -325,6 +338,7 @@ int main(void) {
                 cmocka_unit_test(test_two_by_two),
                 cmocka_unit_test(test_three_nodes),
                 cmocka_unit_test(test_interleaved),
+                cmocka_unit_test(test_rank_dies_on_the_other_node),
                 cmocka_unit_test(test_engine_fails_on_one_node),
                 cmocka_unit_test(test_node_stops_answering),
                 cmocka_unit_test(test_garbled_engine),
