@@ -815,8 +815,11 @@ def _join_spanning(group, said, opts):
     rank, world = dist.get_rank(), dist.get_world_size()
     node_id = (os.environ.get("DEVAL_NODE") or os.environ.get("GROUP_RANK") or
                os.environ.get("SLURM_NODEID") or __import__("socket").gethostname())
+    # deval's own gloo groups, whatever the job's backend (NCCL's would move these bytes
+    # through GPUs the ranks may not have chosen yet); every rank takes part in making them
+    everyone = dist.new_group(backend="gloo")
     layout = [None] * world
-    dist.all_gather_object(layout, node_id)
+    dist.all_gather_object(layout, node_id, group=everyone)
     ids = []
     for nid in layout:  # nodes numbered by their lowest rank
         if nid not in ids:
