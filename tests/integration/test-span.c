@@ -26,6 +26,7 @@
 
 #include "deval.h"
 
+#include "gpu.h"
 #include "harness.h"
 #include "span-seq.h"
 
@@ -179,6 +180,77 @@ static void test_three_nodes(void **state) {
 static void test_interleaved(void **state) {
         (void)state;
         run_layout((const int[]){1, 0, 1, 0, 0}, 5, "spanil");
+}
+
+/* CUDA tensors in a spanning group (the GPU table's fake): staged through host memory, the
+ * results host views, reduce and broadcast written back to the device */
+static int rank_device(const Harness *h, int rank, int world, void *arg) {
+        const Span *sp = arg;
+        deval_group *g;
+        setenv("DEVAL_GPU_FAKE", "2", 1);
+        CHECK_OK(join_span(h, sp, rank, world, &g), NULL);
+        int dev = rank % 2;
+        int64_t rows = 1 + rank, cols = 2 + rank;
+        float host[64];
+        for (int i = 0; i < rows * cols; i++)
+                host[i] = (float)(rank * 100 + i);
+        DvDevPtr d, dv;
+        CHECK(dv_gpu()->alloc(dev, sizeof(host), &d) == 0 &&
+                      dv_gpu()->copy_to_device(dev, d, host, sizeof(host)) == 0,
+              "fake alloc");
+        deval_tensor in = {.data = (void *)(uintptr_t)d,
+                           .dtype = DEVAL_F32,
+                           .ndim = 2,
+                           .shape = {rows, cols},
+                           .device = dev};
+        deval_tensor out;
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        o.pad_value = -1;
+        CHECK_OK(deval_gather(g, 1, &in, &o, &out), g);
+        CHECK(out.device == -1 && out.shape[1] == 1 + world, "a host view of width %lld",
+              (long long)out.shape[1]);
+        int64_t k = 0;
+        for (int r = 0; r < world; r++)
+                for (int64_t i = 0; i < 1 + r; i++, k++)
+                        for (int64_t j = 0; j < 1 + world; j++) {
+                                float want = j < 2 + r ? (float)(r * 100 + i * (2 + r) + j) : -1;
+                                CHECK(((float *)out.data)[k * (1 + world) + j] == want,
+                                      "(%lld, %lld)", (long long)k, (long long)j);
+                        }
+        double v[2] = {rank + 1.0, -1.0};
+        CHECK(dv_gpu()->alloc(dev, sizeof(v), &dv) == 0 &&
+                      dv_gpu()->copy_to_device(dev, dv, v, sizeof(v)) == 0,
+              "fake alloc");
+        deval_tensor t = {.data = (void *)(uintptr_t)dv,
+                          .dtype = DEVAL_F64,
+                          .ndim = 1,
+                          .shape = {2},
+                          .device = dev};
+        CHECK_OK(deval_reduce(g, &t, DEVAL_SUM), g);
+        CHECK(dv_gpu()->copy_to_host(dev, v, dv, sizeof(v)) == 0, "copy");
+        CHECK(v[0] == world * (world + 1) / 2.0 && v[1] == -world, "sum %g %g", v[0], v[1]);
+        v[0] = rank;
+        CHECK(dv_gpu()->copy_to_device(dev, dv, v, sizeof(v)) == 0, "copy");
+        CHECK_OK(deval_broadcast(g, &t, world - 1), g);
+        CHECK(dv_gpu()->copy_to_host(dev, v, dv, sizeof(v)) == 0, "copy");
+        CHECK(v[0] == world - 1, "broadcast %g", v[0]);
+        dv_gpu()->free(dev, d);
+        dv_gpu()->free(dev, dv);
+        CHECK_OK(deval_leave(g), NULL);
+        return 0;
+}
+
+static void test_device_tensors_staged(void **state) {
+        (void)state;
+#ifndef DEVAL_FAKE_GPU
+        skip(); /* a build without the GPU table's fake */
+#endif
+        Harness h;
+        harness_start(&h, NULL);
+        memset(shm, 0, offsetof(Shm, slots));
+        Span sp = {.layout = (const int[]){0, 1, 1}, .timeout_ms = 30000, .name = "spandev"};
+        assert_int_equal(harness_run(&h, 3, rank_device, &sp, 60), 0);
+        harness_stop(&h);
 }
 
 /* Gathers in a loop until one fails: every rank must fail, in time, saying why. */
@@ -338,6 +410,7 @@ int main(void) {
                 cmocka_unit_test(test_two_by_two),
                 cmocka_unit_test(test_three_nodes),
                 cmocka_unit_test(test_interleaved),
+                cmocka_unit_test(test_device_tensors_staged),
                 cmocka_unit_test(test_rank_dies_on_the_other_node),
                 cmocka_unit_test(test_engine_fails_on_one_node),
                 cmocka_unit_test(test_node_stops_answering),
