@@ -610,9 +610,12 @@ enum {
         RESTARTS = 100,
         RESTART_RANKS = 3
 };
-/* the sanitizers keep freed memory in quarantine, so RSS drifts there (LSan checks leaks) */
+/* the sanitizers keep freed memory in quarantine (ASan's holds 256 MiB by default), so RSS
+ * drifts there by as much as the ranks free: 56-67 MiB over the 100 restarts in runs on the
+ * 2-core VM, before and after groups could span machines. LSan checks leaks there; the plain
+ * build keeps the tight bound. */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define RSS_SLACK_KIB (64 * 1024)
+#define RSS_SLACK_KIB (256 * 1024)
 #else
 #define RSS_SLACK_KIB 1024
 #endif
