@@ -41,7 +41,7 @@ static int mpi_fail(int err, const char *what, char *why, size_t len) {
 static int allgather(void *ctx, const void *send, void *recv, size_t len, int timeout_ms, char *why,
                      size_t why_len) {
         Engine *e = ctx;
-        int N = e->nodes, err, nreq = 0;
+        int N = e->nodes, err;
 
         if (len > (size_t)1 << 30) {
                 snprintf(why, why_len, "a node's part of %zu bytes is over MPI's 1 GiB count", len);
@@ -60,7 +60,6 @@ static int allgather(void *ctx, const void *send, void *recv, size_t len, int ti
                 err = MPI_Isend(send, (int)len, MPI_BYTE, n, TAG, e->leaders, &e->reqs[N + n]);
                 if (err != MPI_SUCCESS)
                         return mpi_fail(err, "MPI_Isend", why, why_len);
-                nreq += 2;
         }
         long long deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
         for (unsigned spin = 0;; spin++) {
@@ -94,7 +93,6 @@ static int allgather(void *ctx, const void *send, void *recv, size_t len, int ti
                         MPI_Cancel(&e->reqs[i]);
                         MPI_Request_free(&e->reqs[i]);
                 }
-        (void)nreq;
         return DEVAL_ETIMEDOUT;
 }
 

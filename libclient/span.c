@@ -99,8 +99,10 @@ struct DvSpan {
         bool laid_out;   /* the join's exchange filled them */
         uint8_t *part;   /* this rank's part */
         size_t part_cap;
-        uint8_t *buf[4]; /* a leader's node bytes, engine rounds and global bytes */
-        size_t cap[4];
+        uint8_t *round1; /* a leader's: every node's first round */
+        size_t round1_cap;
+        uint8_t *failure; /* a leader's: a failure it broadcasts to its node */
+        size_t failure_cap;
         DvRequest *reqs; /* [world] as each rank described its step */
         const uint8_t **data;
         uint64_t *dlen;
@@ -230,12 +232,12 @@ static int leader_swap(deval_group *g, int status, const char *why, const deval_
                 snprintf((char *)mine.bytes, sizeof(mine.bytes), "%s", why);
         else if (node_len <= sizeof(mine.bytes))
                 node_write(mine.bytes, items, n);
-        if (!grow(&sp->buf[1], &sp->cap[1], (size_t)N * sizeof(Round1)))
+        if (!grow(&sp->round1, &sp->round1_cap, (size_t)N * sizeof(Round1)))
                 return fail(sp, DEVAL_ENOMEM, "out of memory");
-        if ((r = sp->eng.allgather(sp->eng.ctx, &mine, sp->buf[1], sizeof(Round1), g->timeout_ms,
+        if ((r = sp->eng.allgather(sp->eng.ctx, &mine, sp->round1, sizeof(Round1), g->timeout_ms,
                                    ewhy, sizeof(ewhy))) < 0)
                 return engine_failed(sp, r, ewhy);
-        const Round1 *all = (const Round1 *)sp->buf[1];
+        const Round1 *all = (const Round1 *)sp->round1;
         uint64_t most = 0;
         for (int k = 0; k < N; k++) {
                 if (all[k].status < 0) {
@@ -274,13 +276,13 @@ static int leader_swap(deval_group *g, int status, const char *why, const deval_
 
 /* A failure as a leader broadcasts it. */
 static uint64_t global_failure(DvSpan *sp, int status) {
-        if (!grow(&sp->buf[3], &sp->cap[3], sizeof(GlobalHdr) + sizeof(sp->msg)))
+        if (!grow(&sp->failure, &sp->failure_cap, sizeof(GlobalHdr) + sizeof(sp->msg)))
                 return 0;
-        GlobalHdr *gh = (GlobalHdr *)sp->buf[3];
+        GlobalHdr *gh = (GlobalHdr *)sp->failure;
         *gh = (GlobalHdr){.magic = GLOBAL_MAGIC, .status = status};
         size_t n = strnlen(sp->msg, sizeof(sp->msg) - 1);
-        memcpy(sp->buf[3] + sizeof(*gh), sp->msg, n);
-        sp->buf[3][sizeof(*gh) + n] = '\0';
+        memcpy(sp->failure + sizeof(*gh), sp->msg, n);
+        sp->failure[sizeof(*gh) + n] = '\0';
         return sizeof(*gh) + n + 1;
 }
 
@@ -304,17 +306,15 @@ static int parse(deval_group *g, const uint8_t *b, uint64_t len, bool hello) {
                             gh->nodes, N);
         for (int k = 0; k < W; k++)
                 sp->dlen[k] = UINT64_MAX; /* not seen */
-        uint64_t at = head;
         int placed = 0;
         for (int n = 0; n < N; n++) {
                 uint64_t nlen;
                 if (hello)
                         sp->node_start[n] = placed;
                 memcpy(&nlen, b + sizeof(*gh) + (size_t)n * 8, 8);
-                at = head + (uint64_t)n * gh->stride;
                 if (nlen > gh->stride)
                         return fail(sp, DEVAL_EPROTO, "node %d's bytes are cut short", n);
-                const uint8_t *p = b + at, *end = p + nlen;
+                const uint8_t *p = b + head + (uint64_t)n * gh->stride, *end = p + nlen;
                 uint64_t count;
                 if (nlen < 8)
                         return fail(sp, DEVAL_EPROTO, "node %d sent no parts", n);
@@ -425,7 +425,7 @@ static int exchange(deval_group *g, const char *fn, bool hello) {
         size_t part_len = 0;
         int r;
 
-        if ((r = make_part(g, hello ? &sp->req : g->req, &part_len)) < 0)
+        if ((r = make_part(g, g->req, &part_len)) < 0)
                 return r;
         deval_bytes item = {sp->part, part_len}, view;
         const deval_bytes *items = NULL;
@@ -447,7 +447,7 @@ static int exchange(deval_group *g, const char *fn, bool hello) {
                         return broken(g, r, fn, why);
                 if (s < 0) {
                         len = global_failure(sp, s);
-                        global = sp->buf[3];
+                        global = sp->failure;
                 }
                 if ((r = deval_broadcast_bytes(L, global, len, 0, &view)) < 0)
                         return local_failed(g, fn, r);
@@ -1060,21 +1060,10 @@ int dv_span_reserve(deval_group *g, uint64_t size) {
                 return 0;
         if (size > (1ull << 46))
                 return dv_set_err(g, DEVAL_ENOMEM, "an input of %" PRIu64 " bytes", size);
-        uint8_t *p = g->in;
         size_t cap = g->in_size;
-        uint8_t *keep = NULL;
-        if (g->in_keep && !(keep = malloc(g->in_keep)))
-                return dv_set_err(g, DEVAL_ENOMEM, "out of memory");
-        if (keep)
-                memcpy(keep, g->in, g->in_keep);
-        if (!grow(&p, &cap, size)) {
-                free(keep);
+        /* what deval_input_buffer() handed out moves along, as grow() keeps the bytes */
+        if (!grow(&g->in, &cap, size))
                 return dv_set_err(g, DEVAL_ENOMEM, "out of memory for %" PRIu64 " bytes", size);
-        }
-        if (keep)
-                memcpy(p, keep, g->in_keep);
-        free(keep);
-        g->in = p;
         g->in_size = cap;
         return 0;
 }
@@ -1090,8 +1079,8 @@ void dv_span_free(deval_group *g) {
         for (int k = 0; sp->prefix && k < g->world; k++)
                 free(sp->prefix[k]);
         free(sp->prefix);
-        for (size_t i = 0; i < DV_ARRAY_SIZE(sp->buf); i++)
-                free(sp->buf[i]);
+        free(sp->round1);
+        free(sp->failure);
         free(sp->node_of);
         free(sp->node_ranks);
         free(sp->node_start);
