@@ -243,12 +243,41 @@ static void large(deval_group *g, SpanLog *l, bool span) {
         free(y);
 }
 
+/* an input written straight into deval_input_buffer(), next to one the call stages after it
+ * (growing the buffer's arena, which must keep what was written) */
+static void buffered(deval_group *g, SpanLog *l, bool span) {
+        void *buf;
+        int rows = 3 + R, big = 4096 + 100 * R;
+        maybe_stop(span);
+        int r = deval_input_buffer(g, (size_t)rows * 4 * sizeof(float), &buf);
+        if (check(g, l, r, "input buffer") < 0)
+                return;
+        for (int i = 0; i < rows * 4; i++)
+                ((float *)buf)[i] = val(R, i / 4, i % 4);
+        int64_t *y = malloc((size_t)big * sizeof(int64_t));
+        for (int i = 0; i < big; i++)
+                y[i] = (int64_t)R * 100000 + i;
+        deval_tensor in[2] = {
+                {.data = buf, .dtype = DEVAL_F32, .ndim = 2, .shape = {rows, 4}, .device = -1},
+                {.data = y,
+                 .dtype = DEVAL_I64,
+                 .ndim = 2,
+                 .shape = {rows, big / rows},
+                 .device = -1}};
+        deval_tensor out[2];
+        if (check(g, l, deval_gather(g, 2, in, NULL, out), "buffered gather") == 0)
+                for (int i = 0; i < 2; i++)
+                        put_tensor(l, &out[i]);
+        free(y);
+}
+
 void span_seq(deval_group *g, SpanLog *l, int rank, int world, bool span) {
         R = rank;
         W = world;
         step_no = 0;
         gathers(g, l, span);
         large(g, l, span);
+        buffered(g, l, span);
         objects(g, l, span, false, -1);
         others(g, l, span);
         pass(g, l, span, 37, DEVAL_ORDER_RANK, 4, 0);
