@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  7
+#define DV_PROTO_VERSION  8
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -287,6 +287,9 @@ typedef struct {
 /* DV_OP_EVAL_END: the rank's loader ran out (deval_eval_complete()), so the pass may check
  * that every site gathered all num_samples samples. */
 #define DV_END_EXHAUSTED 1u
+/* DV_OP_EVAL_END: the rank left its loop before its loader ran out (deval_eval_abandon()): a
+ * step where another rank still calls fails on every rank (common/pass.c). */
+#define DV_END_LEFT 2u
 /* Any op: the rank's input also lies in its slot's inline bytes, at the offsets of its
  * descriptors, so a rank may run the step (see DvFast). */
 #define DV_REQ_INLINE 0x100u

@@ -25,6 +25,7 @@
 #include "kernel_plan.h"
 #include "log.h"
 #include "output.h"
+#include "pass.h"
 #include "util.h"
 
 typedef struct {
@@ -281,53 +282,33 @@ static void pass_reset(EvalPass *ps, int world) {
  * In an eval pass, a rank that calls eval_end while others still gather is parked: its
  * loader ran out first. From now until the pass closes, devald answers every collective of
  * the others for it with an empty contribution shaped like theirs, so uneven loaders need no
- * dummy calls. Only collectives that an empty contribution answers can go on that way.
- * Return: 0, or the step's failure when the others called something else.
+ * dummy calls (common/pass.c says which collectives an empty contribution answers, and what
+ * a rank that left its loop early does to the pass).
+ * Return: 0, or the step's failure.
  */
 static int pass_park(Step *s) {
         Group *g = s->g;
         EvalPass *ps = &g->work.pass;
-        int tmpl = -1, first = -1;
+        DvPark pk;
 
         /* device results live on GPUs: a parked rank could not keep them to replay */
         if (!ps->active || g->device_group)
                 return 0;
-        for (int k = 0; k < g->world && tmpl < 0; k++)
-                if (!ps->parked[k] && g->work.reqs[k].op != DV_OP_EVAL_END)
-                        tmpl = k;
-        if (tmpl < 0)
-                return 0; /* every rank has ended the pass: this step closes it */
-        for (int k = 0; k < g->world; k++) {
-                if (ps->parked[k] || g->work.reqs[k].op != DV_OP_EVAL_END)
-                        continue;
-                ps->parked[k] = true;
-                ps->nparked++;
-                log_debug("group '%s': rank %d ended its eval pass at collective #%u; devald "
-                          "answers for it until the others end theirs",
-                          g->name, k, s->seq);
+        bool ok = dv_pass_park(g->work.reqs, g->world, ps->parked, &pk);
+        ps->nparked = 0;
+        for (int k = 0; k < g->world; k++)
+                ps->nparked += ps->parked[k];
+        if (!ok) {
+                char a[48], b[48], msg[DV_MSG_MAX];
+                int other = pk.left >= 0 ? pk.left : pk.first;
+                snprintf(a, sizeof(a), "rank %d (pid %d)", pk.tmpl, (int)g->members[pk.tmpl].pid);
+                snprintf(b, sizeof(b), "rank %d (pid %d)", other, (int)g->members[other].pid);
+                dv_pass_park_msg(msg, sizeof(msg), &pk, g->work.reqs, s->seq, a, b);
+                return step_fail(s, DEVAL_EMISMATCH, "%s", msg);
         }
-        if (!ps->nparked)
+        if (pk.tmpl < 0 || !ps->nparked)
                 return 0;
-        for (int k = 0; k < g->world && first < 0; k++)
-                if (ps->parked[k])
-                        first = k;
-        const DvRequest *t = &g->work.reqs[tmpl];
-        switch (t->op) {
-        case DV_OP_GATHER:
-        case DV_OP_GATHER_METRICS:
-        case DV_OP_OBJECTS:
-        case DV_OP_OBJECTS_METRICS:
-        case DV_OP_PAD:
-        case DV_OP_BARRIER:
-                break;
-        default:
-                return step_fail(s, DEVAL_EMISMATCH,
-                                 "collective #%u: rank %d called %s, but rank %d (pid %d) has "
-                                 "already ended its eval pass (its loader ran out); devald can "
-                                 "answer only gathers, pad_across_processes and barriers for it",
-                                 s->seq, tmpl, dv_op_name(t->op), first,
-                                 (int)g->members[first].pid);
-        }
+        const DvRequest *t = &g->work.reqs[pk.tmpl];
         for (int k = 0; k < g->world; k++)
                 if (ps->parked[k])
                         dv_req_empty(&g->work.reqs[k], t, s->seq);

@@ -181,6 +181,15 @@ int deval_eval_end(deval_group *g);
 int deval_eval_batch(deval_group *g);
 /* deval_eval_end() for a rank whose loader ran out: checks every call returned num_samples. */
 int deval_eval_complete(deval_group *g);
+/* deval_eval_end() for a rank that leaves its loop early (a break, an exception): a rank that
+ * still calls in the pass fails with DEVAL_EMISMATCH naming this one, on every rank. */
+int deval_eval_abandon(deval_group *g);
+/* An eval pass whose samples carry their identity, a key in [0, num_keys) each (a dataset
+ * index): results in key order, each key once, whatever the sharding repeated or shifted; the
+ * close checks that every call returned num_samples distinct keys. Each batch declares its keys
+ * with deval_eval_batch_keys() (instead of deval_eval_batch()). */
+int deval_eval_begin_keys(deval_group *g, int64_t num_samples, int64_t num_keys);
+int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]);
 /* After a pass: the other ranks' batches that ran after this rank's loader ran out. Run the
  * loop body that often more on empty inputs, each after deval_eval_batch(): its calls return
  * what the others got, with no collective; then deval_eval_replay_done(). */

@@ -18,6 +18,7 @@
 #include "arena.h"
 #include "autostart.h"
 #include "gpu.h"
+#include "ident.h"
 #include "job.h"
 #include "sock.h"
 #include "util.h"
@@ -204,6 +205,7 @@ static void group_free(deval_group *g) {
         if (g->sock >= 0)
                 close(g->sock);
         dv_replay_clear(g);
+        dv_ident_free(g);
         free(g->fast_reqs);
         free(g->mirror_recs);
         free(g->mirror_shapes);

@@ -98,6 +98,7 @@ struct deval_group {
         uint64_t own_bytes[DEVAL_MAX_TENSORS];
         deval_bytes *items;
         size_t items_cap;
+        struct DvIdent *ident; /* an eval pass with keys (ident.c); NULL: none */
         char errmsg[DV_MSG_MAX + 128];
 };
 

@@ -22,6 +22,7 @@
 #include "dtype.h"
 #include "fault.h"
 #include "gpu.h"
+#include "ident.h"
 #include "util.h"
 
 #define SLICE_NS      (20 * 1000 * 1000) /* how often a sleeping rank checks devald is alive */
@@ -747,8 +748,24 @@ int deval_gather(deval_group *g, int n, const deval_tensor in[], const deval_gat
  */
 int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
                              const deval_gather_opts *opts, deval_tensor out[]) {
-        return gather_common(g, DV_OP_GATHER_METRICS, "deval_gather_for_metrics", n, in, opts, out);
+        const char *fn = "deval_gather_for_metrics";
+        if (!g || !g->ident)
+                return gather_common(g, DV_OP_GATHER_METRICS, fn, n, in, opts, out);
+        /* a pass with keys: the batch's keys go first, and decide what the result keeps */
+        deval_tensor call[DEVAL_MAX_TENSORS], res[DEVAL_MAX_TENSORS];
+        int stream = (int)g->site[0], r;
+        if (!out)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: out is NULL", fn);
+        if ((r = dv_ident_call(g, fn, n, in, opts, call)) < 0)
+                return r;
+        if ((r = gather_common(g, DV_OP_GATHER_METRICS, fn, n + 1, call, opts, res)) < 0)
+                return dv_ident_explain(g, r);
+        if (stream >= DV_PASS_SITES)
+                return dv_set_err(g, DEVAL_EPROTO, "%s: call %d of the batch", fn, stream + 1);
+        return dv_ident_result(g, fn, stream, n, res, out);
 }
+
+static int batch_start(deval_group *g);
 
 /**
  * deval_eval_batch() - a new batch of the eval pass starts on this rank. From here on, the
@@ -761,6 +778,27 @@ int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
 int deval_eval_batch(deval_group *g) {
         if (!g)
                 return DEVAL_EINVAL;
+        dv_ident_batch_unkeyed(g);
+        return batch_start(g);
+}
+
+/**
+ * deval_eval_batch_keys() - deval_eval_batch() in a pass with keys (deval_eval_begin_keys()):
+ * the batch holds n samples, whose keys are keys[0..n) (each in [0, num_keys); the sharding's
+ * duplicates repeat a key). Every gather for metrics of the batch then holds a whole number of
+ * rows (objects) per sample, the same number in every batch. Local: nothing is sent.
+ * Return: 0; DEVAL_EINVAL (no pass with keys is open, a key out of range); DEVAL_ENOMEM.
+ */
+int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]) {
+        if (!g)
+                return DEVAL_EINVAL;
+        int r = batch_start(g);
+        if (r < 0)
+                return r;
+        return dv_ident_batch(g, "deval_eval_batch_keys", n, keys);
+}
+
+static int batch_start(deval_group *g) {
         if (dv_replay_pending(g)) {
                 int r = dv_replay_batch(g);
                 if (r < 0)
@@ -791,12 +829,33 @@ static int simple_op(deval_group *g, uint32_t op, const char *fn, int64_t num_sa
         return coll_run(g, fn, &res);
 }
 
-static int eval_end(deval_group *g, const char *fn, uint32_t flags) {
+static int eval_end_step(deval_group *g, const char *fn, uint32_t flags);
+
+/*
+ * End this rank's pass. A pass with keys checks itself (ident.c), so devald is not asked to
+ * count: it checks now, or after the replay of what this rank missed (@check).
+ */
+static int eval_end(deval_group *g, const char *fn, uint32_t flags, bool check) {
+        if (!g)
+                return DEVAL_EINVAL;
+        if (!g->ident)
+                return eval_end_step(g, fn, flags | (check ? DV_END_EXHAUSTED : 0));
+        int r = eval_end_step(g, fn, flags);
+        if (r < 0 || (deval_eval_missed(g) == 0 && !check)) {
+                dv_ident_free(g);
+                return r;
+        }
+        if (deval_eval_missed(g) == 0)
+                return dv_ident_check(g, fn);
+        if (check)
+                dv_ident_check_later(g);
+        return 0;
+}
+
+static int eval_end_step(deval_group *g, const char *fn, uint32_t flags) {
         const DvResult *res;
         int r;
 
-        if (!g)
-                return DEVAL_EINVAL;
         g->batch = false;
         g->site[0] = g->site[1] = 0;
         if ((r = coll_begin(g)) < 0)
@@ -828,7 +887,37 @@ int deval_eval_begin(deval_group *g, int64_t num_samples, deval_order order) {
         g->site[0] = g->site[1] = 0;
         g->batch_no = 0;
         dv_replay_clear(g); /* a replay not finished is over */
+        dv_ident_free(g);
         return simple_op(g, DV_OP_EVAL_BEGIN, "deval_eval_begin", num_samples, order);
+}
+
+/**
+ * deval_eval_begin_keys() - open an eval pass whose samples carry their identity: a key in
+ * [0, num_keys) each (a dataset index; or a sample's place in the unsharded sampler's draws,
+ * when a sampler may draw a sample twice on purpose), which each batch declares with
+ * deval_eval_batch_keys(). A gather for metrics then returns its samples in key order, a key
+ * it (or an earlier call of the same stream) already returned dropped: the duplicates a
+ * sharding adds, wherever they fall. Nothing is counted by position, so a batch peeked before
+ * the loop, a sampler of contiguous chunks or k rows per sample change nothing.
+ * deval_eval_complete() (after the replay, deval_eval_replay_done()) checks that every stream
+ * returned num_samples distinct keys and names those missing. A device group cannot (its
+ * results stay on GPUs).
+ * Return: as deval_eval_begin(); DEVAL_EINVAL when num_samples > num_keys; DEVAL_ENOTSUP.
+ */
+int deval_eval_begin_keys(deval_group *g, int64_t num_samples, int64_t num_keys) {
+        const char *fn = "deval_eval_begin_keys";
+        if (!g)
+                return DEVAL_EINVAL;
+        g->batch = false;
+        g->site[0] = g->site[1] = 0;
+        g->batch_no = 0;
+        dv_replay_clear(g);
+        int r = dv_ident_begin(g, fn, num_samples, num_keys);
+        if (r < 0)
+                return r;
+        if ((r = simple_op(g, DV_OP_EVAL_BEGIN, fn, DV_IDENT_UNCOUNTED, DEVAL_ORDER_RANK)) < 0)
+                dv_ident_free(g);
+        return r;
 }
 
 /**
@@ -841,7 +930,7 @@ int deval_eval_begin(deval_group *g, int64_t num_samples, deval_order order) {
  * collective that failed after this rank ended the pass; the group's failures.
  */
 int deval_eval_end(deval_group *g) {
-        return eval_end(g, "deval_eval_end", 0);
+        return eval_end(g, "deval_eval_end", 0, false);
 }
 
 /**
@@ -853,7 +942,19 @@ int deval_eval_end(deval_group *g) {
  * returned fewer samples than num_samples.
  */
 int deval_eval_complete(deval_group *g) {
-        return eval_end(g, "deval_eval_complete", DV_END_EXHAUSTED);
+        return eval_end(g, "deval_eval_complete", 0, true);
+}
+
+/**
+ * deval_eval_abandon() - deval_eval_end() for a rank that leaves its loop before its loader
+ * ran out (a break, an exception): its remaining samples will never be gathered, so a rank
+ * that still calls a collective of the pass fails, on every rank, with DEVAL_EMISMATCH
+ * naming this rank and its batch, rather than return results that silently lack them. When
+ * every rank abandons (or ends) the pass at the same point, it closes without a check.
+ * Return: as deval_eval_end().
+ */
+int deval_eval_abandon(deval_group *g) {
+        return eval_end(g, "deval_eval_abandon", DV_END_LEFT, false);
 }
 
 /** deval_barrier() - return once every rank has called it. */
@@ -1005,8 +1106,23 @@ int deval_gather_objects(deval_group *g, size_t n, const deval_bytes items[],
 int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes items[],
                                      const deval_gather_opts *opts, size_t *out_n,
                                      const deval_bytes **out_items) {
-        return objects_common(g, DV_OP_OBJECTS_METRICS, "deval_gather_objects_for_metrics", n,
-                              items, opts, out_n, out_items);
+        const char *fn = "deval_gather_objects_for_metrics";
+        if (!g || !g->ident)
+                return objects_common(g, DV_OP_OBJECTS_METRICS, fn, n, items, opts, out_n,
+                                      out_items);
+        /* a pass with keys: each item travels behind its sample's key */
+        const deval_bytes *call, *res;
+        size_t res_n;
+        int stream = DV_PASS_SITES + (int)g->site[1], r;
+        if ((n > 0 && !items) || !out_n || !out_items)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: items, out_n or out_items is NULL", fn);
+        if ((r = dv_ident_items_call(g, fn, n, items, opts, &call)) < 0 ||
+            (r = objects_common(g, DV_OP_OBJECTS_METRICS, fn, n, call, opts, &res_n, &res)) < 0)
+                return r;
+        if (stream >= DV_PASS_STREAMS)
+                return dv_set_err(g, DEVAL_EPROTO, "%s: call %d of the batch", fn,
+                                  stream - DV_PASS_SITES + 1);
+        return dv_ident_items_result(g, fn, stream, res_n, res, out_n, out_items);
 }
 
 /**

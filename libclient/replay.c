@@ -18,6 +18,7 @@
 #include "deval.h"
 
 #include "client.h"
+#include "ident.h"
 #include "util.h"
 
 struct DvKept {
@@ -176,6 +177,9 @@ int deval_eval_replay_done(deval_group *g) {
         size_t left = g->kept_n - g->kept_next;
         uint32_t op = left ? g->kept[g->kept_next].res->op : 0;
         dv_replay_clear(g);
+        if (!left && dv_ident_check_due(g))
+                return dv_ident_check(g, "deval_eval_replay_done");
+        dv_ident_free(g);
         if (left)
                 return dv_set_err(g, DEVAL_EMISMATCH,
                                   "deval_eval_replay_done: %zu of the others' collectives were not "

@@ -35,6 +35,7 @@
 #include "client.h"
 #include "dtype.h"
 #include "job.h"
+#include "pass.h"
 #include "sock.h"
 #include "util.h"
 
@@ -898,8 +899,9 @@ static int step_eval_end(deval_group *g) {
  */
 static int park(deval_group *g, int *tmpl) {
         DvSpan *sp = g->span;
-        int W = g->world, first = -1;
+        int W = g->world;
         DvRequest *q = sp->reqs;
+        DvPark pk;
 
         *tmpl = -1;
         for (int k = 0; k < W && *tmpl < 0; k++)
@@ -907,36 +909,18 @@ static int park(deval_group *g, int *tmpl) {
                         *tmpl = k;
         if (*tmpl < 0 || !sp->pass.active)
                 return 0;
-        for (int k = 0; k < W; k++) {
-                if (q[k].op != DV_OP_EVAL_END)
-                        continue;
-                sp->parked[k] = true;
-                if (first < 0)
-                        first = k;
+        if (!dv_pass_park(q, W, sp->parked, &pk)) {
+                char a[48], b[48], msg[DV_MSG_MAX];
+                dv_pass_park_msg(msg, sizeof(msg), &pk, q, q[pk.tmpl].seq,
+                                 who(sp, pk.tmpl, a, sizeof(a)),
+                                 who(sp, pk.left >= 0 ? pk.left : pk.first, b, sizeof(b)));
+                return fail(sp, DEVAL_EMISMATCH, "%s", msg);
         }
-        if (first < 0)
+        if (pk.first < 0)
                 return 0;
-        const DvRequest *t = &q[*tmpl];
-        char a[48], b[48];
-        switch (t->op) {
-        case DV_OP_GATHER:
-        case DV_OP_GATHER_METRICS:
-        case DV_OP_OBJECTS:
-        case DV_OP_OBJECTS_METRICS:
-        case DV_OP_PAD:
-        case DV_OP_BARRIER:
-                break;
-        default:
-                return fail(sp, DEVAL_EMISMATCH,
-                            "collective #%u: %s called %s, but %s has already ended its eval "
-                            "pass (its loader ran out); only gathers, pad_across_processes "
-                            "and barriers can be answered for it",
-                            t->seq, who(sp, *tmpl, a, sizeof(a)), dv_op_name(t->op),
-                            who(sp, first, b, sizeof(b)));
-        }
-        DvRequest tm = *t;
+        DvRequest tm = q[*tmpl];
         for (int k = 0; k < W; k++)
-                if (q[k].op == DV_OP_EVAL_END) {
+                if (sp->parked[k]) {
                         dv_req_empty(&q[k], &tm, tm.seq);
                         sp->data[k] = NULL;
                         sp->dlen[k] = 0;

@@ -210,6 +210,10 @@ def _load():
         "deval_eval_complete": ([G], ctypes.c_int),
         "deval_eval_missed": ([G], ctypes.c_int64),
         "deval_eval_replay_done": ([G], ctypes.c_int),
+        "deval_eval_abandon": ([G], ctypes.c_int),
+        "deval_eval_begin_keys": ([G, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),
+        "deval_eval_batch_keys": ([G, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)],
+                                  ctypes.c_int),
         "deval_pad_across_processes": ([G, T, ctypes.c_int, ctypes.c_double, ctypes.c_bool, T],
                                        ctypes.c_int),
         "deval_gather_objects": ([G, ctypes.c_size_t, ctypes.POINTER(_Bytes),
@@ -949,6 +953,7 @@ class Group:
         self.nodes, self.node = 1, 0  # the machines the group spans, and this one
         self._engine = None
         self._in_pass = False
+        self._keyed = False  # the open pass carries dataset indices (eval_loop)
         self._fast = _Fast() if device is None else None
         # what _speed is given: the handle's address (0 once left), default options
         self._addr = handle.value if self._fast is not None and _speed is not None else 0
@@ -1084,7 +1089,7 @@ class Group:
         ``use_gather_object=True`` forces it.
         """
         if self._addr and copy and type(pad_index) is int and pad_index == 0 and not pad_first \
-                and not use_gather_object:
+                and not use_gather_object and not self._keyed:
             r = _speed.gather(_GATHER_FOR_METRICS, self._addr, x, self._plain_addr, self._in_pass)
             if r is not None:  # (None: not plain, nothing was sent)
                 if type(r) is int:
@@ -1095,8 +1100,10 @@ class Group:
         if use_gather_object or (isinstance(x, list) and not any(
                 isinstance(v, np.ndarray) or _is_torch(v) for v in x)):
             return self._objects(_lib.deval_gather_objects_for_metrics, _object_items(x))
+        # (with keys, libdeval checks rows per sample: k whole rows each)
         return self._gather(_lib.deval_gather_for_metrics, x, copy,
-                            self._opts(pad_index, pad_first), per_sample=self._in_pass)
+                            self._opts(pad_index, pad_first),
+                            per_sample=self._in_pass and not self._keyed)
 
     @staticmethod
     def _pass_args(num_samples, order):
@@ -1128,7 +1135,7 @@ class Group:
         except BaseException:
             self._in_pass = False
             with contextlib.suppress(Error):  # the group may be what failed
-                self._check(_lib.deval_eval_end(self._handle()))
+                self._check(_lib.deval_eval_abandon(self._handle()))
             raise
         self._in_pass = False
         self._check(_lib.deval_eval_end(self._handle()))
@@ -1172,29 +1179,47 @@ class Group:
                                   -1)
         num_samples, order = n, o
         self._pass_args(num_samples, order)  # bad arguments raise here, not at the loop
-        return self._run_loop(lambda: iter(loader), num_samples, order)
+        return self._run_loop(lambda: iter(loader), num_samples, order, loader)
 
-    def _run_loop(self, make_iter, num_samples, order):
-        """The generator behind eval_loop (and deval.accelerate's prepared loaders)."""
+    def _run_loop(self, make_iter, num_samples, order, loader=None):
+        """The generator behind eval_loop (and deval.accelerate's prepared loaders). Over a
+        map-style DataLoader each batch's dataset indices travel with its gathers (a pass
+        with keys): results in dataset order, each sample once, whatever shifted."""
         h = self._handle()
         n, o = self._pass_args(num_samples, order)
-        it = make_iter()
-        batch = next(it, _END)
-        self._check(_lib.deval_eval_begin(h, n, o))
-        self._in_pass = True
-        last, done = None, False
-        try:
-            while batch is not _END:
-                self._check(_lib.deval_eval_batch(h))
-                last = batch
-                yield batch
-                batch = next(it, _END)
-            done = True
-        finally:
-            self._in_pass = False
-            if not done:  # a break, or the loader raised: end the pass, keep the reason
-                with contextlib.suppress(Error):
-                    self._check(_lib.deval_eval_end(self._handle()))
+        base, num_keys = _loop.map_loader(loader) if loader is not None and \
+            self.device is None else (None, None)
+        if base is not None and n > num_keys:
+            raise InvalidArgument("deval.eval_loop: num_samples is %d, but the dataset holds "
+                                  "%d samples" % (n, num_keys), -1)
+        keys = _loop.Keys(base, getattr(loader, "skip_batches", 0)) if base is not None \
+            else contextlib.nullcontext()
+        with keys:
+            it = make_iter()
+            batch = next(it, _END)
+            if base is not None:
+                self._check(_lib.deval_eval_begin_keys(h, n, num_keys))
+            else:
+                self._check(_lib.deval_eval_begin(h, n, o))
+            self._in_pass, self._keyed = True, base is not None
+            last, done = None, False
+            try:
+                while batch is not _END:
+                    if base is None:
+                        self._check(_lib.deval_eval_batch(h))
+                    else:
+                        self._batch_keys(h, keys, batch)
+                    last = batch
+                    yield batch
+                    batch = next(it, _END)
+                done = True
+            finally:
+                self._in_pass = False
+                if not done:  # a break, or the loader raised: the others must hear of it
+                    with contextlib.suppress(Error):
+                        self._check(_lib.deval_eval_abandon(self._handle()))
+                    self._keyed = False
+        keyed, self._keyed = self._keyed, False
         self._check(_lib.deval_eval_complete(h))
         missed = _lib.deval_eval_missed(h)
         if missed <= 0:
@@ -1205,17 +1230,29 @@ class Group:
                            "replay the %d batches the other ranks gathered; use fewer "
                            "processes than batches (or even_batches=True)" % missed, -2)
         empty = _loop.empty_like(last)
-        self._in_pass = True
+        self._in_pass, self._keyed = True, keyed
         try:
             for _ in range(missed):
-                self._check(_lib.deval_eval_batch(h))
+                if keyed:
+                    self._check(_lib.deval_eval_batch_keys(h, 0, None))
+                else:
+                    self._check(_lib.deval_eval_batch(h))
                 yield empty
         except GeneratorExit:
             _lib.deval_eval_replay_done(h)
             raise
         finally:
-            self._in_pass = False
+            self._in_pass = self._keyed = False
         self._check(_lib.deval_eval_replay_done(h))
+
+    def _batch_keys(self, h, keys, batch):
+        """deval_eval_batch_keys() with the dataset indices of the loader's next batch."""
+        try:
+            ks = keys.next(batch)
+        except ValueError as e:
+            raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
+        arr = (ctypes.c_int64 * max(1, len(ks)))(*ks)
+        self._check(_lib.deval_eval_batch_keys(h, len(ks), arr))
 
     def pad_across_processes(self, x, dim=0, pad_index=0, pad_first=False, copy=True):
         """Pad every tensor in x along dim to the largest size any rank has there."""

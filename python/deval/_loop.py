@@ -122,3 +122,120 @@ def empty_like(batch):
         except TypeError:
             return items
     return batch
+
+
+# ---- which samples each batch holds -------------------------------------------------------
+
+_TAPS = {}  # id(DataLoader) -> the index batches its sampler gave, not yet yielded
+_INDEX_SAMPLER = None  # torch's DataLoader._index_sampler, while a loop taps it
+
+
+class _Tap:
+    """A DataLoader's index sampler, noting each batch of indices as the loader draws it: a
+    loader's iterator draws ahead of what it yields (workers, prefetching), but yields the
+    batches in the order it drew them."""
+
+    def __init__(self, sampler, drawn):
+        self.sampler = sampler
+        self.drawn = drawn
+
+    def __iter__(self):
+        for b in self.sampler:
+            self.drawn.append(b)
+            yield b
+
+    def __len__(self):
+        return len(self.sampler)
+
+
+def _tapped_index_sampler(self):
+    s = _INDEX_SAMPLER.fget(self)
+    drawn = _TAPS.get(id(self))
+    return s if drawn is None else _Tap(s, drawn)
+
+
+def map_loader(loader):
+    """The torch DataLoader over a map-style dataset that iterating loader reads (Accelerate's
+    prepared loaders read their base_dataloader), with the dataset's length; (None, None)
+    when its batches carry no dataset indices (an iterable dataset, another kind of loader),
+    or when its batches may come out of the order they were drawn in (in_order=False)."""
+    tud = sys.modules.get("torch.utils.data")
+    if tud is None:
+        return None, None
+    base = getattr(loader, "base_dataloader", loader)
+    if type(base) is not tud.DataLoader and not isinstance(base, tud.DataLoader):
+        return None, None
+    ds = base.dataset
+    if isinstance(ds, tud.IterableDataset) or not hasattr(ds, "__getitem__"):
+        return None, None
+    if base.num_workers > 0 and getattr(base, "in_order", True) is False:
+        return None, None
+    try:
+        return base, len(ds)
+    except TypeError:
+        return None, None
+
+
+class Keys:
+    """The dataset indices of each batch a loop over a map-style DataLoader yields, in order:
+    ``with Keys(base) as keys: ... keys.next(batch)``."""
+
+    def __init__(self, base, skip=0):
+        self.base = base
+        self.skip = skip
+        self.drawn = None
+
+    def __enter__(self):
+        global _INDEX_SAMPLER
+        tud = sys.modules["torch.utils.data"]
+        if id(self.base) in _TAPS:
+            raise ValueError("this DataLoader is already being iterated inside an eval loop")
+        if _INDEX_SAMPLER is None:
+            _INDEX_SAMPLER = tud.DataLoader.__dict__["_index_sampler"]
+            tud.DataLoader._index_sampler = property(_tapped_index_sampler)
+        self.drawn = _TAPS[id(self.base)] = __import__("collections").deque()
+        return self
+
+    def __exit__(self, *exc):
+        global _INDEX_SAMPLER
+        _TAPS.pop(id(self.base), None)
+        if not _TAPS and _INDEX_SAMPLER is not None:
+            sys.modules["torch.utils.data"].DataLoader._index_sampler = _INDEX_SAMPLER
+            _INDEX_SAMPLER = None
+
+    def next(self, batch):
+        """The dataset indices of batch, the loader's next; ValueError when they cannot be
+        told or do not match the batch."""
+        while self.skip > 0 and self.drawn:  # drawn, and dropped by the loader itself
+            self.drawn.popleft()
+            self.skip -= 1
+        if not self.drawn:
+            raise ValueError("the loader yielded a batch its sampler did not draw")
+        b = self.drawn.popleft()
+        if not self.base._auto_collation:
+            b = [b]  # batch_size=None: each index is one batch of one sample
+        try:
+            keys = [i.__index__() for i in b]
+        except (AttributeError, TypeError):
+            raise ValueError("its sampler yields %s, not dataset indices" % type(b).__name__) \
+                from None
+        rows = batch_rows(batch)
+        if rows is not None and self.base._auto_collation and rows != len(keys):
+            raise ValueError("a batch of %d rows came from a sampler batch of %d indices; a "
+                             "collate_fn that changes the number of samples hides which "
+                             "sample each row is" % (rows, len(keys)))
+        return keys
+
+
+def batch_rows(batch):
+    """How many samples a collated batch holds, where that is plain: a tensor's rows, or the
+    rows of a mapping's first tensor. None otherwise (a tuple may hold fields of the batch or
+    the batch's raw samples)."""
+    if _is_data(batch):
+        return batch.shape[0] if len(batch.shape) else None
+    if isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__")
+                                   and not isinstance(batch, (list, tuple))):
+        for k in batch.keys():
+            if _is_data(batch[k]):
+                return batch_rows(batch[k])
+    return None

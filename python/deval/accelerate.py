@@ -100,7 +100,7 @@ def _hooked_iter(cls):
             if params is None:
                 yield from orig(self)
             else:
-                yield from st.group._run_loop(lambda: orig(self), *params)
+                yield from st.group._run_loop(lambda: orig(self), *params, self)
         finally:
             st.looping = False
 
