@@ -1166,9 +1166,14 @@ class Group:
         try:
             n, o = _loop.pass_params(loader, self.world_size)
         except ValueError as e:
-            if num_samples is None or order is None or isinstance(e, _loop.ShardedTwice):
+            base, num_keys = _loop.map_loader(loader) if self.device is None else (None, None)
+            if isinstance(e, _loop.ShardedTwice) or (base is None and (
+                    num_samples is None or order is None)):
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
-            n, o = num_samples, order  # a loader it does not know: the caller's word
+            # a loader it does not know: the caller's word; over a map-style dataset each
+            # batch's indices say where its samples go, and by default every one is owed
+            n = num_keys if num_samples is None else num_samples
+            o = order or "rank"
         # a loader it knows contradicted: wrong rows, or samples lost, without a word
         if order is not None and order != o:
             raise InvalidArgument("deval.eval_loop: this loader's sampler gathers in %r order, "

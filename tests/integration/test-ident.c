@@ -1,0 +1,332 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test-ident.c - eval passes whose samples carry their keys (deval_eval_begin_keys()), and
+ * ranks that leave a pass early (deval_eval_abandon()), against a real devald with forked
+ * ranks: results in key order with each key once over a stream, whatever the sharding
+ * repeated; k rows (objects) per sample kept whole; a rank parked and replaying; the close
+ * naming missing keys; rows that are not whole samples refused; a rank that leaves while the
+ * others go on failing the pass on every rank.
+ */
+/* cmocka needs these first */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <stdio.h>
+#include <string.h>
+
+#include "harness.h"
+
+static Harness H;
+
+static int setup(void **state) {
+        (void)state;
+        harness_start(&H, NULL);
+        return 0;
+}
+
+static int teardown(void **state) {
+        (void)state;
+        harness_stop(&H);
+        return 0;
+}
+
+#define N     10
+#define WORLD 3
+#define CALLS 2
+
+/*
+ * DistributedSampler's dealing of a shuffled dataset of N over WORLD ranks: the permutation
+ * padded with its own start to 12 draws, rank r taking draws r, r+3, ...; batches of 2. Rank
+ * r's batch c holds KEYS[r][c]; keys 7 and 2 come twice (the padding), in the second call.
+ */
+static const int64_t KEYS[WORLD][CALLS][2] = {{{7, 0}, {8, 4}}, {{2, 5}, {1, 7}}, {{9, 3}, {6, 2}}};
+
+/* Which rank gives key first, over the calls in order, lower ranks first: the one kept. */
+static int owner(int64_t key) {
+        for (int c = 0; c < CALLS; c++)
+                for (int r = 0; r < WORLD; r++)
+                        for (int j = 0; j < 2; j++)
+                                if (KEYS[r][c][j] == key)
+                                        return r;
+        return -1;
+}
+
+static int rank_keys(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        int64_t seen[N] = {0};
+        CHECK_OK(harness_join(h, "keys", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_eval_begin_keys(g, N, N), g);
+        for (int c = 0; c < CALLS; c++) {
+                const int64_t *keys = KEYS[rank][c];
+                /* a: 3 rows per sample (a generation's k); b: one row of 2 + rank columns */
+                int32_t a[6], b[2][4];
+                char text[2][16];
+                deval_bytes items[2];
+                for (int j = 0; j < 2; j++) {
+                        for (int q = 0; q < 3; q++)
+                                a[j * 3 + q] = (int32_t)(keys[j] * 10 + q);
+                        for (int q = 0; q < 2 + rank; q++)
+                                b[j][q] = (int32_t)(keys[j] * 100 + q);
+                        snprintf(text[j], sizeof(text[j]), "s%lld", (long long)keys[j]);
+                        items[j] = (deval_bytes){text[j], strlen(text[j])};
+                }
+                int32_t bb[2 * 4];
+                for (int j = 0; j < 2; j++)
+                        memcpy(bb + j * (2 + rank), b[j], (size_t)(2 + rank) * sizeof(int32_t));
+                deval_tensor in[2] = {
+                        {.data = a, .dtype = DEVAL_I32, .ndim = 1, .shape = {6}, .device = -1},
+                        {.data = bb,
+                         .dtype = DEVAL_I32,
+                         .ndim = 2,
+                         .shape = {2, 2 + rank},
+                         .device = -1}};
+                deval_tensor out[2];
+                deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+                o.pad_value = -1;
+                CHECK_OK(deval_eval_batch_keys(g, 2, keys), g);
+                CHECK_OK(deval_gather_for_metrics(g, 2, in, &o, out), g);
+                /* the keys this call owes, in order: those not returned before */
+                int64_t want[2 * WORLD];
+                int m = 0;
+                for (int64_t key = 0; key < N; key++) {
+                        bool here = false;
+                        for (int r = 0; r < world; r++)
+                                here |= KEYS[r][c][0] == key || KEYS[r][c][1] == key;
+                        if (here && !seen[key])
+                                want[m++] = key;
+                }
+                CHECK(out[0].shape[0] == 3 * m && out[1].shape[0] == m && out[1].shape[1] == 4,
+                      "call %d: %lld and %lld rows for %d samples", c, (long long)out[0].shape[0],
+                      (long long)out[1].shape[0], m);
+                const int32_t *ra = out[0].data, *rb = out[1].data;
+                for (int s = 0; s < m; s++) {
+                        int64_t key = want[s];
+                        seen[key] = 1;
+                        for (int q = 0; q < 3; q++)
+                                CHECK(ra[s * 3 + q] == key * 10 + q, "call %d sample %d row %d: %d",
+                                      c, s, q, ra[s * 3 + q]);
+                        for (int q = 0; q < 4; q++) {
+                                int32_t w = q < 2 + owner(key) ? (int32_t)(key * 100 + q) : -1;
+                                CHECK(rb[s * 4 + q] == w, "call %d sample %d col %d: %d, not %d", c,
+                                      s, q, rb[s * 4 + q], w);
+                        }
+                }
+                /* (the views above last until this call) */
+                size_t on;
+                const deval_bytes *oi;
+                CHECK_OK(deval_gather_objects_for_metrics(g, 2, items, NULL, &on, &oi), g);
+                CHECK(on == (size_t)m, "call %d: %zu objects for %d samples", c, on, m);
+                for (int s = 0; s < m; s++) {
+                        char w[16];
+                        snprintf(w, sizeof(w), "s%lld", (long long)want[s]);
+                        CHECK(oi[s].len == strlen(w) && memcmp(oi[s].data, w, oi[s].len) == 0,
+                              "call %d object %d", c, s);
+                }
+        }
+        CHECK_OK(deval_eval_complete(g), g);
+        /* after the pass, a gather for metrics is a gather again */
+        int32_t one = rank;
+        deval_tensor t = {.data = &one, .dtype = DEVAL_I32, .ndim = 1, .shape = {1}, .device = -1};
+        deval_tensor o1;
+        CHECK_OK(deval_gather_for_metrics(g, 1, &t, NULL, &o1), g);
+        CHECK(o1.shape[0] == world, "%lld rows after the pass", (long long)o1.shape[0]);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_keys_order_and_duplicates(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, WORLD, rank_keys, NULL, 30), 0);
+}
+
+/*
+ * Uneven loaders: rank 1 has one batch, rank 0 two. Rank 1 is parked while rank 0 gathers
+ * its second, replays it, and both end with all 4 keys; a pass owed 5 names key 4.
+ */
+static int rank_uneven(const Harness *h, int rank, int world, void *arg) {
+        int64_t owed = *(int64_t *)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, owed == 4 ? "uneven" : "missing", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_eval_begin_keys(g, owed, 5), g);
+        static const int64_t keys[2][2][2] = {{{0, 1}, {3, 0}}, {{2, 2}, {0, 0}}};
+        int batches = rank == 0 ? 2 : 1;
+        int64_t got[8];
+        int ngot = 0;
+        for (int c = 0; c < batches; c++) {
+                int64_t v[2] = {keys[rank][c][0] * 7, keys[rank][c][1] * 7};
+                int nk = rank == 1 ? 1 : 2;
+                deval_tensor in = {
+                        .data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {nk}, .device = -1};
+                deval_tensor out;
+                CHECK_OK(deval_eval_batch_keys(g, nk, keys[rank][c]), g);
+                CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+                for (int64_t j = 0; j < out.shape[0]; j++)
+                        got[ngot++] = ((int64_t *)out.data)[j];
+        }
+        int r = deval_eval_complete(g);
+        int64_t missed = deval_eval_missed(g);
+        CHECK(missed == (rank == 1 ? 1 : 0), "rank %d missed %lld batches", rank,
+              (long long)missed);
+        for (int64_t b = 0; r == 0 && b < missed; b++) {
+                deval_tensor in = {
+                        .data = NULL, .dtype = DEVAL_I64, .ndim = 1, .shape = {0}, .device = -1};
+                deval_tensor out;
+                CHECK_OK(deval_eval_batch_keys(g, 0, NULL), g);
+                CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+                for (int64_t j = 0; j < out.shape[0]; j++)
+                        got[ngot++] = ((int64_t *)out.data)[j];
+        }
+        if (r == 0 && missed)
+                r = deval_eval_replay_done(g);
+        if (owed == 5) {
+                CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(g), "4 distinct samples") &&
+                              strstr(deval_errmsg(g), "missing keys 4"),
+                      "the close said %s: %s", deval_strerror(r), deval_errmsg(g));
+        } else {
+                CHECK(r == 0, "the close: %s", deval_errmsg(g));
+        }
+        /* 0, 1, 2 in the first call (2 once); 3 in the second (0 again dropped) */
+        CHECK(ngot == 4 && got[0] == 0 && got[1] == 7 && got[2] == 14 && got[3] == 21,
+              "rank %d got %d values", rank, ngot);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_keys_uneven_and_missing(void **state) {
+        (void)state;
+        int64_t owed = 4;
+        assert_int_equal(harness_run(&H, 2, rank_uneven, &owed, 30), 0);
+        owed = 5;
+        assert_int_equal(harness_run(&H, 2, rank_uneven, &owed, 30), 0);
+}
+
+/*
+ * Rank 1's call holds 3 rows for its 2 samples: refused there, before anything is sent; it
+ * leaves the pass, and rank 0, waiting in the same call, hears it named.
+ */
+static int rank_not_whole(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "whole", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_eval_begin_keys(g, 4, 4), g);
+        int64_t keys[2] = {rank, rank + 2}, v[3] = {1, 2, 3};
+        deval_tensor in = {
+                .data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {rank ? 3 : 2}, .device = -1};
+        deval_tensor out;
+        CHECK_OK(deval_eval_batch_keys(g, 2, keys), g);
+        int r = deval_gather_for_metrics(g, 1, &in, NULL, &out);
+        if (rank == 1) {
+                CHECK(r == DEVAL_EINVAL && strstr(deval_errmsg(g), "3 rows for the batch's 2"),
+                      "%s: %s", deval_strerror(r), deval_errmsg(g));
+                r = deval_eval_abandon(g);
+        }
+        CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(g), "rank 1 (pid") &&
+                      strstr(deval_errmsg(g), "left the eval pass during its batch 1"),
+              "rank %d: %s: %s", rank, deval_strerror(r), deval_errmsg(g));
+        deval_leave(g);
+        return 0;
+}
+
+static void test_rows_not_whole_samples(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 2, rank_not_whole, NULL, 30), 0);
+}
+
+/*
+ * A pass by position: rank 2 breaks out of its loop after one batch while ranks 0 and 1 go
+ * on. Every rank fails, naming rank 2 and its batch; none returns a result lacking its rows.
+ * Ranks that all leave at the same batch end the pass as before.
+ */
+static int rank_leaves(const Harness *h, int rank, int world, void *arg) {
+        bool all = *(bool *)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, all ? "all-leave" : "one-leaves", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_eval_begin(g, 6, DEVAL_ORDER_STRIDED), g);
+        int r = 0;
+        for (int c = 0; c < 2 && r == 0; c++) {
+                if (c == 1 && (all || rank == 2)) {
+                        r = deval_eval_abandon(g);
+                        break;
+                }
+                int64_t v = rank + c * world;
+                deval_tensor in = {
+                        .data = &v, .dtype = DEVAL_I64, .ndim = 1, .shape = {1}, .device = -1};
+                deval_tensor out;
+                CHECK_OK(deval_eval_batch(g), g);
+                r = deval_gather_for_metrics(g, 1, &in, NULL, &out);
+        }
+        if (all) {
+                CHECK(r == 0, "rank %d: %s", rank, deval_errmsg(g));
+        } else {
+                if (r == 0 && rank != 2)
+                        r = deval_eval_complete(g);
+                CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(g), "rank 2 (pid") &&
+                              strstr(deval_errmsg(g), "left the eval pass during its batch 1"),
+                      "rank %d: %s: %s", rank, deval_strerror(r), deval_errmsg(g));
+        }
+        deval_leave(g);
+        return 0;
+}
+
+static void test_rank_leaves_early(void **state) {
+        (void)state;
+        bool all = false;
+        assert_int_equal(harness_run(&H, 3, rank_leaves, &all, 30), 0);
+        all = true;
+        assert_int_equal(harness_run(&H, 3, rank_leaves, &all, 30), 0);
+}
+
+/* Bad arguments: nothing is sent, the pass goes on. */
+static int rank_bad_args(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "bad-keys", rank, world, 10000, &g), NULL);
+        int64_t keys[2] = {0, 9};
+        CHECK(deval_eval_batch_keys(g, 1, keys) == DEVAL_EINVAL, "keys without a pass");
+        CHECK(deval_eval_begin_keys(g, 5, 4) == DEVAL_EINVAL, "num_samples > num_keys");
+        CHECK_OK(deval_eval_begin_keys(g, 4, 4), g);
+        CHECK(deval_eval_batch_keys(g, 2, keys) == DEVAL_EINVAL &&
+                      strstr(deval_errmsg(g), "key 9, outside the pass's 0..3"),
+              "%s", deval_errmsg(g));
+        int64_t v = 1;
+        deval_tensor in = {.data = &v, .dtype = DEVAL_I64, .ndim = 1, .shape = {1}, .device = -1};
+        deval_tensor out;
+        CHECK_OK(deval_eval_batch(g), g);
+        CHECK(deval_gather_for_metrics(g, 1, &in, NULL, &out) == DEVAL_EINVAL &&
+                      strstr(deval_errmsg(g), "deval_eval_batch_keys"),
+              "%s", deval_errmsg(g));
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        o.keep_rows = 1;
+        keys[0] = rank;
+        CHECK_OK(deval_eval_batch_keys(g, 1, keys), g);
+        CHECK(deval_gather_for_metrics(g, 1, &in, &o, &out) == DEVAL_EINVAL &&
+                      strstr(deval_errmsg(g), "keep_rows"),
+              "%s", deval_errmsg(g));
+        CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+        CHECK(out.shape[0] == world, "%lld rows", (long long)out.shape[0]);
+        CHECK_OK(deval_eval_end(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_bad_arguments(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 2, rank_bad_args, NULL, 30), 0);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_keys_order_and_duplicates),
+                cmocka_unit_test(test_keys_uneven_and_missing),
+                cmocka_unit_test(test_rows_not_whole_samples),
+                cmocka_unit_test(test_rank_leaves_early),
+                cmocka_unit_test(test_bad_arguments),
+        };
+        return cmocka_run_group_tests(tests, setup, teardown);
+}

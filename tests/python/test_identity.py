@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: MIT
+"""eval_loop over torch DataLoaders of map-style datasets: every batch's dataset indices travel
+with its gathers, so what comes back is each sample once, identified, against the same loop
+run in one process, whatever shifted the rows. Each loop here returned a wrong result without
+an error while the pass counted rows by position: a batch peeked before the loop, a sampler
+of contiguous chunks, generation's k rows per sample, a rank that left early; flattened
+tokens were cut at the wrong rows."""
+
+import numpy as np
+import pytest
+
+import deval
+from conftest import group_name, run_ranks
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset  # noqa: E402
+
+K = 3  # generated sequences per sample
+
+
+def dataset(n):
+    x = torch.arange(n * 4, dtype=torch.float32).reshape(n, 4).sin()
+    return TensorDataset(torch.arange(n), x)
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 5).eval()
+
+
+class Contiguous(Sampler):
+    """A contiguous chunk of the dataset per rank, the last one padded from the start (what
+    transformers' SequentialDistributedSampler dealt)."""
+
+    def __init__(self, n, world, rank):
+        per = -(-n // world)
+        idx = list(range(n)) + list(range(per * world - n))
+        self.idx = idx[rank * per:(rank + 1) * per]
+
+    def __iter__(self):
+        return iter(self.idx)
+
+    def __len__(self):
+        return len(self.idx)
+
+
+def loader(kind, n, world, rank, bs):
+    ds = dataset(n)
+    if kind.startswith("contiguous"):
+        return DataLoader(ds, batch_size=bs, sampler=Contiguous(n, world, rank))
+    shuffle = kind in ("shuffled", "workers")
+    s = DistributedSampler(ds, world, rank, shuffle=shuffle, seed=7)
+    if kind == "workers":
+        return DataLoader(ds, batch_size=bs, sampler=s, num_workers=2)
+    if kind == "one-by-one":
+        return DataLoader(ds, batch_size=None, sampler=s)
+    return DataLoader(ds, batch_size=bs, sampler=s)
+
+
+def body(g, idx, x, m):
+    """One batch of an evaluation with generation: logits, k sequences per sample in a call
+    of their own, and k texts per sample."""
+    with torch.no_grad():
+        logits = m(x)
+    if idx.dim() == 0:  # batch_size=None: one sample, no batch dim
+        idx, logits = idx[None], logits[None]
+    gen = idx.repeat_interleave(K)[:, None] * 10 + torch.arange(K).repeat(len(idx))[:, None]
+    out_logits, out_idx = g.gather_for_metrics((logits, idx))
+    out_gen = g.gather_for_metrics(gen)
+    texts = g.gather_for_metrics(["%d/%d" % (int(i), j) for i in idx for j in range(K)])
+    return out_idx, out_logits, out_gen, texts
+
+
+def rank_loop(rank, world, sock, name, kind, n, bs):
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    m = model()
+    if kind == "workers":  # the suite's ranks are daemonic processes, which may not fork
+        import multiprocessing
+        multiprocessing.current_process()._config["daemon"] = False
+    dl = loader(kind, n, world, rank, bs)
+    if kind == "peek" and rank == 0:
+        next(iter(dl))  # a look at the data first, as people do
+    got = [[], [], [], []]
+    # what the error for a loader it does not know used to ask for: now only checked
+    told = dict(num_samples=n, order="rank") if kind == "contiguous-told" else {}
+    for idx, x in g.eval_loop(dl, **told):
+        for acc, part in zip(got, body(g, idx, x, m)):
+            acc.append(part)
+    g.leave()
+    idx = torch.cat(got[0])
+    return (idx.tolist(), torch.cat(got[1]).numpy(), torch.cat(got[2]).squeeze(1).tolist(),
+            [t for ts in got[3] for t in ts])
+
+
+def single_process(n):
+    ds, m = dataset(n), model()
+    with torch.no_grad():
+        logits = m(ds.tensors[1])
+    return logits.numpy()
+
+
+@pytest.mark.parametrize("kind", ["strided", "shuffled", "peek", "contiguous",
+                                  "contiguous-told", "workers", "one-by-one"])
+@pytest.mark.parametrize("n,bs,world", [(11, 2, 2), (11, 2, 3), (10, 3, 4)])
+def test_each_sample_once_by_its_index(daemon, kind, n, bs, world):
+    if kind == "workers" and world == 4:
+        pytest.skip("2 workers per rank at 4 ranks: more processes than the suite needs")
+    res = run_ranks(world, rank_loop, daemon.socket, group_name("ident"), kind, n, bs)
+    want = single_process(n)
+    for rank, (idx, logits, gen, texts) in enumerate(res):
+        assert sorted(idx) == list(range(n)), "rank %d: samples %s" % (rank, idx)
+        # (batches of other sizes round the matmul otherwise: a few ulps, not another sample)
+        np.testing.assert_allclose(logits, want[idx], rtol=1e-5, atol=1e-6,
+                                   err_msg="rank %d" % rank)
+        assert gen == [i * 10 + j for i in idx for j in range(K)], "rank %d" % rank
+        assert texts == ["%d/%d" % (i, j) for i in idx for j in range(K)], "rank %d" % rank
+        if kind in ("strided", "peek", "one-by-one"):  # each call's samples follow the last's
+            assert idx == list(range(n)), "rank %d: not in dataset order: %s" % (rank, idx)
+    assert all(r[0] == res[0][0] for r in res), "ranks disagree"
+
+
+def rank_flat(rank, world, sock, name, n):
+    """Token predictions flattened across the batch's samples: their rows are no samples."""
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    dl = loader("strided", n, world, rank, 2)
+    try:
+        for idx, _ in g.eval_loop(dl):
+            toks = torch.cat([torch.full((int(i) % 3 + 1,), int(i)) for i in idx])
+            g.gather_for_metrics(toks)
+    except deval.Error as e:
+        return type(e).__name__, str(e)
+    finally:
+        g.leave()
+    return None, None
+
+
+def test_flattened_tokens_are_refused_on_every_rank(daemon):
+    res = run_ranks(2, rank_flat, daemon.socket, group_name("flat"), 8)
+    kinds = [k for k, _ in res]
+    assert set(kinds) <= {"InvalidArgument", "Mismatch"} and None not in kinds, res
+    said = " ".join(m for _, m in res)
+    assert "whole number of rows per sample" in said or "rows per sample" in said, said
+
+
+def rank_raises(rank, world, sock, name, n):
+    """Rank 1's body raises in its second batch; the others go on."""
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    dl = loader("strided", n, world, rank, 2)
+    out = []
+    try:
+        for k, (idx, _) in enumerate(g.eval_loop(dl)):
+            if rank == 1 and k == 1:
+                raise KeyError("a bug in rank 1's body")
+            out.append(g.gather_for_metrics(idx))
+    except KeyError as e:
+        return "KeyError", str(e)
+    except deval.Error as e:
+        return type(e).__name__, str(e)
+    finally:
+        g.leave()
+    return "ok", torch.cat(out).tolist()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_rank_that_leaves_fails_the_others(daemon, world):
+    res = run_ranks(world, rank_raises, daemon.socket, group_name("leave"), 12)
+    for rank, (kind, what) in enumerate(res):
+        if rank == 1:
+            assert kind == "KeyError", what
+        else:
+            assert kind == "Mismatch", (rank, kind, what)
+            assert "rank 1 (pid" in what and "left the eval pass during its batch 2" in what, \
+                what
+
+
+def rank_break_all(rank, world, sock, name, n):
+    """Every rank stops after two batches, as a quick look at a few batches does."""
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    out = []
+    for k, (idx, _) in enumerate(g.eval_loop(loader("strided", n, world, rank, 2))):
+        if k == 2:
+            break
+        out.append(g.gather_for_metrics(idx))
+    after = g.gather(torch.tensor([rank]))
+    g.leave()
+    return torch.cat(out).tolist(), after.tolist()
+
+
+def test_every_rank_leaving_at_one_batch_ends_the_pass(daemon):
+    res = run_ranks(3, rank_break_all, daemon.socket, group_name("breakall"), 30)
+    for got, after in res:
+        assert got == list(range(12)) and after == [0, 1, 2]
