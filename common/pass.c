@@ -4,8 +4,8 @@
  *
  * A rank whose loader ran out ends the pass first and is parked: until the pass closes, its
  * part of the others' collectives is an empty contribution shaped like theirs, which is the
- * truth for a gather (it has no rows left), a pad and a barrier, and a lie for anything else
- * (a reduce, a broadcast). A rank that leaves its loop early (a break, an exception) while
+ * truth for a gather for metrics (it has no samples left), a pad and a barrier, and a lie for
+ * anything else (a plain gather of a metric's state, a reduce, a broadcast). A rank that leaves its loop early (a break, an exception) while
  * the others go on has rows left that nobody will gather: the pass fails on every rank, so
  * that no one gets a result that silently lacks them.
  */
@@ -13,11 +13,14 @@
 
 #include <stdio.h>
 
+/*
+ * Only a collective that counts samples is answered truly by a rank with none left: a plain
+ * gather or object gather (a metric's state, synced by the others) would return the others'
+ * part as if it were everyone's.
+ */
 static bool empty_answers(uint32_t op) {
         switch (op) {
-        case DV_OP_GATHER:
         case DV_OP_GATHER_METRICS:
-        case DV_OP_OBJECTS:
         case DV_OP_OBJECTS_METRICS:
         case DV_OP_PAD:
         case DV_OP_BARRIER:
@@ -78,7 +81,9 @@ void dv_pass_park_msg(char *buf, size_t len, const DvPark *pk, const DvRequest *
         else
                 snprintf(buf, len,
                          "collective #%u: %s called %s, but %s has already ended its eval pass "
-                         "(its loader ran out); only gathers, pad_across_processes and barriers "
-                         "can be answered for it",
+                         "(its loader ran out); only gathers for metrics, pad_across_processes "
+                         "and barriers can be answered for it (its part of a plain gather, a "
+                         "reduce or a broadcast is not empty: sync a metric's state after the "
+                         "loop)",
                          seq, tmpl_name, dv_op_name(q[pk->tmpl].op), other_name);
 }

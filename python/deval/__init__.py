@@ -1187,77 +1187,10 @@ class Group:
         return self._run_loop(lambda: iter(loader), num_samples, order, loader)
 
     def _run_loop(self, make_iter, num_samples, order, loader=None):
-        """The generator behind eval_loop (and deval.accelerate's prepared loaders). Over a
-        map-style DataLoader each batch's dataset indices travel with its gathers (a pass
-        with keys): results in dataset order, each sample once, whatever shifted."""
-        h = self._handle()
-        n, o = self._pass_args(num_samples, order)
-        base, num_keys = _loop.map_loader(loader) if loader is not None and \
-            self.device is None else (None, None)
-        if base is not None and n > num_keys:
-            raise InvalidArgument("deval.eval_loop: num_samples is %d, but the dataset holds "
-                                  "%d samples" % (n, num_keys), -1)
-        keys = _loop.Keys(base, getattr(loader, "skip_batches", 0)) if base is not None \
-            else contextlib.nullcontext()
-        with keys:
-            it = make_iter()
-            batch = next(it, _END)
-            if base is not None:
-                self._check(_lib.deval_eval_begin_keys(h, n, num_keys))
-            else:
-                self._check(_lib.deval_eval_begin(h, n, o))
-            self._in_pass, self._keyed = True, base is not None
-            last, done = None, False
-            try:
-                while batch is not _END:
-                    if base is None:
-                        self._check(_lib.deval_eval_batch(h))
-                    else:
-                        self._batch_keys(h, keys, batch)
-                    last = batch
-                    yield batch
-                    batch = next(it, _END)
-                done = True
-            finally:
-                self._in_pass = False
-                if not done:  # a break, or the loader raised: the others must hear of it
-                    with contextlib.suppress(Error):
-                        self._check(_lib.deval_eval_abandon(self._handle()))
-                    self._keyed = False
-        keyed, self._keyed = self._keyed, False
-        self._check(_lib.deval_eval_complete(h))
-        missed = _lib.deval_eval_missed(h)
-        if missed <= 0:
-            return
-        if last is None:
-            _lib.deval_eval_replay_done(h)
-            raise Mismatch("deval.eval_loop: this rank's loader had no batch, so it cannot "
-                           "replay the %d batches the other ranks gathered; use fewer "
-                           "processes than batches (or even_batches=True)" % missed, -2)
-        empty = _loop.empty_like(last)
-        self._in_pass, self._keyed = True, keyed
-        try:
-            for _ in range(missed):
-                if keyed:
-                    self._check(_lib.deval_eval_batch_keys(h, 0, None))
-                else:
-                    self._check(_lib.deval_eval_batch(h))
-                yield empty
-        except GeneratorExit:
-            _lib.deval_eval_replay_done(h)
-            raise
-        finally:
-            self._in_pass = self._keyed = False
-        self._check(_lib.deval_eval_replay_done(h))
-
-    def _batch_keys(self, h, keys, batch):
-        """deval_eval_batch_keys() with the dataset indices of the loader's next batch."""
-        try:
-            ks = keys.next(batch)
-        except ValueError as e:
-            raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
-        arr = (ctypes.c_int64 * max(1, len(ks)))(*ks)
-        self._check(_lib.deval_eval_batch_keys(h, len(ks), arr))
+        """The generator behind eval_loop: a pass over the loader, open from its first batch."""
+        lp = _LoopPass(self, num_samples, order, loader)
+        lp.open_now = True
+        return lp.run(make_iter)
 
     def pad_across_processes(self, x, dim=0, pad_index=0, pad_first=False, copy=True):
         """Pad every tensor in x along dim to the largest size any rank has there."""
@@ -1355,6 +1288,119 @@ class Group:
         self._check(_lib.deval_barrier(self._handle()))
 
     wait_for_everyone = barrier  # Accelerate's name
+
+
+class _LoopPass:
+    """One iteration of a loader as an eval pass: eval_loop's (open from the first batch) or
+    a loader deval.accelerate hooked (open at the first gather_for_metrics of the iteration,
+    so that a loader iterated without one, a training loader, opens nothing). Over a
+    map-style DataLoader each batch's dataset indices travel with its gathers (a pass with
+    keys): results in dataset order, each sample once, whatever shifted."""
+
+    def __init__(self, group, num_samples, order, loader=None):
+        self.g = group
+        self.n, self.o = group._pass_args(num_samples, order)
+        base, self.num_keys = _loop.map_loader(loader) if loader is not None and \
+            group.device is None else (None, None)
+        if base is not None and self.n > self.num_keys:
+            raise InvalidArgument("deval.eval_loop: num_samples is %d, but the dataset holds "
+                                  "%d samples" % (self.n, self.num_keys), -1)
+        self.keys = _loop.Keys(base, getattr(loader, "skip_batches", 0)) if base is not None \
+            else None
+        self.open_now = False  # eval_loop: the pass opens before the first batch
+        self.opened = False
+        self.batches = 0  # batches yielded so far
+        self.cur = None  # the current batch's keys
+
+    def open(self):
+        """Open the pass now (at the current batch), once."""
+        if self.opened:
+            return
+        g = self.g
+        h = g._handle()
+        if self.keys is None and self.batches > 1:
+            raise InvalidArgument(
+                "deval: the first gather_for_metrics of this loader's iteration came at its "
+                "batch %d; its batches carry no dataset indices, so the samples of the batches "
+                "before cannot be told apart from the rest: gather from its first batch on"
+                % self.batches, -1)
+        if self.keys is not None:
+            g._check(_lib.deval_eval_begin_keys(h, self.n, self.num_keys))
+        else:
+            g._check(_lib.deval_eval_begin(h, self.n, self.o))
+        self.opened = True
+        g._in_pass, g._keyed = True, self.keys is not None
+        if self.batches:
+            self._declare()
+
+    def _declare(self):
+        h = self.g._handle()
+        if self.keys is None:
+            self.g._check(_lib.deval_eval_batch(h))
+            return
+        ks = self.cur or ()
+        arr = (ctypes.c_int64 * max(1, len(ks)))(*ks)
+        self.g._check(_lib.deval_eval_batch_keys(h, len(ks), arr))
+
+    def _batch(self, batch):
+        if self.keys is not None:
+            try:
+                self.cur = self.keys.next(batch)
+            except ValueError as e:
+                raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
+        self.batches += 1
+        if self.opened:
+            self._declare()
+
+    def run(self, make_iter):
+        g = self.g
+        h = g._handle()
+        done, last = False, None
+        with self.keys if self.keys is not None else contextlib.nullcontext():
+            with self.keys.drawing() if self.keys is not None else contextlib.nullcontext():
+                it = make_iter()
+                batch = next(it, _END)  # (a generator's loader starts its iterator here)
+            if self.open_now:
+                self.open()
+            try:
+                while batch is not _END:
+                    self._batch(batch)
+                    last = batch
+                    yield batch
+                    batch = next(it, _END)
+                done = True
+            finally:
+                if self.opened:
+                    g._in_pass = False
+                if self.opened and not done:  # a break, or an exception: the others must hear
+                    with contextlib.suppress(Error):
+                        g._check(_lib.deval_eval_abandon(g._handle()))
+                    g._keyed = False
+        if not self.opened:
+            return
+        keyed, g._keyed = g._keyed, False
+        g._check(_lib.deval_eval_complete(h))
+        missed = _lib.deval_eval_missed(h)
+        if missed <= 0:
+            return
+        if last is None:
+            _lib.deval_eval_replay_done(h)
+            raise Mismatch("deval.eval_loop: this rank's loader had no batch, so it cannot "
+                           "replay the %d batches the other ranks gathered; use fewer "
+                           "processes than batches (or even_batches=True)" % missed, -2)
+        empty = _loop.empty_like(last)
+        g._in_pass, g._keyed = True, keyed
+        self.cur = []
+        try:
+            for _ in range(missed):
+                self._declare()
+                yield empty
+        except GeneratorExit:
+            _lib.deval_eval_replay_done(h)
+            raise
+        finally:
+            g._in_pass = g._keyed = False
+        g._check(_lib.deval_eval_replay_done(h))
 
 
 def _order_code(order):

@@ -9,6 +9,8 @@ split_batches, drop_last, iterable-dataset shards and dispatched batches. Anythi
 raises InvalidArgument asking for num_samples and order.
 """
 
+import collections
+import contextlib
 import sys
 
 
@@ -126,22 +128,25 @@ def empty_like(batch):
 
 # ---- which samples each batch holds -------------------------------------------------------
 
-_TAPS = {}  # id(DataLoader) -> the index batches its sampler gave, not yet yielded
-_INDEX_SAMPLER = None  # torch's DataLoader._index_sampler, while a loop taps it
+_DRAWING = {}  # id(DataLoader) -> where its next iterator notes the batches it draws
+_INDEX_SAMPLER = None  # torch's DataLoader._index_sampler, while a loop may tap it
+_TAPPING = 0  # the Keys open
 
 
 class _Tap:
-    """A DataLoader's index sampler, noting each batch of indices as the loader draws it: a
-    loader's iterator draws ahead of what it yields (workers, prefetching), but yields the
-    batches in the order it drew them."""
+    """A DataLoader's index sampler that notes each batch of indices as an iterator draws it,
+    for the loop that was starting that iterator: an iterator draws ahead of what it yields
+    (workers, prefetching), but yields the batches in the order it drew them."""
 
-    def __init__(self, sampler, drawn):
+    def __init__(self, sampler, loader_id):
         self.sampler = sampler
-        self.drawn = drawn
+        self.loader_id = loader_id
 
     def __iter__(self):
+        drawn = _DRAWING.get(self.loader_id)  # (an iterator starting outside a loop: None)
         for b in self.sampler:
-            self.drawn.append(b)
+            if drawn is not None:
+                drawn.append(b)
             yield b
 
     def __len__(self):
@@ -149,9 +154,7 @@ class _Tap:
 
 
 def _tapped_index_sampler(self):
-    s = _INDEX_SAMPLER.fget(self)
-    drawn = _TAPS.get(id(self))
-    return s if drawn is None else _Tap(s, drawn)
+    return _Tap(_INDEX_SAMPLER.fget(self), id(self))
 
 
 def map_loader(loader):
@@ -178,30 +181,38 @@ def map_loader(loader):
 
 class Keys:
     """The dataset indices of each batch a loop over a map-style DataLoader yields, in order:
-    ``with Keys(base) as keys: ... keys.next(batch)``."""
+    ``with Keys(base) as keys:``, the loader's iterator started (and its first batch drawn)
+    ``with keys.drawing():``, then ``keys.next(batch)`` for each batch."""
 
     def __init__(self, base, skip=0):
         self.base = base
         self.skip = skip
-        self.drawn = None
+        self.drawn = collections.deque()
 
     def __enter__(self):
-        global _INDEX_SAMPLER
-        tud = sys.modules["torch.utils.data"]
-        if id(self.base) in _TAPS:
-            raise ValueError("this DataLoader is already being iterated inside an eval loop")
+        global _INDEX_SAMPLER, _TAPPING
         if _INDEX_SAMPLER is None:
+            tud = sys.modules["torch.utils.data"]
             _INDEX_SAMPLER = tud.DataLoader.__dict__["_index_sampler"]
             tud.DataLoader._index_sampler = property(_tapped_index_sampler)
-        self.drawn = _TAPS[id(self.base)] = __import__("collections").deque()
+        _TAPPING += 1
         return self
 
     def __exit__(self, *exc):
-        global _INDEX_SAMPLER
-        _TAPS.pop(id(self.base), None)
-        if not _TAPS and _INDEX_SAMPLER is not None:
+        global _INDEX_SAMPLER, _TAPPING
+        _TAPPING -= 1
+        if not _TAPPING and _INDEX_SAMPLER is not None:
             sys.modules["torch.utils.data"].DataLoader._index_sampler = _INDEX_SAMPLER
             _INDEX_SAMPLER = None
+
+    @contextlib.contextmanager
+    def drawing(self):
+        """The iterator the loader starts meanwhile is this loop's."""
+        _DRAWING[id(self.base)] = self.drawn
+        try:
+            yield
+        finally:
+            _DRAWING.pop(id(self.base), None)
 
     def next(self, batch):
         """The dataset indices of batch, the loader's next; ValueError when they cannot be
@@ -210,7 +221,8 @@ class Keys:
             self.drawn.popleft()
             self.skip -= 1
         if not self.drawn:
-            raise ValueError("the loader yielded a batch its sampler did not draw")
+            raise ValueError("the loader yielded a batch its sampler did not draw here (an "
+                             "iterator of it started before the loop?)")
         b = self.drawn.popleft()
         if not self.base._auto_collation:
             b = [b]  # batch_size=None: each index is one batch of one sample

@@ -16,7 +16,7 @@ gather_for_metrics calls per batch) they are exact: every sample once, in datase
 One Accelerator per process is enabled; deval.accelerate.disable() undoes it.
 """
 
-from . import InvalidArgument, _loop, _spans_machines, join
+from . import InvalidArgument, _LoopPass, _loop, _spans_machines, join
 
 __all__ = ["enable", "disable"]
 
@@ -28,8 +28,19 @@ class _State:
     def __init__(self, accelerator, group):
         self.accelerator = accelerator
         self.group = group
-        self.looping = False  # a hooked loader's pass is open
+        self.loops = []  # the hooked loaders being iterated (_LoopPass), innermost last
+        self.bases = set()  # ids of the DataLoaders they read, iterated as part of them
         self.saved = {}  # the accelerator's own bound methods
+
+    def innermost(self):
+        """The pass of the loader whose batches a gather_for_metrics now gathers: the one
+        iterated innermost (an eval loader inside a training loop), opened by this call."""
+        if not self.loops:
+            return None
+        lp = self.loops[-1]
+        if lp is not None:
+            lp.open()
+        return lp
 
 
 def _recursively(fn, data):
@@ -53,6 +64,7 @@ def _make_methods(st):
         return _recursively(lambda t: g.gather(t), tensor)
 
     def gather_for_metrics(input_data, use_gather_object=False):
+        st.innermost()
         if use_gather_object or not _all_tensors(input_data):
             if not g._in_pass:  # Accelerate's gather_object
                 return g.gather_object(input_data)
@@ -86,7 +98,7 @@ def _hooked_iter(cls):
 
     def __iter__(self):
         st = _ACTIVE
-        if st is None or st.looping:
+        if st is None or id(self) in st.bases:  # the DataLoader a hooked loader reads
             yield from orig(self)
             return
         try:
@@ -95,17 +107,32 @@ def _hooked_iter(cls):
             raise InvalidArgument("deval.accelerate: %s" % e, -1) from None
         except ValueError:
             params = None  # not a sharded loader (one process, say): Accelerate's behaviour
-        st.looping = True  # the loaders it wraps are its own business
+        # a pass of its own, opened by the first gather_for_metrics of this iteration; None:
+        # a loader whose gathers keep Accelerate's behaviour, and hide outer loaders' passes
+        lp = None if params is None else _LoopPass(st.group, *params, self)
+        base = getattr(self, "base_dataloader", None)
+        st.loops.append(lp)
+        if base is not None:
+            st.bases.add(id(base))
         try:
-            if params is None:
+            if lp is None:
                 yield from orig(self)
             else:
-                yield from st.group._run_loop(lambda: orig(self), *params, self)
+                yield from lp.run(lambda: orig(self))
         finally:
-            st.looping = False
+            st.loops.remove(lp) if lp is not None else _remove_none(st.loops)
+            if base is not None:
+                st.bases.discard(id(base))
 
     __iter__.__wrapped__ = orig
     return __iter__
+
+
+def _remove_none(loops):
+    for i in range(len(loops) - 1, -1, -1):
+        if loops[i] is None:
+            del loops[i]
+            return
 
 
 def _hook_loaders():
@@ -123,7 +150,8 @@ def _hook_loaders():
 
         def __iter__(self):
             # a plain DataLoader over torch's DistributedSampler; the rest is untouched
-            if _ACTIVE is None or _ACTIVE.looping or _loop._dist_sampler(self) is None:
+            if _ACTIVE is None or id(self) in _ACTIVE.bases or \
+                    _loop._dist_sampler(self) is None:
                 return orig(self)
             return _hooked_iter(tud.DataLoader)(self)
 

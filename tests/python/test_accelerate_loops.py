@@ -1,0 +1,85 @@
+# SPDX-License-Identifier: MIT
+"""deval.accelerate.enable() on the loops of Accelerate's own example scripts, against the real
+accelerate from PyPI: evaluation every K steps inside a training loop that stops at
+max_steps, a batch peeked on one rank before the loop, the same evaluation run twice. A pass
+belongs to the loader whose batches it gathers and opens at its first gather_for_metrics, so
+the training loader around an evaluation opens nothing. Before that, the evaluation inside
+training returned 18 rows for 10 samples, and the peek shifted every rank's rows."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("accelerate")
+
+import deval.accelerate  # noqa: E402
+from conftest import group_name, run_ranks  # noqa: E402
+from test_accelerate_real import free_port, set_env  # noqa: E402
+
+N = 10
+
+
+def loops_rank(rank, world, port, name, case, shuffle):
+    set_env(rank, world, port)
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+    acc = Accelerator(cpu=True)
+    deval.accelerate.enable(acc, group=name)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train = DataLoader(TensorDataset(torch.arange(80)), batch_size=4, shuffle=True)
+    evals = DataLoader(TensorDataset(torch.arange(N)), batch_size=3, shuffle=shuffle)
+    model, opt, train, evals = acc.prepare(model, opt, train, evals)
+
+    def evaluate():
+        got = []
+        for (idx,) in evals:
+            with torch.no_grad():
+                pred = model(idx.float()[:, None])
+            p, i = acc.gather_for_metrics((pred, idx))
+            assert len(p) == len(i)
+            got.append(i)
+        return torch.cat(got).tolist()
+
+    outs = []
+    try:
+        if case == "steps":  # run_glue_no_trainer's shape, stopping at max_steps
+            for step, (x,) in enumerate(train):
+                loss = model(x.float()[:, None]).pow(2).mean()
+                acc.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                if step % 2 == 1:
+                    outs.append(evaluate())
+                if step == 4:
+                    break
+        elif case == "peek":
+            if rank == 0:
+                next(iter(evals))  # a look at one batch, on one rank
+            outs.append(evaluate())
+        else:
+            outs += [evaluate(), evaluate()]
+    finally:
+        deval.accelerate.disable()
+    return outs
+
+
+@pytest.mark.parametrize("case,world,shuffle", [
+    ("steps", 2, False), ("steps", 3, True), ("steps", 4, False),
+    # (not shuffled: Accelerate syncs a shuffled loader's generator across ranks with
+    # torch.distributed at each iteration, so its own peek on one rank would hang)
+    ("peek", 3, False), ("twice", 3, True)])
+def test_loops_of_the_example_scripts(daemon, monkeypatch, case, world, shuffle):
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(world, loops_rank, free_port(), group_name("accloops"), case, shuffle,
+                    timeout=120)
+    for rank, outs in enumerate(res):
+        assert len(outs) == (2 if case != "peek" else 1), outs
+        for got in outs:
+            assert sorted(got) == list(range(N)), "rank %d: %s" % (rank, got)
+            if not shuffle:
+                assert got == list(range(N)), "rank %d: %s" % (rank, got)
+        assert outs == res[0], "ranks disagree"
+    assert os.environ.get("DEVAL_SOCKET") == daemon.socket
