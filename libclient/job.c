@@ -9,6 +9,10 @@
  * its job id; Slurm the job and step ids; deval.launch an id of its own. The group name is
  * the launcher's name and a hash of that key. The first launcher found wins, in the order
  * below: deval.launch and torchrun before the MPI and Slurm that may have started them.
+ * $MASTER_PORT alone (ranks a script started itself, mp.spawn as the DDP tutorial shows) is
+ * a constant of the user's code that two jobs share: the process that started the ranks,
+ * their parent, is part of that key, so two such jobs never meet (ranks that different
+ * parents start must name their group).
  */
 #define _GNU_SOURCE
 #include "job.h"
@@ -20,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "deval.h"
 
@@ -53,6 +58,8 @@ typedef struct {
         const char *keys[5];  /* what makes the job unique, NULL-terminated */
         const char *local;    /* its ranks on this machine, if it says */
         const char *nodes[2]; /* the machines it runs on, if it says: the first set wins */
+        bool by_parent;       /* the keys are a user's constants (a MASTER_PORT hard-coded for
+                                 mp.spawn): the process that started the ranks tells jobs apart */
 } Launcher;
 
 static const Launcher launchers[] = {
@@ -68,7 +75,9 @@ static const Launcher launchers[] = {
          "RANK",
          "WORLD_SIZE",
          {"MASTER_ADDR", "MASTER_PORT"},
-         "LOCAL_WORLD_SIZE"},
+         "LOCAL_WORLD_SIZE",
+         {NULL},
+         true},
         {"mpirun",
          "OMPI_COMM_WORLD_SIZE",
          "OMPI_COMM_WORLD_RANK",
@@ -110,6 +119,12 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
                         char part[512];
                         snprintf(part, sizeof(part), "%s=%s;", *k, v ? v : "");
                         any |= v != NULL;
+                        for (const char *c = part; *c; c++)
+                                h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+                }
+                if (l->by_parent) {
+                        char part[64];
+                        snprintf(part, sizeof(part), "parent=%ld;", (long)getppid());
                         for (const char *c = part; *c; c++)
                                 h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
                 }

@@ -15,8 +15,11 @@
 #include <cmocka.h>
 /* clang-format on */
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "deval.h"
 
@@ -84,6 +87,47 @@ static void test_torchrun(void **state) {
         assert_string_not_equal(job().name, a.name);
         torchrun("29500", "1", "2"); /* the same job restarted */
         assert_string_not_equal(job().name, a.name);
+}
+
+/* A job named by $MASTER_PORT alone (mp.spawn): the name in a child of this process. */
+static void spawned_name(char *buf, size_t len, bool grandchild) {
+        int fds[2];
+        assert_int_equal(pipe(fds), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                if (grandchild && fork() != 0) { /* the middle process: wait, then go */
+                        wait(NULL);
+                        _exit(0);
+                }
+                char err[256];
+                DvJob j;
+                memset(&j, 0, sizeof(j));
+                if (dv_job_from_env(&j, err, sizeof(err)) != 0)
+                        snprintf(j.name, sizeof(j.name), "error: %.40s", err);
+                ssize_t w = write(fds[1], j.name, sizeof(j.name));
+                _exit(w == (ssize_t)sizeof(j.name) ? 0 : 1);
+        }
+        close(fds[1]);
+        char name[sizeof(((DvJob *)0)->name)];
+        assert_int_equal(read(fds[0], name, sizeof(name)), (ssize_t)sizeof(name));
+        close(fds[0]);
+        waitpid(pid, NULL, 0);
+        snprintf(buf, len, "%s", name);
+}
+
+static void test_master_port_alone(void **state) {
+        (void)state;
+        clear();
+        setenv("MASTER_ADDR", "localhost", 1);
+        setenv("MASTER_PORT", "12355", 1);
+        char a[128], b[128], c[128];
+        spawned_name(a, sizeof(a), false);
+        spawned_name(b, sizeof(b), false);
+        spawned_name(c, sizeof(c), true);
+        assert_true(strncmp(a, "torch-", 6) == 0);
+        assert_string_equal(a, b);     /* two ranks one process spawned: one job */
+        assert_string_not_equal(a, c); /* ranks another process spawned: another job */
 }
 
 static void test_mpirun_srun_launch(void **state) {
@@ -187,6 +231,7 @@ static void test_more_than_one_machine(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_torchrun),
+                cmocka_unit_test(test_master_port_alone),
                 cmocka_unit_test(test_mpirun_srun_launch),
                 cmocka_unit_test(test_nothing_names_the_job),
                 cmocka_unit_test(test_more_than_one_machine),
