@@ -22,6 +22,7 @@ objects exposing ``__cuda_array_interface__`` are accepted too; their results ar
 :class:`DeviceView` objects (zero-copy, valid until the group's next collective).
 """
 
+import collections.abc
 import contextlib
 import ctypes
 import ctypes.util
@@ -239,6 +240,15 @@ def _load():
         fn.argtypes = args
         fn.restype = res
     return lib
+
+
+def __getattr__(name):
+    """deval.accelerate and deval.torchmetrics without importing them (nor accelerate, torch,
+    torchmetrics) at import deval."""
+    if name in ("accelerate", "torchmetrics"):
+        import importlib
+        return importlib.import_module("deval." + name)
+    raise AttributeError("module 'deval' has no attribute %r" % name)
 
 
 _lib = _load()
@@ -647,8 +657,9 @@ def _result(leaf, t, copy):
 
 def _flatten(x, leaves, on_device=False):
     """Split a nested structure into leaves and a template to rebuild it."""
-    if isinstance(x, dict):
-        return (dict, [(k, _flatten(v, leaves, on_device)) for k, v in x.items()])
+    if isinstance(x, collections.abc.Mapping):  # a ModelOutput, say: rebuilt as its type
+        return (dict, [(k, _flatten(v, leaves, on_device)) for k, v in x.items()],
+                None if type(x) is dict else type(x))
     if isinstance(x, (list, tuple)):
         return (type(x), [_flatten(v, leaves, on_device) for v in x])
     leaves.append(_Leaf(x, on_device))
@@ -657,7 +668,7 @@ def _flatten(x, leaves, on_device=False):
 
 def _paths(template, prefix=""):
     """Where each leaf of template sits in the caller's structure: "['loss']", "[1]", ..."""
-    kind, body = template
+    kind, body = template[0], template[1]
     if kind is None:
         return [(body, prefix or "the input")]
     if kind is dict:
@@ -693,11 +704,20 @@ _END = object()
 
 
 def _rebuild(template, results):
-    kind, body = template
+    kind, body = template[0], template[1]
     if kind is None:
         return results[body]
     if kind is dict:
-        return {k: _rebuild(v, results) for k, v in body}
+        d = {k: _rebuild(v, results) for k, v in body}
+        cls = template[2]
+        if cls is None:
+            return d
+        for make in (lambda: cls(**d), lambda: cls(d)):
+            try:
+                return make()
+            except Exception:
+                pass
+        return d
     items = [_rebuild(v, results) for v in body]
     if kind is list:
         return items

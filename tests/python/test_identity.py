@@ -190,3 +190,33 @@ def test_every_rank_leaving_at_one_batch_ends_the_pass(daemon):
     res = run_ranks(3, rank_break_all, daemon.socket, group_name("breakall"), 30)
     for got, after in res:
         assert got == list(range(12)) and after == [0, 1, 2]
+
+
+def rank_model_output(rank, world, sock, name):
+    from transformers.modeling_outputs import SequenceClassifierOutput
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    out = SequenceClassifierOutput(logits=torch.full((2, 3), float(rank)))
+    got = g.gather_for_metrics(out)
+    g.leave()
+    return type(got).__name__, got.logits.tolist(), list(got.keys())
+
+
+def test_a_model_output_comes_back_as_one(daemon):
+    pytest.importorskip("transformers")
+    res = run_ranks(2, rank_model_output, daemon.socket, group_name("modelout"))
+    for kind, logits, keys in res:
+        assert kind == "SequenceClassifierOutput" and keys == ["logits"]
+        assert logits == [[0.0] * 3] * 2 + [[1.0] * 3] * 2
+
+
+def test_import_deval_gives_its_adapters():
+    import subprocess
+    import sys
+    code = ("import sys, deval; m = deval.accelerate, deval.torchmetrics; "
+            "print('accelerate' in sys.modules, 'torchmetrics' in sys.modules)")
+    import os
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"], out.stdout
