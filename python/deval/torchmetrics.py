@@ -7,8 +7,9 @@ torch.distributed::
     deval.torchmetrics.attach(metric_collection)     # or set it on every metric at once
 
 sync(tensor) returns every rank's tensor, in rank order, whatever its shape on each rank
-(list states such as AUROC's hold a different number of samples per rank). It uses the group
-given to use(), else the one deval.accelerate.enable() joined. attach() also tells the metric
+(list states such as AUROC's hold a different number of samples per rank; a rank with none
+holds an empty placeholder, which takes the others' dtype). It uses the group given to
+use(), else the one deval.accelerate.enable() joined, else deval.join()'s from the launcher. attach() also tells the metric
 that it runs distributed, so it syncs without a torch.distributed process group.
 """
 
@@ -28,13 +29,21 @@ def use(group):
 
 
 def _group():
+    global _GROUP
     if _GROUP is not None:
         return _GROUP
     from . import accelerate
     if accelerate._ACTIVE is not None:
         return accelerate._ACTIVE.group
-    raise InvalidArgument("deval.torchmetrics: no deval group; call deval.torchmetrics.use(g) "
-                          "or deval.accelerate.enable(accelerator) first", -1)
+    # as deval.join() does: the group of the job the launcher started
+    from . import join
+    try:
+        _GROUP = join()
+    except InvalidArgument as e:
+        raise InvalidArgument("deval.torchmetrics: no deval group, and none to join from the "
+                              "launcher (%s); call deval.torchmetrics.use(g) or "
+                              "deval.accelerate.enable(accelerator) first" % e, -1) from None
+    return _GROUP
 
 
 def sync(result, group=None):
@@ -42,7 +51,13 @@ def sync(result, group=None):
     process group argument and is ignored: the deval group is all ranks."""
     import torch
     g = _group()
-    shapes = g.gather_object([tuple(result.shape)])
+    kinds = g.gather_object([(tuple(result.shape), str(result.dtype))])
+    shapes = [s for s, _ in kinds]
+    # a rank with no data holds torchmetrics' empty placeholder, of the default dtype: it
+    # takes the dtype of the ranks that have data
+    have = [d for s, d in kinds if int(np.prod(s, dtype=np.int64))]
+    if result.numel() == 0 and have and str(result.dtype) != have[0]:
+        result = result.to(getattr(torch, have[0].replace("torch.", "")))
     flat = g.gather(result.detach().reshape(-1))
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
     parts = torch.split(flat, sizes)
@@ -64,5 +79,10 @@ def attach(metric):
             raise InvalidArgument("deval.torchmetrics.attach: %s is not a torchmetrics Metric"
                                   % type(m).__name__, -1)
         m.dist_sync_fn = sync
-        m.distributed_available_fn = lambda: True
+        m.distributed_available_fn = _distributed  # (a module's function: it pickles)
     return metric
+
+
+def _distributed():
+    """An attached metric runs distributed, with or without torch.distributed."""
+    return True
