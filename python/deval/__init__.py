@@ -1187,6 +1187,8 @@ class Group:
             n, o = _loop.pass_params(loader, self.world_size)
         except ValueError as e:
             base, num_keys = _loop.map_loader(loader) if self.device is None else (None, None)
+            if isinstance(e, _loop.Unsized) and num_samples is not None:
+                order = order or e.order  # a sharding it knows, of a dataset with no len()
             if isinstance(e, _loop.ShardedTwice) or (base is None and (
                     num_samples is None or order is None)):
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None

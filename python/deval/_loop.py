@@ -36,12 +36,33 @@ def _dist_sampler(loader):
     return None
 
 
-def _length(dataset, what):
+class Unsized(ValueError):
+    """A loader whose sharding is known (.order) but whose dataset has no len()."""
+
+    def __init__(self, msg, order):
+        super().__init__(msg)
+        self.order = order
+
+
+def _length(dataset, what, order="rank"):
     try:
         return len(dataset)
     except TypeError:
-        raise ValueError("%s has no len(), so eval_loop cannot tell how many samples the pass "
-                         "has; pass num_samples=" % what) from None
+        raise Unsized("%s has no len(), so eval_loop cannot tell how many samples the pass "
+                      "has; pass num_samples=" % what, order) from None
+
+
+def _kept_by_ranks(sampler, world, bs):
+    """The distinct indices a DistributedSampler's ranks give when their DataLoader drops its
+    last short batch (drop_last=True): each rank's own sampler, dealt again for every rank."""
+    import copy
+    kept = set()
+    for r in range(world):
+        twin = copy.copy(sampler)
+        twin.rank = r
+        idx = list(twin)
+        kept.update(idx[:len(idx) // bs * bs])
+    return len(kept)
 
 
 def pass_params(loader, world):
@@ -52,6 +73,10 @@ def pass_params(loader, world):
         n = _length(loader.dataset, "the dataset")
         if not getattr(loader, "_drop_last", False):
             return n, "rank"
+        if loader.batch_size is None:
+            raise ValueError("a dispatched loader that drops its last batch, of a batch sampler "
+                             "with no batch_size: eval_loop cannot tell how many samples it "
+                             "keeps; pass num_samples=")
         per = loader.batch_size if loader.split_batches else loader.batch_size * world
         return n // per * per, "rank"
     if acc is not None and isinstance(loader, acc.DataLoaderShard):
@@ -76,9 +101,13 @@ def pass_params(loader, world):
                 raise ShardedTwice("this loader was prepared by Accelerate over a "
                                    "DistributedSampler, which shards it twice; prepare a "
                                    "loader without it, or iterate the unprepared loader")
-            bs = inner.batch_size
-            if not inner.drop_last:
+            bs = getattr(inner, "batch_size", None)
+            if not getattr(inner, "drop_last", False):
                 return n, "rank"
+            if bs is None:
+                raise ValueError("its batch sampler drops a last batch but has no batch_size, "
+                                 "so eval_loop cannot tell how many samples it keeps; pass "
+                                 "num_samples=")
             if shard.split_batches:
                 return n // bs * bs, "rank"
             return n // bs // world * world * bs, "rank"
@@ -87,9 +116,12 @@ def pass_params(loader, world):
         if ds_sampler.num_replicas != world:
             raise ValueError("the DistributedSampler deals to %d replicas, the group has %d "
                              "ranks" % (ds_sampler.num_replicas, world))
+        bs = getattr(loader, "batch_size", None)
+        if getattr(loader, "drop_last", False) and bs:  # the DataLoader drops a short batch too
+            return _kept_by_ranks(ds_sampler, world, bs), "strided"
         if ds_sampler.drop_last:
             return ds_sampler.num_samples * world, "strided"
-        return _length(ds_sampler.dataset, "the sampler's dataset"), "strided"
+        return _length(ds_sampler.dataset, "the sampler's dataset", "strided"), "strided"
     raise ValueError("eval_loop cannot tell how %s (sampler %s) is sharded across ranks; pass "
                      "num_samples= (the samples all ranks' loaders hold together) and order= "
                      "('rank' when each rank gets whole consecutive batches, 'strided' when "

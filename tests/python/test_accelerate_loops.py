@@ -20,6 +20,19 @@ from test_accelerate_real import free_port, set_env  # noqa: E402
 N = 10
 
 
+class Batches:
+    """A batch sampler that is a list of index lists: no batch_size, no drop_last."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+
 def loops_rank(rank, world, port, name, case, shuffle):
     set_env(rank, world, port)
     from accelerate import Accelerator
@@ -30,7 +43,11 @@ def loops_rank(rank, world, port, name, case, shuffle):
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     train = DataLoader(TensorDataset(torch.arange(80)), batch_size=4, shuffle=True)
-    evals = DataLoader(TensorDataset(torch.arange(N)), batch_size=3, shuffle=shuffle)
+    if case == "custom":  # a batch sampler of its own, with no batch_size
+        evals = DataLoader(TensorDataset(torch.arange(N)),
+                           batch_sampler=Batches([[0, 1, 2], [3, 4], [5, 6, 7, 8], [9]]))
+    else:
+        evals = DataLoader(TensorDataset(torch.arange(N)), batch_size=3, shuffle=shuffle)
     model, opt, train, evals = acc.prepare(model, opt, train, evals)
 
     def evaluate():
@@ -59,6 +76,8 @@ def loops_rank(rank, world, port, name, case, shuffle):
             if rank == 0:
                 next(iter(evals))  # a look at one batch, on one rank
             outs.append(evaluate())
+        elif case == "custom":
+            outs.append(evaluate())
         else:
             outs += [evaluate(), evaluate()]
     finally:
@@ -70,13 +89,13 @@ def loops_rank(rank, world, port, name, case, shuffle):
     ("steps", 2, False), ("steps", 3, True), ("steps", 4, False),
     # (not shuffled: Accelerate syncs a shuffled loader's generator across ranks with
     # torch.distributed at each iteration, so its own peek on one rank would hang)
-    ("peek", 3, False), ("twice", 3, True)])
+    ("peek", 3, False), ("twice", 3, True), ("custom", 3, False)])
 def test_loops_of_the_example_scripts(daemon, monkeypatch, case, world, shuffle):
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
     res = run_ranks(world, loops_rank, free_port(), group_name("accloops"), case, shuffle,
                     timeout=120)
     for rank, outs in enumerate(res):
-        assert len(outs) == (2 if case != "peek" else 1), outs
+        assert len(outs) == (1 if case in ("peek", "custom") else 2), outs
         for got in outs:
             assert sorted(got) == list(range(N)), "rank %d: %s" % (rank, got)
             if not shuffle:

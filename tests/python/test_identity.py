@@ -220,3 +220,26 @@ def test_import_deval_gives_its_adapters():
                          timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"], out.stdout
+
+
+def rank_drop_last(rank, world, sock, name, n, bs):
+    """A DistributedSampler behind a DataLoader that drops each rank's short last batch."""
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    ds = dataset(n)
+    dl = DataLoader(ds, batch_size=bs, drop_last=True,
+                    sampler=DistributedSampler(ds, world, rank, shuffle=True, seed=1))
+    got = [g.gather_for_metrics(idx) for idx, _ in g.eval_loop(dl)]
+    g.leave()
+    return torch.cat(got).tolist()
+
+
+@pytest.mark.parametrize("n,bs,world", [(13, 2, 3), (20, 3, 2)])
+def test_dataloader_drop_last_under_a_distributed_sampler(daemon, n, bs, world):
+    res = run_ranks(world, rank_drop_last, daemon.socket, group_name("dldrop"), n, bs)
+    # what the ranks' loaders keep, dealt as DistributedSampler deals
+    kept = set()
+    for r in range(world):
+        idx = list(DistributedSampler(dataset(n), world, r, shuffle=True, seed=1))
+        kept.update(idx[:len(idx) // bs * bs])
+    for got in res:
+        assert sorted(got) == sorted(kept), got
