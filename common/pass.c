@@ -11,7 +11,10 @@
  */
 #include "pass.h"
 
+#include <inttypes.h>
 #include <stdio.h>
+
+#include "plan.h"
 
 /*
  * Only a collective that counts samples is answered truly by a rank with none left: a plain
@@ -86,4 +89,58 @@ void dv_pass_park_msg(char *buf, size_t len, const DvPark *pk, const DvRequest *
                          "reduce or a broadcast is not empty: sync a metric's state after the "
                          "loop)",
                          seq, tmpl_name, dv_op_name(q[pk->tmpl].op), other_name);
+}
+
+/** dv_pass_advance() - see pass.h. */
+void dv_pass_advance(int stream, int world, const int64_t *contributed, uint32_t *used,
+                     int64_t *total, int64_t *most, int64_t *rows) {
+        int64_t call = 0;
+        *used |= 1u << stream;
+        for (int k = 0; k < world; k++) {
+                rows[stream * world + k] += contributed[k];
+                call += contributed[k];
+        }
+        total[stream] += call;
+        if (call > most[stream])
+                most[stream] = call;
+}
+
+/**
+ * dv_pass_close() - see pass.h. Counting by position, a row is a sample only while every call
+ * of the stream is one batch's: a second call per batch, or a loader that yields its samples
+ * twice, gathers past the end far more than a sampler pads, and is caught here.
+ */
+int dv_pass_close(char *buf, size_t len, bool exhausted, int64_t num_samples, int order, int world,
+                  uint32_t used, const int64_t *total, const int64_t *most, const int64_t *rows) {
+        for (int st = 0; st < DV_PASS_STREAMS; st++) {
+                if (!(used & (1u << st)))
+                        continue;
+                int64_t kept =
+                        dv_pass_kept(num_samples, order, total[st], &rows[st * world], world);
+                const char *kind = st < DV_PASS_SITES ? "tensors" : "objects";
+                if (exhausted && kept < num_samples) {
+                        snprintf(buf, len,
+                                 "the eval pass returned %" PRId64 " of its %" PRId64
+                                 " samples from call %d of each batch (%s), though every rank's "
+                                 "loader ran out: num_samples is larger than what the loaders "
+                                 "hold (a sampler that drops the last batch?), or some batches "
+                                 "skipped that call",
+                                 kept, num_samples, st % DV_PASS_SITES + 1, kind);
+                        return DEVAL_EMISMATCH;
+                }
+                if (total[st] - kept > most[st]) {
+                        snprintf(buf, len,
+                                 "call %d of each batch (%s) gathered %" PRId64
+                                 " rows for a pass of %" PRId64 " samples: the %" PRId64
+                                 " rows past the end are more than a sampler pads (one round of "
+                                 "batches, %" PRId64 " rows), so the rows kept may not be the "
+                                 "samples. Make one call per batch (eval_pass; eval_loop counts "
+                                 "each call apart), give num_samples as all the loaders hold, "
+                                 "and shard an IterableDataset by DataLoader worker too",
+                                 st % DV_PASS_SITES + 1, kind, total[st], num_samples,
+                                 total[st] - kept, most[st]);
+                        return DEVAL_EMISMATCH;
+                }
+        }
+        return 0;
 }

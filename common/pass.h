@@ -33,3 +33,19 @@ bool dv_pass_park(const DvRequest *q, int world, bool *parked, DvPark *pk);
  */
 void dv_pass_park_msg(char *buf, size_t len, const DvPark *pk, const DvRequest *q, uint32_t seq,
                       const char *tmpl_name, const char *other_name);
+
+/*
+ * A gather for metrics of stream gathered contributed[world] samples: add them to the pass's
+ * counters, used (bit per stream), total[stream], most[stream] (the most one call gathered:
+ * one round of batches) and rows[stream * world + rank].
+ */
+void dv_pass_advance(int stream, int world, const int64_t *contributed, uint32_t *used,
+                     int64_t *total, int64_t *most, int64_t *rows);
+
+/*
+ * The close of a pass: no stream dropped more rows past the end than one round of batches
+ * can pad, and when every rank's loader ran out (exhausted), every stream returned all
+ * num_samples samples. Return: 0, or DEVAL_EMISMATCH with why in buf.
+ */
+int dv_pass_close(char *buf, size_t len, bool exhausted, int64_t num_samples, int order, int world,
+                  uint32_t used, const int64_t *total, const int64_t *most, const int64_t *rows);

@@ -522,7 +522,8 @@ typedef struct {
         uint32_t used; /* bit per stream that gathered in this pass */
         uint32_t reserved;
         int64_t total[DV_PASS_STREAMS];
-        int64_t rows[]; /* [stream * world_size + rank] */
+        int64_t most[DV_PASS_STREAMS]; /* the most samples one call of the stream gathered */
+        int64_t rows[];                /* [stream * world_size + rank] */
 } DvPassShared;
 
 typedef struct {

@@ -80,6 +80,7 @@ typedef struct {
         int64_t num_samples;
         uint32_t used;               /* bit per stream that gathered in this pass */
         int64_t total[PASS_STREAMS]; /* samples gathered so far, rank order */
+        int64_t most[PASS_STREAMS];  /* the most samples one call gathered */
         int64_t *rows;               /* [stream * world + rank] samples each rank gave so far */
         bool *parked;                /* [world] ended its pass while others had not */
         int nparked;

@@ -202,20 +202,11 @@ static void plan_input(Step *s, int n, const DvShape *shapes, const int64_t *val
 }
 
 static void pass_advance(Group *g, const DvRequest *q, const DvPlan *p) {
+        EvalPass *ps = &g->work.pass;
         int stream = pass_stream(g, q);
-        if (stream < 0)
-                return;
-        g->work.pass.used |= 1u << stream;
-        for (int k = 0; k < g->world; k++) {
-                g->work.pass.rows[stream * g->world + k] += p->contributed[k];
-                g->work.pass.total[stream] += p->contributed[k];
-        }
-}
-
-/* Samples of stream whose dataset position is inside the pass: what the pass returned. */
-static int64_t pass_kept(const EvalPass *ps, int stream, int world) {
-        return dv_pass_kept(ps->num_samples, ps->order, ps->total[stream],
-                            &ps->rows[stream * world], world);
+        if (stream >= 0)
+                dv_pass_advance(stream, g->world, p->contributed, &ps->used, ps->total, ps->most,
+                                ps->rows);
 }
 
 static DvPassShared *pass_shared(const Group *g) {
@@ -234,14 +225,15 @@ static int pass_load(Step *s) {
 
         if (!ps->active)
                 return 0;
-        int64_t total[PASS_STREAMS];
+        int64_t total[PASS_STREAMS], most[PASS_STREAMS];
         uint32_t used = sh->used;
         memcpy(total, sh->total, sizeof(total));
+        memcpy(most, sh->most, sizeof(most));
         int64_t *rows = g->work.pass_load;
         memcpy(rows, sh->rows, n * sizeof(*rows));
         for (int st = 0; st < PASS_STREAMS; st++) {
                 if (!dv_pass_counts_ok(&rows[st * g->world], g->world, total[st]) ||
-                    (total[st] && !(used & (1u << st))))
+                    (total[st] && !(used & (1u << st))) || most[st] < 0 || most[st] > total[st])
                         return step_fail(s, DEVAL_EPROTO,
                                          "collective #%u: the eval pass's counters in the "
                                          "group's control segment are corrupt (a rank "
@@ -250,6 +242,7 @@ static int pass_load(Step *s) {
         }
         ps->used = used;
         memcpy(ps->total, total, sizeof(total));
+        memcpy(ps->most, most, sizeof(most));
         memcpy(ps->rows, rows, n * sizeof(*rows));
         return 0;
 }
@@ -262,6 +255,7 @@ static void pass_store(Group *g) {
         sh->num_samples = ps->num_samples;
         sh->used = ps->used;
         memcpy(sh->total, ps->total, sizeof(ps->total));
+        memcpy(sh->most, ps->most, sizeof(ps->most));
         memcpy(sh->rows, ps->rows, (size_t)PASS_STREAMS * (size_t)g->world * sizeof(int64_t));
         /* published with the step (done_seq, release) */
         atomic_store_explicit(&sh->open, ps->active ? 1u : 0u, memory_order_relaxed);
@@ -271,6 +265,7 @@ static void pass_reset(EvalPass *ps, int world) {
         ps->active = 0;
         ps->used = 0;
         memset(ps->total, 0, sizeof(ps->total));
+        memset(ps->most, 0, sizeof(ps->most));
         memset(ps->rows, 0, (size_t)PASS_STREAMS * (size_t)world * sizeof(int64_t));
         memset(ps->parked, 0, (size_t)world * sizeof(bool));
         ps->nparked = 0;
@@ -673,24 +668,13 @@ static int step_broadcast(Step *s, bool bytes) {
         return 0;
 }
 
-/* Every stream the pass gathered in must have returned all num_samples samples. */
-static int pass_check_complete(Step *s) {
+/* No stream dropped more than a round, and all returned num_samples when exhausted (pass.c). */
+static int pass_check_close(Step *s, bool exhausted) {
         const EvalPass *ps = &s->g->work.pass;
-        for (int st = 0; st < PASS_STREAMS; st++) {
-                if (!(ps->used & (1u << st)))
-                        continue;
-                int64_t kept = pass_kept(ps, st, s->g->world);
-                if (kept < ps->num_samples)
-                        return step_fail(s, DEVAL_EMISMATCH,
-                                         "the eval pass returned %" PRId64 " of its %" PRId64
-                                         " samples from call %d of each batch (%s), though every "
-                                         "rank's loader ran out: num_samples is larger than what "
-                                         "the loaders hold (a sampler that drops the last "
-                                         "batch?), or some batches skipped that call",
-                                         kept, ps->num_samples, st % DV_PASS_SITES + 1,
-                                         st < DV_PASS_SITES ? "tensors" : "objects");
-        }
-        return 0;
+        char msg[DV_MSG_MAX];
+        int r = dv_pass_close(msg, sizeof(msg), exhausted, ps->num_samples, ps->order, s->g->world,
+                              ps->used, ps->total, ps->most, ps->rows);
+        return r < 0 ? step_fail(s, r, "%s", msg) : 0;
 }
 
 static int step_eval(Step *s, bool begin) {
@@ -707,8 +691,8 @@ static int step_eval(Step *s, bool begin) {
                 int r = 0;
                 if (ps->status)
                         r = step_fail(s, ps->status, "%s", ps->msg);
-                else if (exhausted)
-                        r = pass_check_complete(s);
+                else
+                        r = pass_check_close(s, exhausted);
                 pass_reset(ps, g->world);
                 return r;
         }

@@ -22,6 +22,7 @@
 #include "dtype.h"
 #include "fault.h"
 #include "kernel_plan.h"
+#include "pass.h"
 #include "plan.h"
 #include "util.h"
 
@@ -272,13 +273,9 @@ static bool fast_gather(deval_group *g, const DvRequest *q, bool direct, DvResul
                 dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast_out,
                              srcs);
         }
-        if (stream >= 0) { /* what the pass gathered, as devald's pass_advance() counts it */
-                sh->used |= 1u << stream;
-                for (int k = 0; k < W; k++) {
-                        sh->rows[(size_t)stream * (size_t)W + (size_t)k] += p->contributed[k];
-                        sh->total[stream] += p->contributed[k];
-                }
-        }
+        if (stream >= 0) /* what the pass gathered, as devald counts it */
+                dv_pass_advance(stream, W, p->contributed, &sh->used, sh->total, sh->most,
+                                sh->rows);
         res->ntensors = (uint32_t)n;
         for (int i = 0; i < n; i++)
                 dv_desc_of(&p->out[i], p->out_offset[i], p->out_nbytes[i], &res->t[i]);

@@ -87,6 +87,7 @@ typedef struct {
         int status; /* a step that failed after this rank ended the pass */
         char msg[DV_MSG_MAX];
         int64_t total[DV_PASS_STREAMS];
+        int64_t most[DV_PASS_STREAMS];
         int64_t *rows; /* [stream * world + rank] */
 } SpanPass;
 
@@ -604,14 +605,11 @@ static void plan_input(DvSpan *sp, int W, int n, DvPlanInput *in) {
 }
 
 static void pass_advance(DvSpan *sp, int W, const DvPlan *p) {
+        SpanPass *ps = &sp->pass;
         int stream = pass_stream(sp, sp->reqs);
-        if (stream < 0)
-                return;
-        sp->pass.used |= 1u << stream;
-        for (int k = 0; k < W; k++) {
-                sp->pass.rows[stream * W + k] += p->contributed[k];
-                sp->pass.total[stream] += p->contributed[k];
-        }
+        if (stream >= 0)
+                dv_pass_advance(stream, W, p->contributed, &ps->used, ps->total, ps->most,
+                                ps->rows);
 }
 
 static int plan_failed(DvSpan *sp, int r, const DvPlan *p) {
@@ -831,6 +829,7 @@ static void pass_reset(DvSpan *sp, int W) {
         ps->status = 0;
         ps->msg[0] = '\0';
         memset(ps->total, 0, sizeof(ps->total));
+        memset(ps->most, 0, sizeof(ps->most));
         memset(ps->rows, 0, (size_t)DV_PASS_STREAMS * (size_t)W * sizeof(int64_t));
         memset(sp->parked, 0, (size_t)W * sizeof(bool));
 }
@@ -870,22 +869,12 @@ static int step_eval_end(deval_group *g) {
                 exhausted &= (sp->reqs[k].flags & DV_END_EXHAUSTED) != 0;
         if (ps->status) {
                 r = fail(sp, ps->status, "%s", ps->msg);
-        } else if (exhausted) {
-                for (int st = 0; st < DV_PASS_STREAMS && !r; st++) {
-                        if (!(ps->used & (1u << st)))
-                                continue;
-                        int64_t kept = dv_pass_kept(ps->num_samples, ps->order, ps->total[st],
-                                                    &ps->rows[st * W], W);
-                        if (kept < ps->num_samples)
-                                r = fail(sp, DEVAL_EMISMATCH,
-                                         "the eval pass returned %" PRId64 " of its %" PRId64
-                                         " samples from call %d of each batch (%s), though "
-                                         "every rank's loader ran out: num_samples is larger "
-                                         "than what the loaders hold (a sampler that drops the "
-                                         "last batch?), or some batches skipped that call",
-                                         kept, ps->num_samples, st % DV_PASS_SITES + 1,
-                                         st < DV_PASS_SITES ? "tensors" : "objects");
-                }
+        } else {
+                char msg[DV_MSG_MAX];
+                r = dv_pass_close(msg, sizeof(msg), exhausted, ps->num_samples, ps->order, W,
+                                  ps->used, ps->total, ps->most, ps->rows);
+                if (r < 0)
+                        r = fail(sp, r, "%s", msg);
         }
         pass_reset(sp, W);
         return r;

@@ -974,6 +974,7 @@ class Group:
         self._engine = None
         self._in_pass = False
         self._keyed = False  # the open pass carries dataset indices (eval_loop)
+        self._left = None  # the failure of a pass this rank left, for its next call
         self._fast = _Fast() if device is None else None
         # what _speed is given: the handle's address (0 once left), default options
         self._addr = handle.value if self._fast is not None and _speed is not None else 0
@@ -986,7 +987,17 @@ class Group:
     def _handle(self):
         if not self._h:
             raise InvalidArgument("deval: group %r is closed" % self.name, -1)
+        if self._left is not None:  # the pass this rank left failed the others: say so here
+            e, self._left = self._left, None
+            self._addr = self._h.value if self._fast is not None and _speed is not None else 0
+            raise e
         return self._h
+
+    def _left_pass(self, e):
+        """This rank left a pass (a break) that failed the other ranks: its next call raises
+        e, so that no rank goes on as if the pass had been whole."""
+        self._left = e
+        self._addr = 0  # (the plain gather's fast path goes through _handle() meanwhile)
 
     def _check(self, r):
         if r != 0:
@@ -1395,8 +1406,12 @@ class _LoopPass:
                 if self.opened:
                     g._in_pass = False
                 if self.opened and not done:  # a break, or an exception: the others must hear
-                    with contextlib.suppress(Error):
+                    try:
                         g._check(_lib.deval_eval_abandon(g._handle()))
+                    except Mismatch as e:  # they went on: they fail, and so will this rank
+                        g._left_pass(e)
+                    except Error:
+                        pass  # the group is what failed: its next call says so
                     g._keyed = False
         if not self.opened:
             return

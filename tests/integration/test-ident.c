@@ -5,7 +5,8 @@
  * ranks: results in key order with each key once over a stream, whatever the sharding
  * repeated; k rows (objects) per sample kept whole; a rank parked and replaying; the close
  * naming missing keys; rows that are not whole samples refused; a rank that leaves while the
- * others go on failing the pass on every rank.
+ * others go on failing the pass on every rank; a pass by position that drops more rows past
+ * its end than a sampler pads.
  */
 /* cmocka needs these first */
 /* clang-format off */
@@ -282,6 +283,48 @@ static void test_rank_leaves_early(void **state) {
         assert_int_equal(harness_run(&H, 3, rank_leaves, &all, 30), 0);
 }
 
+/*
+ * A pass by position, two calls per batch without deval_eval_batch(): every call counts as
+ * the next samples, so half the rows fall past the end, far more than a sampler pads. The
+ * close says so, on every rank, even without deval_eval_complete(). One call per batch with
+ * a padded last round closes clean.
+ */
+static int rank_two_calls(const Harness *h, int rank, int world, void *arg) {
+        int calls = *(int *)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, calls == 2 ? "two-calls" : "one-call", rank, world, 10000, &g),
+                 NULL);
+        CHECK_OK(deval_eval_begin(g, 5, DEVAL_ORDER_STRIDED), g);
+        for (int b = 0; b < 3; b++) /* 6 rows for 5 samples: the sampler's padding */
+                for (int c = 0; c < calls; c++) {
+                        int64_t v = b * world + rank;
+                        deval_tensor in = {.data = &v,
+                                           .dtype = DEVAL_I64,
+                                           .ndim = 1,
+                                           .shape = {1},
+                                           .device = -1};
+                        deval_tensor out;
+                        CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+                }
+        int r = deval_eval_end(g);
+        if (calls == 2)
+                CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(g), "gathered 12 rows") &&
+                              strstr(deval_errmsg(g), "more than a sampler pads"),
+                      "rank %d: %s: %s", rank, deval_strerror(r), deval_errmsg(g));
+        else
+                CHECK(r == 0, "rank %d: %s", rank, deval_errmsg(g));
+        deval_leave(g);
+        return 0;
+}
+
+static void test_rows_past_the_end(void **state) {
+        (void)state;
+        int calls = 2;
+        assert_int_equal(harness_run(&H, 2, rank_two_calls, &calls, 30), 0);
+        calls = 1;
+        assert_int_equal(harness_run(&H, 2, rank_two_calls, &calls, 30), 0);
+}
+
 /* Bad arguments: nothing is sent, the pass goes on. */
 static int rank_bad_args(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
@@ -326,6 +369,7 @@ int main(void) {
                 cmocka_unit_test(test_keys_uneven_and_missing),
                 cmocka_unit_test(test_rows_not_whole_samples),
                 cmocka_unit_test(test_rank_leaves_early),
+                cmocka_unit_test(test_rows_past_the_end),
                 cmocka_unit_test(test_bad_arguments),
         };
         return cmocka_run_group_tests(tests, setup, teardown);

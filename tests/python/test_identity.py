@@ -142,16 +142,21 @@ def test_flattened_tokens_are_refused_on_every_rank(daemon):
     assert "whole number of rows per sample" in said or "rows per sample" in said, said
 
 
-def rank_raises(rank, world, sock, name, n):
-    """Rank 1's body raises in its second batch; the others go on."""
+def rank_raises(rank, world, sock, name, n, how):
+    """Rank 1's body raises in its second batch, or breaks out of the loop there; the others
+    go on."""
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     dl = loader("strided", n, world, rank, 2)
     out = []
     try:
         for k, (idx, _) in enumerate(g.eval_loop(dl)):
             if rank == 1 and k == 1:
+                if how == "break":
+                    break
                 raise KeyError("a bug in rank 1's body")
             out.append(g.gather_for_metrics(idx))
+        if how == "break":  # the rank that broke out hears of it at its next call
+            g.gather(torch.tensor([rank]))
     except KeyError as e:
         return "KeyError", str(e)
     except deval.Error as e:
@@ -161,11 +166,11 @@ def rank_raises(rank, world, sock, name, n):
     return "ok", torch.cat(out).tolist()
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_a_rank_that_leaves_fails_the_others(daemon, world):
-    res = run_ranks(world, rank_raises, daemon.socket, group_name("leave"), 12)
+@pytest.mark.parametrize("world,how", [(2, "raise"), (3, "raise"), (3, "break")])
+def test_a_rank_that_leaves_fails_the_others(daemon, world, how):
+    res = run_ranks(world, rank_raises, daemon.socket, group_name("leave"), 12, how)
     for rank, (kind, what) in enumerate(res):
-        if rank == 1:
+        if rank == 1 and how == "raise":
             assert kind == "KeyError", what
         else:
             assert kind == "Mismatch", (rank, kind, what)
@@ -243,3 +248,47 @@ def test_dataloader_drop_last_under_a_distributed_sampler(daemon, n, bs, world):
         kept.update(idx[:len(idx) // bs * bs])
     for got in res:
         assert sorted(got) == sorted(kept), got
+
+
+class RankShard(torch.utils.data.IterableDataset):
+    """An iterable dataset sharded by rank but not by DataLoader worker: with 2 workers each
+    rank yields its shard twice."""
+
+    def __init__(self, n, world, rank):
+        self.idx = list(range(rank, n, world))
+
+    def __iter__(self):
+        return iter(self.idx)
+
+
+def rank_positional(rank, world, sock, name, n, case):
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    got = []
+    try:
+        if case == "two-calls":  # eval_pass counts every call as the next samples
+            ds = dataset(n)
+            dl = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, world, rank,
+                                                                         shuffle=False))
+            with g.eval_pass(num_samples=n, order="strided"):
+                for idx, x in dl:
+                    got.append(g.gather_for_metrics(idx))
+                    g.gather_for_metrics(x)
+        else:
+            import multiprocessing
+            multiprocessing.current_process()._config["daemon"] = False
+            dl = DataLoader(RankShard(n, world, rank), batch_size=2, num_workers=2)
+            for idx in g.eval_loop(dl, num_samples=n, order="strided"):
+                got.append(g.gather_for_metrics(idx))
+    except deval.Mismatch as e:
+        return "Mismatch", str(e)
+    finally:
+        g.leave()
+    return "ok", torch.cat(got).tolist()
+
+
+@pytest.mark.parametrize("case", ["two-calls", "iterable-workers"])
+def test_rows_past_the_end_beyond_a_round_are_seen(daemon, case):
+    res = run_ranks(2, rank_positional, daemon.socket, group_name("posn"), 22, case)
+    for kind, what in res:
+        assert kind == "Mismatch", what
+        assert "more than a sampler pads" in what, what
