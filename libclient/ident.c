@@ -32,15 +32,17 @@
 #define ITEM_HDR 16 /* before each object of a pass with keys: its key, its place in its sample */
 
 typedef struct {
-        uint64_t *seen;               /* [num_keys bits]: keys this stream returned */
-        int64_t count;                /* how many */
+        uint64_t *seen; /* [num_keys bits]: keys this stream returned */
+        uint64_t *sig;  /* [num_keys]: a hash of each returned sample's exact rows (sign()) */
+        int64_t count;  /* how many */
         int64_t k[DEVAL_MAX_TENSORS]; /* rows (items) per sample of each tensor; -1: not yet */
         bool used;
 } Stream;
 
 typedef struct {
         int64_t key;
-        int64_t at; /* the sample's place in the result (for objects: its first item) */
+        int64_t at;   /* the sample's place in the result (for objects: its first item) */
+        uint64_t sig; /* its rows' hash; 0: nothing exact to compare */
 } Entry;
 
 struct DvIdent {
@@ -75,8 +77,10 @@ void dv_ident_free(deval_group *g) {
         DvIdent *id = g->ident;
         if (!id)
                 return;
-        for (int s = 0; s < DV_PASS_STREAMS; s++)
+        for (int s = 0; s < DV_PASS_STREAMS; s++) {
                 free(id->st[s].seen);
+                free(id->st[s].sig);
+        }
         free(id->keys);
         free(id->ent);
         free(id->buf);
@@ -254,10 +258,47 @@ static int stream_use(deval_group *g, const char *fn, Stream *s) {
                 return 0;
         size_t words = (size_t)(g->ident->num_keys + 63) / 64;
         s->seen = calloc(DV_MAX(words, (size_t)1), sizeof(uint64_t));
-        if (!s->seen)
+        s->sig = calloc((size_t)DV_MAX(g->ident->num_keys, 1), sizeof(uint64_t));
+        if (!s->seen || !s->sig)
                 return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory", fn);
         s->used = true;
         return 0;
+}
+
+/*
+ * The same sample comes back twice only as a sharding's duplicate, and then its rows are the
+ * same: what a row holds exactly (labels, token ids, text; not floats, which another batch
+ * rounds otherwise) is hashed, and a duplicate whose hash differs means the rows are not the
+ * samples the keys say (a collate_fn that reordered the batch, batches yielded out of the
+ * order they were drawn in). 0 stands for nothing to compare.
+ */
+static uint64_t sign(uint64_t h, const uint8_t *p, uint64_t n) {
+        for (; n >= 8; n -= 8, p += 8) {
+                uint64_t w;
+                memcpy(&w, p, 8);
+                h = (h ^ w) * 0x100000001b3ull;
+                h ^= h >> 29;
+        }
+        for (; n; n--, p++)
+                h = (h ^ *p) * 0x100000001b3ull;
+        return h;
+}
+
+static bool exact(int dtype) {
+        return dtype != DEVAL_F16 && dtype != DEVAL_BF16 && dtype != DEVAL_F32 &&
+               dtype != DEVAL_F64;
+}
+
+static int differs(deval_group *g, const char *fn, int stream, int64_t key) {
+        return dv_set_err(g, DEVAL_EMISMATCH,
+                          "%s: call %d of the batch: sample %" PRId64
+                          " came back twice with different %s, so the rows are not the "
+                          "samples their dataset indices say: a collate_fn that reorders or "
+                          "drops a batch's samples, or a loader that yields batches out of the "
+                          "order its sampler drew them, hides which sample a row is. Keep the "
+                          "sampler's order in each batch",
+                          fn, stream % DV_PASS_SITES + 1, key,
+                          stream < DV_PASS_SITES ? "integer rows (labels, token ids)" : "objects");
 }
 
 /*
@@ -265,7 +306,10 @@ static int stream_use(deval_group *g, const char *fn, Stream *s) {
  * this stream has not returned; mark them returned. *same: the kept are all of them, in the
  * order they came.
  */
-static void select_new(DvIdent *id, Stream *s, size_t nent, size_t *kept, bool *same) {
+static int select_new(deval_group *g, const char *fn, int stream, size_t nent, size_t *kept,
+                      bool *same) {
+        DvIdent *id = g->ident;
+        Stream *s = &id->st[stream];
         bool sorted = true;
         for (size_t j = 1; j < nent && sorted; j++)
                 sorted = id->ent[j - 1].key < id->ent[j].key;
@@ -274,14 +318,19 @@ static void select_new(DvIdent *id, Stream *s, size_t nent, size_t *kept, bool *
         size_t m = 0;
         for (size_t j = 0; j < nent; j++) {
                 int64_t key = id->ent[j].key;
-                if (seen(s, key))
-                        continue; /* an earlier call, or a lower rank of this one, has it */
+                if (seen(s, key)) { /* an earlier call, or a lower rank of this one, has it */
+                        if (id->ent[j].sig != s->sig[key])
+                                return differs(g, fn, stream, key);
+                        continue;
+                }
                 s->seen[key / 64] |= (uint64_t)1 << (key % 64);
+                s->sig[key] = id->ent[j].sig;
                 id->ent[m++] = id->ent[j];
         }
         s->count += (int64_t)m;
         *kept = m;
         *same = sorted && m == nent;
+        return 0;
 }
 
 static int k_same(deval_group *g, const char *fn, Stream *s, int stream, int i, int64_t k) {
@@ -331,24 +380,35 @@ int dv_ident_result(deval_group *g, const char *fn, int stream, int n, const dev
         if ((r = grow(g, fn, (void **)&id->ent, &id->ent_cap, (size_t)B, sizeof(Entry))) < 0)
                 return r;
         const int64_t *keys = res[0].data;
+        uint64_t block[DEVAL_MAX_TENSORS];
+        bool any_exact = false;
+        for (int i = 0; i < n; i++) {
+                block[i] = row_bytes(&out[i]) * (uint64_t)k[i];
+                any_exact |= exact(out[i].dtype) && block[i];
+        }
         for (int64_t j = 0; j < B; j++) {
                 if (keys[j] < 0 || keys[j] >= id->num_keys)
                         return dv_set_err(g, DEVAL_EPROTO,
                                           "%s: a rank sent key %" PRId64
                                           ", outside the pass's 0..%" PRId64,
                                           fn, keys[j], id->num_keys - 1);
-                id->ent[j] = (Entry){.key = keys[j], .at = j};
+                uint64_t sig = 0;
+                for (int i = 0; any_exact && i < n; i++)
+                        if (exact(out[i].dtype))
+                                sig = sign(sig ? sig : 0xcbf29ce484222325ull,
+                                           (const uint8_t *)out[i].data + (uint64_t)j * block[i],
+                                           block[i]);
+                id->ent[j] = (Entry){.key = keys[j], .at = j, .sig = sig};
         }
         size_t m;
         bool same;
-        select_new(id, s, (size_t)B, &m, &same);
+        if ((r = select_new(g, fn, stream, (size_t)B, &m, &same)) < 0)
+                return r;
         if (same)
                 return 0;
         /* the kept samples' rows, tensor by tensor, into this rank's buffer */
-        uint64_t size = 0, off[DEVAL_MAX_TENSORS], block[DEVAL_MAX_TENSORS];
+        uint64_t size = 0, off[DEVAL_MAX_TENSORS];
         for (int i = 0; i < n; i++) {
-                int64_t rows = k[i] * B;
-                block[i] = rows ? row_bytes(&out[i]) * (uint64_t)k[i] : 0;
                 off[i] = DV_ALIGN(size, 64);
                 size = off[i] + block[i] * m;
         }
@@ -454,14 +514,21 @@ int dv_ident_items_result(deval_group *g, const char *fn, int stream, size_t n,
                                           "same number per sample",
                                           fn, stream % DV_PASS_SITES + 1, per, j - i);
                 per = (int64_t)(j - i);
-                id->ent[nent++] = (Entry){.key = hdr[0], .at = (int64_t)i};
+                uint64_t sig = 0xcbf29ce484222325ull;
+                for (size_t q = i; q < j; q++) {
+                        uint64_t len = res[q].len - ITEM_HDR;
+                        sig = sign(sign(sig, (const uint8_t *)&len, 8),
+                                   (const uint8_t *)res[q].data + ITEM_HDR, len);
+                }
+                id->ent[nent++] = (Entry){.key = hdr[0], .at = (int64_t)i, .sig = sig};
                 i = j;
         }
         if (per > 0 && (r = k_same(g, fn, s, stream, 0, per)) < 0)
                 return r;
         size_t m;
         bool same;
-        select_new(id, s, nent, &m, &same);
+        if ((r = select_new(g, fn, stream, nent, &m, &same)) < 0)
+                return r;
         size_t count = m * (size_t)DV_MAX(per, 0);
         /* the result's items stay where they are; only the list of them is this rank's */
         if ((r = grow(g, fn, (void **)&id->items, &id->items_cap, DV_MAX(count, (size_t)1),

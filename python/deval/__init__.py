@@ -1333,6 +1333,11 @@ class _LoopPass:
     def __init__(self, group, num_samples, order, loader=None):
         self.g = group
         self.n, self.o = group._pass_args(num_samples, order)
+        if loader is not None:
+            try:
+                _loop.check_loader(loader)
+            except ValueError as e:
+                raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
         base, self.num_keys = _loop.map_loader(loader) if loader is not None and \
             group.device is None else (None, None)
         if base is not None and self.n > self.num_keys:
@@ -1351,6 +1356,10 @@ class _LoopPass:
             return
         g = self.g
         h = g._handle()
+        if g._in_pass:
+            raise InvalidArgument("deval.eval_loop: an eval pass is already open on this group "
+                                  "(an eval_loop inside another, or inside eval_pass); a group "
+                                  "runs one pass at a time: finish the outer loop first", -1)
         if self.keys is None and self.batches > 1:
             raise InvalidArgument(
                 "deval: the first gather_for_metrics of this loader's iteration came at its "

@@ -44,6 +44,10 @@ class Unsized(ValueError):
         self.order = order
 
 
+class Uncountable(Unsized):
+    """An unsized loader whose sharding adds samples nothing can tell from the others."""
+
+
 def _length(dataset, what, order="rank"):
     try:
         return len(dataset)
@@ -82,7 +86,15 @@ def pass_params(loader, world):
     if acc is not None and isinstance(loader, acc.DataLoaderShard):
         ds = loader.dataset
         if isinstance(ds, acc.IterableDatasetShard):
-            n = _length(ds.dataset, "the iterable dataset")
+            try:
+                n = _length(ds.dataset, "the iterable dataset")
+            except Unsized:
+                raise Uncountable(
+                    "Accelerate shards this iterable dataset, which has no len(), and pads "
+                    "its last round of batches with samples from its start, which no one can "
+                    "tell from the others (Accelerate's own gather_for_metrics keeps them): "
+                    "give the dataset a __len__, or iterate the loader with "
+                    "g.eval_loop(loader, num_samples=...)", "rank") from None
             if not ds.drop_last:
                 return n, "rank"
             per = ds.batch_size if ds.split_batches else ds.batch_size * world
@@ -197,18 +209,43 @@ def map_loader(loader):
     tud = sys.modules.get("torch.utils.data")
     if tud is None:
         return None, None
+    acc = _accelerate()
+    if acc is not None and isinstance(loader, acc.DataLoaderDispatcher):
+        return None, None  # rank 0 reads every batch; the others never see the indices
     base = getattr(loader, "base_dataloader", loader)
     if type(base) is not tud.DataLoader and not isinstance(base, tud.DataLoader):
         return None, None
     ds = base.dataset
     if isinstance(ds, tud.IterableDataset) or not hasattr(ds, "__getitem__"):
         return None, None
-    if base.num_workers > 0 and getattr(base, "in_order", True) is False:
-        return None, None
     try:
         return base, len(ds)
     except TypeError:
         return None, None
+
+
+def check_loader(loader):
+    """ValueError for a loader whose batches no pass can tell apart: batches yielded out of
+    the order they were drawn, or samples drawn with replacement (a pass keeps each dataset
+    index once)."""
+    base = getattr(loader, "base_dataloader", loader)
+    if getattr(base, "num_workers", 0) > 0 and getattr(base, "in_order", True) is False:
+        raise ValueError("the DataLoader yields batches out of the order its sampler drew them "
+                         "(in_order=False), so which samples a batch holds cannot be told; "
+                         "use in_order=True")
+    seen, todo = set(), [loader, base]
+    while todo:  # the samplers behind the loader: batch samplers, shards, their samplers
+        s = todo.pop()
+        if s is None or id(s) in seen:
+            continue
+        seen.add(id(s))
+        if getattr(s, "replacement", False) is True:
+            raise ValueError("its sampler %s draws with replacement; a pass keeps each dataset "
+                             "index once, so the repeats a single process counts would be "
+                             "dropped: gather such an evaluation without a pass (gather())"
+                             % type(s).__name__)
+        for a in ("sampler", "batch_sampler"):
+            todo.append(getattr(s, a, None))
 
 
 class Keys:
@@ -263,6 +300,11 @@ class Keys:
         except (AttributeError, TypeError):
             raise ValueError("its sampler yields %s, not dataset indices" % type(b).__name__) \
                 from None
+        if len(set(keys)) != len(keys):
+            raise ValueError("its sampler put a dataset index twice in one batch (%s): a pass "
+                             "keeps each index once, so the repeats a single process counts "
+                             "would be dropped; gather such an evaluation without a pass "
+                             "(gather())" % keys)
         rows = batch_rows(batch)
         if rows is not None and self.base._auto_collation and rows != len(keys):
             raise ValueError("a batch of %d rows came from a sampler batch of %d indices; a "

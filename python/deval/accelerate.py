@@ -21,6 +21,8 @@ from . import InvalidArgument, _LoopPass, _loop, _spans_machines, join
 __all__ = ["enable", "disable"]
 
 _ACTIVE = None  # the one enabled _State
+# a hooked loader whose gathers stay Accelerate's: an iterable shard with no len()
+_ACCELERATE = "accelerate's own gather_for_metrics"
 _ORIG = {}  # class -> its own __iter__, while patched
 
 
@@ -34,11 +36,12 @@ class _State:
 
     def innermost(self):
         """The pass of the loader whose batches a gather_for_metrics now gathers: the one
-        iterated innermost (an eval loader inside a training loop), opened by this call."""
+        iterated innermost (an eval loader inside a training loop), opened by this call;
+        None, or _ACCELERATE for a loader whose gathers stay Accelerate's."""
         if not self.loops:
             return None
         lp = self.loops[-1]
-        if lp is not None:
+        if lp is not None and lp is not _ACCELERATE:
             lp.open()
         return lp
 
@@ -64,7 +67,9 @@ def _make_methods(st):
         return _recursively(lambda t: g.gather(t), tensor)
 
     def gather_for_metrics(input_data, use_gather_object=False):
-        st.innermost()
+        if st.innermost() is _ACCELERATE:  # Accelerate's own, over deval's gather
+            return type(st.accelerator).gather_for_metrics(st.accelerator, input_data,
+                                                           use_gather_object=use_gather_object)
         if use_gather_object or not _all_tensors(input_data):
             if not g._in_pass:  # Accelerate's gather_object
                 return g.gather_object(input_data)
@@ -103,24 +108,26 @@ def _hooked_iter(cls):
             return
         try:
             params = _loop.pass_params(self, st.group.world_size)
-        except _loop.ShardedTwice as e:
+        except (_loop.ShardedTwice, _loop.Uncountable) as e:
             raise InvalidArgument("deval.accelerate: %s" % e, -1) from None
+        except _loop.Unsized:
+            params = _ACCELERATE  # sharded, but not counted: Accelerate's own remainder
         except ValueError:
             params = None  # not a sharded loader (one process, say): Accelerate's behaviour
         # a pass of its own, opened by the first gather_for_metrics of this iteration; None:
         # a loader whose gathers keep Accelerate's behaviour, and hide outer loaders' passes
-        lp = None if params is None else _LoopPass(st.group, *params, self)
+        lp = params if params in (None, _ACCELERATE) else _LoopPass(st.group, *params, self)
         base = getattr(self, "base_dataloader", None)
         st.loops.append(lp)
         if base is not None:
             st.bases.add(id(base))
         try:
-            if lp is None:
+            if lp is None or lp is _ACCELERATE:
                 yield from orig(self)
             else:
                 yield from lp.run(lambda: orig(self))
         finally:
-            st.loops.remove(lp) if lp is not None else _remove_none(st.loops)
+            _remove(st.loops, lp)
             if base is not None:
                 st.bases.discard(id(base))
 
@@ -128,9 +135,9 @@ def _hooked_iter(cls):
     return __iter__
 
 
-def _remove_none(loops):
+def _remove(loops, lp):
     for i in range(len(loops) - 1, -1, -1):
-        if loops[i] is None:
+        if loops[i] is lp:
             del loops[i]
             return
 

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
+import deval  # noqa: E402
 import deval.accelerate  # noqa: E402
 from conftest import group_name, run_ranks  # noqa: E402
 from test_accelerate_real import free_port, set_env  # noqa: E402
@@ -33,17 +34,27 @@ class Batches:
         return len(self.batches)
 
 
+class Unsized(torch.utils.data.IterableDataset):
+    """An iterable dataset with no len(): Accelerate shards it, deval cannot count it."""
+
+    def __iter__(self):
+        return iter(torch.arange(N)[:, None].unbind(0))
+
+
 def loops_rank(rank, world, port, name, case, shuffle):
     set_env(rank, world, port)
-    from accelerate import Accelerator
+    from accelerate import Accelerator, DataLoaderConfiguration
     from torch.utils.data import DataLoader, TensorDataset
-    acc = Accelerator(cpu=True)
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        dispatch_batches=True if case == "dispatch" else None))
     deval.accelerate.enable(acc, group=name)
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     train = DataLoader(TensorDataset(torch.arange(80)), batch_size=4, shuffle=True)
-    if case == "custom":  # a batch sampler of its own, with no batch_size
+    if case.startswith("unsized"):
+        evals = DataLoader(Unsized(), batch_size=3)
+    elif case == "custom":  # a batch sampler of its own, with no batch_size
         evals = DataLoader(TensorDataset(torch.arange(N)),
                            batch_sampler=Batches([[0, 1, 2], [3, 4], [5, 6, 7, 8], [9]]))
     else:
@@ -52,7 +63,8 @@ def loops_rank(rank, world, port, name, case, shuffle):
 
     def evaluate():
         got = []
-        for (idx,) in evals:
+        for batch in evals:
+            idx = batch[0] if isinstance(batch, (list, tuple)) else batch[:, 0]
             with torch.no_grad():
                 pred = model(idx.float()[:, None])
             p, i = acc.gather_for_metrics((pred, idx))
@@ -76,7 +88,7 @@ def loops_rank(rank, world, port, name, case, shuffle):
             if rank == 0:
                 next(iter(evals))  # a look at one batch, on one rank
             outs.append(evaluate())
-        elif case == "custom":
+        elif case in ("custom", "unsized", "unsized-dispatched", "dispatch"):
             outs.append(evaluate())
         else:
             outs += [evaluate(), evaluate()]
@@ -85,17 +97,44 @@ def loops_rank(rank, world, port, name, case, shuffle):
     return outs
 
 
+def unsized_rank(rank, world, port, name):
+    """An iterable with no len() that Accelerate shards on every rank (dispatch_batches=False):
+    its padding cannot be told from samples, by deval or by Accelerate."""
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
+    deval.accelerate.enable(acc, group=name)
+    try:
+        for batch in acc.prepare(DataLoader(Unsized(), batch_size=3)):
+            acc.gather_for_metrics(batch)
+    except deval.InvalidArgument as e:
+        return str(e)
+    finally:
+        deval.accelerate.disable()
+    return None
+
+
+def test_an_iterable_shard_with_no_length_is_refused(daemon, monkeypatch):
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, unsized_rank, free_port(), group_name("unsized"), timeout=120)
+    assert all(r and "give the dataset a __len__" in r for r in res), res
+
+
 @pytest.mark.parametrize("case,world,shuffle", [
     ("steps", 2, False), ("steps", 3, True), ("steps", 4, False),
     # (not shuffled: Accelerate syncs a shuffled loader's generator across ranks with
     # torch.distributed at each iteration, so its own peek on one rank would hang)
-    ("peek", 3, False), ("twice", 3, True), ("custom", 3, False)])
+    ("peek", 3, False), ("twice", 3, True), ("custom", 3, False),
+    # rank 0 reading every batch for the others (no indices on them); an iterable with no
+    # len() dispatched that way keeps Accelerate's own remainder
+    ("dispatch", 2, False), ("unsized-dispatched", 3, False)])
 def test_loops_of_the_example_scripts(daemon, monkeypatch, case, world, shuffle):
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
     res = run_ranks(world, loops_rank, free_port(), group_name("accloops"), case, shuffle,
                     timeout=120)
     for rank, outs in enumerate(res):
-        assert len(outs) == (1 if case in ("peek", "custom") else 2), outs
+        assert len(outs) == (2 if case in ("steps", "twice") else 1), outs
         for got in outs:
             assert sorted(got) == list(range(N)), "rank %d: %s" % (rank, got)
             if not shuffle:

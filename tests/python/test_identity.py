@@ -292,3 +292,60 @@ def test_rows_past_the_end_beyond_a_round_are_seen(daemon, case):
     for kind, what in res:
         assert kind == "Mismatch", what
         assert "more than a sampler pads" in what, what
+
+
+class ByLength(torch.utils.data.Dataset):
+    """Sample i is a sequence of n - i ones times i, and its label i."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.ones(self.n - i) * i, i
+
+
+def sort_by_length(samples):
+    """A collate_fn that reorders its batch (as pack_padded_sequence(enforce_sorted) wants)."""
+    samples = sorted(samples, key=lambda s: -len(s[0]))
+    x = torch.nn.utils.rnn.pad_sequence([s[0] for s in samples], batch_first=True)
+    return x, torch.tensor([s[1] for s in samples])
+
+
+def rank_refused(rank, world, sock, name, n, case):
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    ds = dataset(n)
+    if case == "in_order":
+        import multiprocessing
+        multiprocessing.current_process()._config["daemon"] = False
+        dl = DataLoader(ds, batch_size=2, num_workers=2, in_order=False,
+                        sampler=DistributedSampler(ds, world, rank))
+    elif case == "replacement":
+        dl = DataLoader(ds, batch_size=2,
+                        sampler=torch.utils.data.RandomSampler(ds, replacement=True))
+    else:
+        ds = ByLength(n)
+        dl = DataLoader(ds, batch_size=2, collate_fn=sort_by_length,
+                        sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    try:
+        told = dict(num_samples=n, order="rank") if case == "replacement" else {}
+        for x, y in g.eval_loop(dl, **told):
+            g.gather_for_metrics((x.flatten(1)[:, :1], y))
+    except deval.Error as e:
+        return type(e).__name__, str(e)
+    finally:
+        g.leave()
+    return "ok", None
+
+
+@pytest.mark.parametrize("case,world,says", [
+    ("in_order", 2, "in_order=False"),
+    ("replacement", 2, "draws with replacement"),
+    # 3 ranks deal 10 samples with 2 padding duplicates that land beside other samples
+    ("collate", 3, "came back twice with different integer rows")])
+def test_loaders_whose_rows_cannot_be_told_apart_are_refused(daemon, case, world, says):
+    res = run_ranks(world, rank_refused, daemon.socket, group_name("refuse"), 10, case)
+    assert all(kind != "ok" for kind, _ in res), res
+    assert any(says in what for _, what in res), res
