@@ -107,10 +107,16 @@ typedef struct {
         int64_t keep_rows;  /* keep only the first rows of the result; < 0: all */
         int32_t order;      /* deval_order; inside an eval pass, the pass's order wins */
         int32_t root;       /* only this rank receives the result; -1: every rank */
+        /* In a pass with keys, bit i: tensor i (objects: bit 0) is the batch's data as the
+         * loader gave it (labels, ids; not a model's output), so a sample the sharding repeats
+         * comes back with the same rows, and one whose rows differ fails the call (the rows
+         * are not the samples the keys say: a collate_fn reordered the batch). */
+        uint64_t same_rows;
 } deval_gather_opts;
-/* positional, in field order: size, pad_first, pad_value, valid_rows, keep_rows, order, root */
+/* positional, in field order: size, pad_first, pad_value, valid_rows, keep_rows, order, root,
+ * same_rows */
 #define DEVAL_GATHER_OPTS_INIT \
-        { sizeof(deval_gather_opts), 0, 0.0, -1, -1, DEVAL_ORDER_RANK, -1 }
+        { sizeof(deval_gather_opts), 0, 0.0, -1, -1, DEVAL_ORDER_RANK, -1, 0 }
 
 typedef enum {
         DEVAL_SUM = 0,

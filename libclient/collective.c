@@ -753,16 +753,20 @@ int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
                 return gather_common(g, DV_OP_GATHER_METRICS, fn, n, in, opts, out);
         /* a pass with keys: the batch's keys go first, and decide what the result keeps */
         deval_tensor call[DEVAL_MAX_TENSORS], res[DEVAL_MAX_TENSORS];
+        deval_gather_opts own = DEVAL_GATHER_OPTS_INIT;
         int stream = (int)g->site[0], r;
         if (!out)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: out is NULL", fn);
+        if (opts && (r = take_opts(g, fn, opts, &own)) < 0)
+                return r;
+        opts = &own;
         if ((r = dv_ident_call(g, fn, n, in, opts, call)) < 0)
                 return r;
         if ((r = gather_common(g, DV_OP_GATHER_METRICS, fn, n + 1, call, opts, res)) < 0)
                 return dv_ident_explain(g, r);
         if (stream >= DV_PASS_SITES)
                 return dv_set_err(g, DEVAL_EPROTO, "%s: call %d of the batch", fn, stream + 1);
-        return dv_ident_result(g, fn, stream, n, res, out);
+        return dv_ident_result(g, fn, stream, n, res, own.same_rows, out);
 }
 
 static int batch_start(deval_group *g);
@@ -1113,16 +1117,21 @@ int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes
         /* a pass with keys: each item travels behind its sample's key */
         const deval_bytes *call, *res;
         size_t res_n;
+        deval_gather_opts own = DEVAL_GATHER_OPTS_INIT;
         int stream = DV_PASS_SITES + (int)g->site[1], r;
         if ((n > 0 && !items) || !out_n || !out_items)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: items, out_n or out_items is NULL", fn);
+        if (opts && (r = take_opts(g, fn, opts, &own)) < 0)
+                return r;
+        opts = &own;
         if ((r = dv_ident_items_call(g, fn, n, items, opts, &call)) < 0 ||
             (r = objects_common(g, DV_OP_OBJECTS_METRICS, fn, n, call, opts, &res_n, &res)) < 0)
                 return r;
         if (stream >= DV_PASS_STREAMS)
                 return dv_set_err(g, DEVAL_EPROTO, "%s: call %d of the batch", fn,
                                   stream - DV_PASS_SITES + 1);
-        return dv_ident_items_result(g, fn, stream, res_n, res, out_n, out_items);
+        return dv_ident_items_result(g, fn, stream, res_n, res, own.same_rows & 1, out_n,
+                                     out_items);
 }
 
 /**

@@ -34,6 +34,7 @@
 typedef struct {
         uint64_t *seen; /* [num_keys bits]: keys this stream returned */
         uint64_t *sig;  /* [num_keys]: a hash of each returned sample's exact rows (sign()) */
+        uint64_t *shp;  /* [num_keys]: of the padded shape they were hashed in */
         int64_t count;  /* how many */
         int64_t k[DEVAL_MAX_TENSORS]; /* rows (items) per sample of each tensor; -1: not yet */
         bool used;
@@ -43,6 +44,7 @@ typedef struct {
         int64_t key;
         int64_t at;   /* the sample's place in the result (for objects: its first item) */
         uint64_t sig; /* its rows' hash; 0: nothing exact to compare */
+        uint64_t shp; /* the padded shape of those rows: another pads them otherwise */
 } Entry;
 
 struct DvIdent {
@@ -80,6 +82,7 @@ void dv_ident_free(deval_group *g) {
         for (int s = 0; s < DV_PASS_STREAMS; s++) {
                 free(id->st[s].seen);
                 free(id->st[s].sig);
+                free(id->st[s].shp);
         }
         free(id->keys);
         free(id->ent);
@@ -259,18 +262,20 @@ static int stream_use(deval_group *g, const char *fn, Stream *s) {
         size_t words = (size_t)(g->ident->num_keys + 63) / 64;
         s->seen = calloc(DV_MAX(words, (size_t)1), sizeof(uint64_t));
         s->sig = calloc((size_t)DV_MAX(g->ident->num_keys, 1), sizeof(uint64_t));
-        if (!s->seen || !s->sig)
+        s->shp = calloc((size_t)DV_MAX(g->ident->num_keys, 1), sizeof(uint64_t));
+        if (!s->seen || !s->sig || !s->shp)
                 return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory", fn);
         s->used = true;
         return 0;
 }
 
 /*
- * The same sample comes back twice only as a sharding's duplicate, and then its rows are the
- * same: what a row holds exactly (labels, token ids, text; not floats, which another batch
- * rounds otherwise) is hashed, and a duplicate whose hash differs means the rows are not the
- * samples the keys say (a collate_fn that reordered the batch, batches yielded out of the
- * order they were drawn in). 0 stands for nothing to compare.
+ * The same sample comes back twice only as a sharding's duplicate, and then the batch's own
+ * data in it (labels, ids: deval_gather_opts.same_rows; not a model's output, which another
+ * batch may round otherwise) is the same: it is hashed, and a duplicate whose hash differs
+ * in the same padded shape means the rows are not the samples the keys say (a collate_fn
+ * that reordered the batch, batches yielded out of the order they were drawn in). 0 stands
+ * for nothing to compare.
  */
 static uint64_t sign(uint64_t h, const uint8_t *p, uint64_t n) {
         for (; n >= 8; n -= 8, p += 8) {
@@ -284,9 +289,9 @@ static uint64_t sign(uint64_t h, const uint8_t *p, uint64_t n) {
         return h;
 }
 
-static bool exact(int dtype) {
-        return dtype != DEVAL_F16 && dtype != DEVAL_BF16 && dtype != DEVAL_F32 &&
-               dtype != DEVAL_F64;
+/* Tensor i of the call repeats exactly for a sample's duplicate (deval_gather_opts). */
+static bool exact(uint64_t same_rows, int i) {
+        return same_rows >> i & 1;
 }
 
 static int differs(deval_group *g, const char *fn, int stream, int64_t key) {
@@ -298,7 +303,7 @@ static int differs(deval_group *g, const char *fn, int stream, int64_t key) {
                           "order its sampler drew them, hides which sample a row is. Keep the "
                           "sampler's order in each batch",
                           fn, stream % DV_PASS_SITES + 1, key,
-                          stream < DV_PASS_SITES ? "integer rows (labels, token ids)" : "objects");
+                          stream < DV_PASS_SITES ? "rows of the batch's own data" : "objects");
 }
 
 /*
@@ -319,12 +324,13 @@ static int select_new(deval_group *g, const char *fn, int stream, size_t nent, s
         for (size_t j = 0; j < nent; j++) {
                 int64_t key = id->ent[j].key;
                 if (seen(s, key)) { /* an earlier call, or a lower rank of this one, has it */
-                        if (id->ent[j].sig != s->sig[key])
+                        if (id->ent[j].sig != s->sig[key] && id->ent[j].shp == s->shp[key])
                                 return differs(g, fn, stream, key);
                         continue;
                 }
                 s->seen[key / 64] |= (uint64_t)1 << (key % 64);
                 s->sig[key] = id->ent[j].sig;
+                s->shp[key] = id->ent[j].shp;
                 id->ent[m++] = id->ent[j];
         }
         s->count += (int64_t)m;
@@ -354,7 +360,7 @@ static int k_same(deval_group *g, const char *fn, Stream *s, int stream, int i, 
  * key no rank could have sent); DEVAL_ENOMEM.
  */
 int dv_ident_result(deval_group *g, const char *fn, int stream, int n, const deval_tensor res[],
-                    deval_tensor out[]) {
+                    uint64_t same_rows, deval_tensor out[]) {
         DvIdent *id = g->ident;
         Stream *s = &id->st[stream];
         int r;
@@ -382,9 +388,13 @@ int dv_ident_result(deval_group *g, const char *fn, int stream, int n, const dev
         const int64_t *keys = res[0].data;
         uint64_t block[DEVAL_MAX_TENSORS];
         bool any_exact = false;
+        uint64_t shp = 0xcbf29ce484222325ull; /* the call's padded trailing dims */
         for (int i = 0; i < n; i++) {
                 block[i] = row_bytes(&out[i]) * (uint64_t)k[i];
-                any_exact |= exact(out[i].dtype) && block[i];
+                any_exact |= exact(same_rows, i) && block[i];
+                if (exact(same_rows, i))
+                        shp = sign(shp, (const uint8_t *)&out[i].shape[1],
+                                   (uint64_t)DV_MAX(out[i].ndim - 1, 0) * sizeof(int64_t));
         }
         for (int64_t j = 0; j < B; j++) {
                 if (keys[j] < 0 || keys[j] >= id->num_keys)
@@ -394,11 +404,11 @@ int dv_ident_result(deval_group *g, const char *fn, int stream, int n, const dev
                                           fn, keys[j], id->num_keys - 1);
                 uint64_t sig = 0;
                 for (int i = 0; any_exact && i < n; i++)
-                        if (exact(out[i].dtype))
+                        if (exact(same_rows, i))
                                 sig = sign(sig ? sig : 0xcbf29ce484222325ull,
                                            (const uint8_t *)out[i].data + (uint64_t)j * block[i],
                                            block[i]);
-                id->ent[j] = (Entry){.key = keys[j], .at = j, .sig = sig};
+                id->ent[j] = (Entry){.key = keys[j], .at = j, .sig = sig, .shp = shp};
         }
         size_t m;
         bool same;
@@ -480,7 +490,8 @@ int dv_ident_items_call(deval_group *g, const char *fn, size_t n, const deval_by
  * Return: as dv_ident_result().
  */
 int dv_ident_items_result(deval_group *g, const char *fn, int stream, size_t n,
-                          const deval_bytes res[], size_t *out_n, const deval_bytes **out) {
+                          const deval_bytes res[], bool same_rows, size_t *out_n,
+                          const deval_bytes **out) {
         DvIdent *id = g->ident;
         Stream *s = &id->st[stream];
         size_t nent = 0;
@@ -515,12 +526,13 @@ int dv_ident_items_result(deval_group *g, const char *fn, int stream, size_t n,
                                           fn, stream % DV_PASS_SITES + 1, per, j - i);
                 per = (int64_t)(j - i);
                 uint64_t sig = 0xcbf29ce484222325ull;
-                for (size_t q = i; q < j; q++) {
+                for (size_t q = i; same_rows && q < j; q++) {
                         uint64_t len = res[q].len - ITEM_HDR;
                         sig = sign(sign(sig, (const uint8_t *)&len, 8),
                                    (const uint8_t *)res[q].data + ITEM_HDR, len);
                 }
-                id->ent[nent++] = (Entry){.key = hdr[0], .at = (int64_t)i, .sig = sig};
+                id->ent[nent++] = (Entry){
+                        .key = hdr[0], .at = (int64_t)i, .sig = same_rows ? sig : 0, .shp = 1};
                 i = j;
         }
         if (per > 0 && (r = k_same(g, fn, s, stream, 0, per)) < 0)

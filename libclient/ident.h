@@ -25,11 +25,12 @@ int dv_ident_call(deval_group *g, const char *fn, int n, const deval_tensor in[]
                   const deval_gather_opts *opts, deval_tensor call[]);
 int dv_ident_explain(deval_group *g, int r);
 int dv_ident_result(deval_group *g, const char *fn, int stream, int n, const deval_tensor res[],
-                    deval_tensor out[]);
+                    uint64_t same_rows, deval_tensor out[]);
 int dv_ident_items_call(deval_group *g, const char *fn, size_t n, const deval_bytes items[],
                         const deval_gather_opts *opts, const deval_bytes **call);
 int dv_ident_items_result(deval_group *g, const char *fn, int stream, size_t n,
-                          const deval_bytes res[], size_t *out_n, const deval_bytes **out);
+                          const deval_bytes res[], bool same_rows, size_t *out_n,
+                          const deval_bytes **out);
 
 void dv_ident_check_later(deval_group *g);
 bool dv_ident_check_due(const deval_group *g);

@@ -139,7 +139,7 @@ class _GatherOpts(_Sized):
     _fields_ = [("size", ctypes.c_uint32), ("pad_first", ctypes.c_int32),
                 ("pad_value", ctypes.c_double), ("valid_rows", ctypes.c_int64),
                 ("keep_rows", ctypes.c_int64), ("order", ctypes.c_int32),
-                ("root", ctypes.c_int32)]
+                ("root", ctypes.c_int32), ("same_rows", ctypes.c_uint64)]
 
 
 _ALLGATHER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -666,6 +666,22 @@ def _flatten(x, leaves, on_device=False):
     return (None, len(leaves) - 1)
 
 
+def _data_mask(x, ids):
+    """Bit i: leaf i of x (in _flatten's order) is one of ids."""
+    mask, i, todo = 0, 0, [x]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, collections.abc.Mapping):
+            todo.extend(reversed(list(v.values())))
+        elif isinstance(v, (list, tuple)):
+            todo.extend(reversed(v))
+        else:
+            if id(v) in ids and i < 64:
+                mask |= 1 << i
+            i += 1
+    return mask
+
+
 def _paths(template, prefix=""):
     """Where each leaf of template sits in the caller's structure: "['loss']", "[1]", ..."""
     kind, body = template[0], template[1]
@@ -975,6 +991,7 @@ class Group:
         self._in_pass = False
         self._keyed = False  # the open pass carries dataset indices (eval_loop)
         self._left = None  # the failure of a pass this rank left, for its next call
+        self._batch_ids = ()  # in a pass with keys: what the current batch is made of
         self._fast = _Fast() if device is None else None
         # what _speed is given: the handle's address (0 once left), default options
         self._addr = handle.value if self._fast is not None and _speed is not None else 0
@@ -1128,12 +1145,18 @@ class Group:
                 return r
         # a list holding no tensor (an empty one included: a rank with no batch left) is a
         # list of objects, so that every rank makes the same call
-        if use_gather_object or (isinstance(x, list) and not any(
-                isinstance(v, np.ndarray) or _is_torch(v) for v in x)):
-            return self._objects(_lib.deval_gather_objects_for_metrics, _object_items(x))
+        objects = use_gather_object or (isinstance(x, list) and not any(
+            isinstance(v, np.ndarray) or _is_torch(v) for v in x))
+        opts = self._opts(pad_index, pad_first)
+        if self._keyed and self._batch_ids:  # the batch's own data: duplicates repeat it
+            mask = (id(x) in self._batch_ids) if objects else _data_mask(x, self._batch_ids)
+            if mask:
+                opts = self._make_opts(pad_index, pad_first)
+                opts.same_rows = int(mask)
+        if objects:
+            return self._objects(_lib.deval_gather_objects_for_metrics, _object_items(x), opts)
         # (with keys, libdeval checks rows per sample: k whole rows each)
-        return self._gather(_lib.deval_gather_for_metrics, x, copy,
-                            self._opts(pad_index, pad_first),
+        return self._gather(_lib.deval_gather_for_metrics, x, copy, opts,
                             per_sample=self._in_pass and not self._keyed)
 
     @staticmethod
@@ -1282,7 +1305,7 @@ class Group:
 
     # -- objects
 
-    def _objects(self, fn, items):
+    def _objects(self, fn, items, opts=None):
         h = self._handle()
         blobs = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in items]
         arr = (_Bytes * max(1, len(blobs)))()
@@ -1294,7 +1317,7 @@ class Group:
             slot.len = len(b)
         n = ctypes.c_size_t()
         out = ctypes.POINTER(_Bytes)()
-        opts = self._opts()
+        opts = opts if opts is not None else self._opts()
         self._check(fn(h, len(blobs), arr, ctypes.byref(opts), ctypes.byref(n),
                        ctypes.byref(out)))
         return [pickle.loads(ctypes.string_at(out[i].data, out[i].len)) for i in range(n.value)]
@@ -1390,6 +1413,7 @@ class _LoopPass:
                 self.cur = self.keys.next(batch)
             except ValueError as e:
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
+            self.g._batch_ids = _loop.data_ids(batch)
         self.batches += 1
         if self.opened:
             self._declare()
@@ -1436,6 +1460,7 @@ class _LoopPass:
                            "processes than batches (or even_batches=True)" % missed, -2)
         empty = _loop.empty_like(last)
         g._in_pass, g._keyed = True, keyed
+        g._batch_ids = _loop.data_ids(empty)
         self.cur = []
         try:
             for _ in range(missed):

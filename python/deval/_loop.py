@@ -313,6 +313,24 @@ class Keys:
         return keys
 
 
+def data_ids(batch):
+    """The ids of every tensor, array and list a batch is made of: a gather_for_metrics of one
+    of them gathers the loader's own data (labels, ids), which a sample's duplicate repeats
+    exactly, unlike a model's output."""
+    ids, todo = set(), [batch]
+    while todo:
+        x = todo.pop()
+        if _is_data(x):
+            ids.add(id(x))
+        elif isinstance(x, dict) or (hasattr(x, "keys") and hasattr(x, "__getitem__")
+                                     and not isinstance(x, (list, tuple, str, bytes))):
+            todo.extend(x[k] for k in x.keys())
+        elif isinstance(x, (list, tuple)):
+            ids.add(id(x))
+            todo.extend(x)
+    return ids
+
+
 def batch_rows(batch):
     """How many samples a collated batch holds, where that is plain: a tensor's rows, or the
     rows of a mapping's first tensor. None otherwise (a tuple may hold fields of the batch or

@@ -47,16 +47,6 @@ static int teardown(void **state) {
  */
 static const int64_t KEYS[WORLD][CALLS][2] = {{{7, 0}, {8, 4}}, {{2, 5}, {1, 7}}, {{9, 3}, {6, 2}}};
 
-/* Which rank gives key first, over the calls in order, lower ranks first: the one kept. */
-static int owner(int64_t key) {
-        for (int c = 0; c < CALLS; c++)
-                for (int r = 0; r < WORLD; r++)
-                        for (int j = 0; j < 2; j++)
-                                if (KEYS[r][c][j] == key)
-                                        return r;
-        return -1;
-}
-
 static int rank_keys(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g;
@@ -65,31 +55,32 @@ static int rank_keys(const Harness *h, int rank, int world, void *arg) {
         CHECK_OK(deval_eval_begin_keys(g, N, N), g);
         for (int c = 0; c < CALLS; c++) {
                 const int64_t *keys = KEYS[rank][c];
-                /* a: 3 rows per sample (a generation's k); b: one row of 2 + rank columns */
+                /* a: 3 rows per sample (a generation's k); b: one row of w columns, the
+                 * first 2 the sample's, the rest padding (-1): w is 2 + rank in the first call
+                 * (4 padded), 2 or 3 in the second (3 padded), where the duplicates come back
+                 * padded otherwise than the first time */
+                int w = c == 0 ? 2 + rank : 2 + (rank == 0), wmax = c == 0 ? 4 : 3;
                 int32_t a[6], b[2][4];
                 char text[2][16];
                 deval_bytes items[2];
                 for (int j = 0; j < 2; j++) {
                         for (int q = 0; q < 3; q++)
                                 a[j * 3 + q] = (int32_t)(keys[j] * 10 + q);
-                        for (int q = 0; q < 2 + rank; q++)
-                                b[j][q] = (int32_t)(keys[j] * 100 + q);
+                        for (int q = 0; q < w; q++)
+                                b[j][q] = q < 2 ? (int32_t)(keys[j] * 100 + q) : -1;
                         snprintf(text[j], sizeof(text[j]), "s%lld", (long long)keys[j]);
                         items[j] = (deval_bytes){text[j], strlen(text[j])};
                 }
                 int32_t bb[2 * 4];
                 for (int j = 0; j < 2; j++)
-                        memcpy(bb + j * (2 + rank), b[j], (size_t)(2 + rank) * sizeof(int32_t));
+                        memcpy(bb + j * w, b[j], (size_t)w * sizeof(int32_t));
                 deval_tensor in[2] = {
                         {.data = a, .dtype = DEVAL_I32, .ndim = 1, .shape = {6}, .device = -1},
-                        {.data = bb,
-                         .dtype = DEVAL_I32,
-                         .ndim = 2,
-                         .shape = {2, 2 + rank},
-                         .device = -1}};
+                        {.data = bb, .dtype = DEVAL_I32, .ndim = 2, .shape = {2, w}, .device = -1}};
                 deval_tensor out[2];
                 deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
                 o.pad_value = -1;
+                o.same_rows = 3; /* both are the samples' own data: a duplicate repeats them */
                 CHECK_OK(deval_eval_batch_keys(g, 2, keys), g);
                 CHECK_OK(deval_gather_for_metrics(g, 2, in, &o, out), g);
                 /* the keys this call owes, in order: those not returned before */
@@ -102,7 +93,7 @@ static int rank_keys(const Harness *h, int rank, int world, void *arg) {
                         if (here && !seen[key])
                                 want[m++] = key;
                 }
-                CHECK(out[0].shape[0] == 3 * m && out[1].shape[0] == m && out[1].shape[1] == 4,
+                CHECK(out[0].shape[0] == 3 * m && out[1].shape[0] == m && out[1].shape[1] == wmax,
                       "call %d: %lld and %lld rows for %d samples", c, (long long)out[0].shape[0],
                       (long long)out[1].shape[0], m);
                 const int32_t *ra = out[0].data, *rb = out[1].data;
@@ -112,10 +103,10 @@ static int rank_keys(const Harness *h, int rank, int world, void *arg) {
                         for (int q = 0; q < 3; q++)
                                 CHECK(ra[s * 3 + q] == key * 10 + q, "call %d sample %d row %d: %d",
                                       c, s, q, ra[s * 3 + q]);
-                        for (int q = 0; q < 4; q++) {
-                                int32_t w = q < 2 + owner(key) ? (int32_t)(key * 100 + q) : -1;
-                                CHECK(rb[s * 4 + q] == w, "call %d sample %d col %d: %d, not %d", c,
-                                      s, q, rb[s * 4 + q], w);
+                        for (int q = 0; q < wmax; q++) {
+                                int32_t v = q < 2 ? (int32_t)(key * 100 + q) : -1;
+                                CHECK(rb[s * wmax + q] == v, "call %d sample %d col %d: %d, not %d",
+                                      c, s, q, rb[s * wmax + q], v);
                         }
                 }
                 /* (the views above last until this call) */
@@ -325,6 +316,44 @@ static void test_rows_past_the_end(void **state) {
         assert_int_equal(harness_run(&H, 2, rank_two_calls, &calls, 30), 0);
 }
 
+/*
+ * Rows that are not the samples their keys say (a collate_fn reordered rank 1's batch): the
+ * duplicate of key 1 comes back with other data. With same_rows on that tensor every rank
+ * fails; without it (a model's output, which another batch may round otherwise) the first
+ * copy is kept.
+ */
+static int rank_reordered(const Harness *h, int rank, int world, void *arg) {
+        uint64_t same = *(uint64_t *)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, same ? "reordered" : "not-checked", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_eval_begin_keys(g, 3, 3), g);
+        int64_t keys[2][2] = {{0, 1}, {2, 1}};     /* key 1 twice: a sharding's padding */
+        int64_t label[2][2] = {{0, 10}, {10, 20}}; /* rank 1's rows swapped: 1 has 2's label */
+        deval_tensor in = {
+                .data = label[rank], .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1};
+        deval_tensor out;
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        o.same_rows = same;
+        CHECK_OK(deval_eval_batch_keys(g, 2, keys[rank]), g);
+        int r = deval_gather_for_metrics(g, 1, &in, &o, &out);
+        if (same)
+                CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(g), "sample 1 came back twice"),
+                      "rank %d: %s: %s", rank, deval_strerror(r), deval_errmsg(g));
+        else
+                CHECK(r == 0 && out.shape[0] == 3, "rank %d: %s", rank, deval_errmsg(g));
+        deval_eval_end(g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_rows_that_are_not_their_samples(void **state) {
+        (void)state;
+        uint64_t same = 1;
+        assert_int_equal(harness_run(&H, 2, rank_reordered, &same, 30), 0);
+        same = 0;
+        assert_int_equal(harness_run(&H, 2, rank_reordered, &same, 30), 0);
+}
+
 /* Bad arguments: nothing is sent, the pass goes on. */
 static int rank_bad_args(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
@@ -370,6 +399,7 @@ int main(void) {
                 cmocka_unit_test(test_rows_not_whole_samples),
                 cmocka_unit_test(test_rank_leaves_early),
                 cmocka_unit_test(test_rows_past_the_end),
+                cmocka_unit_test(test_rows_that_are_not_their_samples),
                 cmocka_unit_test(test_bad_arguments),
         };
         return cmocka_run_group_tests(tests, setup, teardown);

@@ -344,7 +344,7 @@ def rank_refused(rank, world, sock, name, n, case):
     ("in_order", 2, "in_order=False"),
     ("replacement", 2, "draws with replacement"),
     # 3 ranks deal 10 samples with 2 padding duplicates that land beside other samples
-    ("collate", 3, "came back twice with different integer rows")])
+    ("collate", 3, "came back twice with different rows of the batch's own data")])
 def test_loaders_whose_rows_cannot_be_told_apart_are_refused(daemon, case, world, says):
     res = run_ranks(world, rank_refused, daemon.socket, group_name("refuse"), 10, case)
     assert all(kind != "ok" for kind, _ in res), res
