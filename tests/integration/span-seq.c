@@ -178,18 +178,29 @@ static void others(deval_group *g, SpanLog *l, bool span) {
         check(g, l, deval_reduce(g, &t, DEVAL_SUM), "mismatched reduce");
 }
 
-/* One eval pass: rank r runs batches(r) batches of bs rows; two calls and objects a batch. */
-static void pass(deval_group *g, SpanLog *l, bool span, int num, int order, int bs, int extra) {
+/* One eval pass: rank r runs batches(r) batches of bs rows; two calls and objects a batch.
+ * keyed: a pass with keys, each sample's the dataset position its rows come from (past the
+ * end, wrapped to the start: the sampler's padding). */
+static void pass(deval_group *g, SpanLog *l, bool span, int num, int order, int bs, int extra,
+                 bool keyed) {
         int nb = (num + W * bs - 1) / (W * bs);
         int mine = nb + (extra && R < extra ? 1 : 0) - (extra && R >= W - extra ? 1 : 0);
         float x[16 * 4];
         int64_t y[16];
         deval_tensor in[2], out[2];
         maybe_stop(span);
-        check(g, l, deval_eval_begin(g, num, order), "eval_begin");
+        check(g, l, keyed ? deval_eval_begin_keys(g, num, num) : deval_eval_begin(g, num, order),
+              "eval_begin");
         for (int b = 0; b < mine; b++) {
-                deval_eval_batch(g);
                 int first = order == DEVAL_ORDER_STRIDED ? b * bs : b * W * bs + R * bs;
+                int64_t keys[16];
+                for (int j = 0; j < bs; j++)
+                        keys[j] = (order == DEVAL_ORDER_STRIDED ? (first + j) * W + R : first + j) %
+                                  num;
+                if (keyed)
+                        deval_eval_batch_keys(g, bs, keys);
+                else
+                        deval_eval_batch(g);
                 make(R, first, bs, 1 + (b + R) % 3, x, y, in);
                 maybe_stop(span);
                 if (check(g, l, deval_gather_for_metrics(g, 1, &in[0], NULL, out), "gfm") == 0)
@@ -204,7 +215,10 @@ static void pass(deval_group *g, SpanLog *l, bool span, int num, int order, int 
         int64_t missed = deval_eval_missed(g);
         put(l, &missed, 8);
         for (int64_t m = 0; m < missed; m++) { /* the loop body on empty inputs */
-                deval_eval_batch(g);
+                if (keyed)
+                        deval_eval_batch_keys(g, 0, NULL);
+                else
+                        deval_eval_batch(g);
                 make(R, 0, 0, 1, x, y, in);
                 if (check(g, l, deval_gather_for_metrics(g, 1, &in[0], NULL, out), "replay") == 0)
                         put_tensor(l, &out[0]);
@@ -280,10 +294,12 @@ void span_seq(deval_group *g, SpanLog *l, int rank, int world, bool span) {
         buffered(g, l, span);
         objects(g, l, span, false, -1);
         others(g, l, span);
-        pass(g, l, span, 37, DEVAL_ORDER_RANK, 4, 0);
-        pass(g, l, span, 23, DEVAL_ORDER_STRIDED, 3, 0);
-        pass(g, l, span, 41, DEVAL_ORDER_RANK, 2, W > 2 ? 2 : 1);
-        pass(g, l, span, 19, DEVAL_ORDER_STRIDED, 2, 1);
+        pass(g, l, span, 37, DEVAL_ORDER_RANK, 4, 0, false);
+        pass(g, l, span, 23, DEVAL_ORDER_STRIDED, 3, 0, false);
+        pass(g, l, span, 41, DEVAL_ORDER_RANK, 2, W > 2 ? 2 : 1, false);
+        pass(g, l, span, 19, DEVAL_ORDER_STRIDED, 2, 1, false);
+        pass(g, l, span, 29, DEVAL_ORDER_STRIDED, 3, 0, true);
+        pass(g, l, span, 31, DEVAL_ORDER_RANK, 2, W > 2 ? 2 : 1, true);
 }
 
 int span_seq_diff(const SpanLog *a, const SpanLog *b, char *why, size_t len) {
