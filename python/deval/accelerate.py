@@ -13,7 +13,9 @@ the loop needs no change. Where Accelerate is right the results are the same; wh
 not (a DistributedSampler's padding duplicates, even_batches=False with uneven ranks, several
 gather_for_metrics calls per batch) they are exact: every sample once, in dataset order.
 
-One Accelerator per process is enabled; deval.accelerate.disable() undoes it.
+One Accelerator per process is enabled (enabling another hands the first back its own
+methods); nothing is stored on the Accelerator, which still pickles and copies.
+deval.accelerate.disable() undoes it.
 """
 
 from . import InvalidArgument, _LoopPass, _loop, _spans_machines, join
@@ -32,7 +34,7 @@ class _State:
         self.group = group
         self.loops = []  # the hooked loaders being iterated (_LoopPass), innermost last
         self.bases = set()  # ids of the DataLoaders they read, iterated as part of them
-        self.saved = {}  # the accelerator's own bound methods
+        self.methods = {}  # name -> deval's version of the enabled Accelerator's method
 
     def innermost(self):
         """The pass of the loader whose batches a gather_for_metrics now gathers: the one
@@ -68,8 +70,8 @@ def _make_methods(st):
 
     def gather_for_metrics(input_data, use_gather_object=False):
         if st.innermost() is _ACCELERATE:  # Accelerate's own, over deval's gather
-            return type(st.accelerator).gather_for_metrics(st.accelerator, input_data,
-                                                           use_gather_object=use_gather_object)
+            own = _METHODS_ORIG[(_patched_class(st.accelerator), "gather_for_metrics")]
+            return own(st.accelerator, input_data, use_gather_object=use_gather_object)
         if use_gather_object or not _all_tensors(input_data):
             if not g._in_pass:  # Accelerate's gather_object
                 return g.gather_object(input_data)
@@ -96,6 +98,44 @@ def _make_methods(st):
 
     return {"gather": gather, "gather_for_metrics": gather_for_metrics,
             "pad_across_processes": pad_across_processes, "reduce": reduce}
+
+
+_METHODS = ("gather", "gather_for_metrics", "pad_across_processes", "reduce")
+_METHODS_ORIG = {}  # (class, name) -> Accelerate's own function, while patched
+
+
+def _patched_class(accelerator):
+    """Where the methods are switched: Accelerate's Accelerator (a subclass's instances go
+    through it too), or the object's own class when it is not one."""
+    import accelerate
+    cls = accelerate.Accelerator
+    return cls if isinstance(accelerator, cls) else type(accelerator)
+
+
+def _switch(cls):
+    """Switch cls's methods: on the enabled Accelerator they run deval's, on any other
+    Accelerate's own. Nothing is put on the instance, so it still pickles and copies."""
+    import functools
+    for name in _METHODS:
+        if (cls, name) in _METHODS_ORIG:
+            continue
+        own = getattr(cls, name)
+        _METHODS_ORIG[(cls, name)] = own
+
+        def method(self, *args, _name=name, _own=own, **kwargs):
+            st = _ACTIVE
+            if st is None or st.accelerator is not self:
+                return _own(self, *args, **kwargs)
+            return st.methods[_name](*args, **kwargs)
+
+        functools.update_wrapper(method, own)
+        setattr(cls, name, method)
+
+
+def _unswitch():
+    for (cls, name), own in list(_METHODS_ORIG.items()):
+        setattr(cls, name, own)
+        del _METHODS_ORIG[(cls, name)]
 
 
 def _hooked_iter(cls):
@@ -189,8 +229,7 @@ def enable(obj, group=None, socket=None, timeout=None):
     if _ACTIVE is not None:
         if _ACTIVE.accelerator is accelerator:
             return _ACTIVE.group
-        raise InvalidArgument("deval.accelerate.enable: another Accelerator is enabled in this "
-                              "process; disable() it first", -1)
+        disable()  # the newest Accelerator of the process takes over (the old one: its own)
     # with no group, libdeval names it after the job that torchrun (or accelerate launch,
     # mpirun, srun) started; a job torchrun runs on several machines gets a group across them,
     # through the process group the Accelerator made
@@ -200,9 +239,8 @@ def enable(obj, group=None, socket=None, timeout=None):
         g = join(group, accelerator.process_index, accelerator.num_processes, socket=socket,
                  timeout=timeout)
     st = _State(accelerator, g)
-    for name, fn in _make_methods(st).items():
-        st.saved[name] = accelerator.__dict__.get(name)
-        setattr(accelerator, name, fn)
+    st.methods = _make_methods(st)
+    _switch(_patched_class(accelerator))
     _hook_loaders()
     _ACTIVE = st
     if obj is not accelerator and hasattr(obj, "gather_function"):
@@ -225,9 +263,5 @@ def disable():
     if st is None:
         return
     _unhook_loaders()
-    for name, fn in st.saved.items():
-        if fn is None:
-            st.accelerator.__dict__.pop(name, None)
-        else:
-            setattr(st.accelerator, name, fn)
+    _unswitch()
     st.group.leave()

@@ -92,6 +92,10 @@ def loops_rank(rank, world, port, name, case, shuffle):
             outs.append(evaluate())
         else:
             outs += [evaluate(), evaluate()]
+            # what deval attached leaves the Accelerator as capable as before
+            import pickle
+            twin = pickle.loads(pickle.dumps(acc))
+            assert type(twin) is type(acc) and "gather_for_metrics" not in vars(twin)
     finally:
         deval.accelerate.disable()
     return outs
@@ -141,3 +145,62 @@ def test_loops_of_the_example_scripts(daemon, monkeypatch, case, world, shuffle)
                 assert got == list(range(N)), "rank %d: %s" % (rank, got)
         assert outs == res[0], "ranks disagree"
     assert os.environ.get("DEVAL_SOCKET") == daemon.socket
+
+
+class Echo(torch.nn.Module):
+    """A model whose logits are its input's id, with a loss to train on."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x, labels=None):
+        logits = torch.stack([x.float(), x.float() * self.w], 1)
+        loss = ((logits[:, 1] - x.float()) ** 2).mean() + 0 * self.w.sum()
+        return {"loss": loss, "logits": logits}
+
+
+class Ids(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"x": torch.tensor(i), "labels": torch.tensor(i % 3)}
+
+
+def trainer_rank(rank, world, port, name, tmp):
+    """A transformers Trainer evaluating every 2 steps of training (eval_strategy="steps")."""
+    set_env(rank, world, port)
+    from transformers import Trainer, TrainingArguments
+    seen = []
+
+    def metrics(p):
+        seen.append((p.predictions[:, 0].astype(int).tolist(), p.label_ids.tolist()))
+        return {"n": float(len(p.predictions))}
+
+    args = TrainingArguments(output_dir=tmp, per_device_train_batch_size=4,
+                             per_device_eval_batch_size=3, eval_strategy="steps", eval_steps=2,
+                             max_steps=4, report_to=[], use_cpu=True, save_strategy="no",
+                             logging_strategy="no", disable_tqdm=True)
+    tr = Trainer(model=Echo(), args=args, train_dataset=Ids(64), eval_dataset=Ids(N),
+                 compute_metrics=metrics)
+    deval.accelerate.enable(tr, group=name)
+    try:
+        tr.train()
+    finally:
+        deval.accelerate.disable()
+    return seen
+
+
+def test_trainer_evaluating_every_k_steps(daemon, monkeypatch, tmp_path):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, trainer_rank, free_port(), group_name("trainer"), str(tmp_path),
+                    timeout=240)
+    for seen in res:
+        assert len(seen) == 2, seen  # steps 2 and 4
+        for ids, labels in seen:
+            assert ids == list(range(N)) and labels == [i % 3 for i in range(N)], (ids, labels)

@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: MIT
+"""Accelerate's own distributed test scripts, shipped in its wheel, run under torchrun with
+deval.accelerate.enable() applied to every Accelerator they create (accelerate_shim.py): the
+conformance suite of the one-line switch. Each must pass as it does without deval; a script
+that fails without deval too (on this CPU-only machine, at this world size) is skipped,
+saying so."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+accelerate = pytest.importorskip("accelerate")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(os.path.dirname(accelerate.__file__), "test_utils", "scripts")
+
+
+def torchrun(world, args, env, timeout=300):
+    exe = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+    return subprocess.run([exe, "--nproc-per-node", str(world), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# (test_script.py at 3 ranks and test_distributed_data_loop.py fail or hang without deval on
+# CPU: the first expects at most 2 processes in one case, the second 2 GPUs)
+@pytest.mark.parametrize("script,world", [("test_script.py", 2), ("test_sync.py", 2),
+                                          ("test_sync.py", 3)])
+def test_accelerate_script_under_enable(daemon, script, world):
+    path = os.path.join(SCRIPTS, script)
+    if not os.path.exists(path):
+        pytest.skip("accelerate %s ships no %s" % (accelerate.__version__, script))
+    env = dict(os.environ, DEVAL_SOCKET=daemon.socket, ACCELERATE_USE_CPU="true",
+               PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..", "..", "python"), HERE]),
+               OMP_NUM_THREADS="1")
+    r = torchrun(world, [os.path.join(HERE, "accelerate_shim.py"), path], env)
+    if r.returncode != 0:
+        plain = torchrun(world, [path], env)
+        if plain.returncode != 0:
+            pytest.skip("%s fails at %d ranks without deval too" % (script, world))
+        pytest.fail("%s at %d ranks passes without deval, fails with it:\n%s"
+                    % (script, world, (r.stdout + r.stderr)[-6000:]))
+    said = [ln for ln in r.stdout.splitlines() if ln.startswith("deval shim:")]
+    assert said and not said[0].startswith("deval shim: 0 "), r.stdout[-2000:]
