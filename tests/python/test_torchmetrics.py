@@ -47,3 +47,33 @@ def test_auroc_with_an_empty_rank_and_no_group_given(daemon, world):
     for value, kind, attached in res:
         assert value == pytest.approx(want, abs=1e-6)
         assert kind == "MulticlassAUROC" and attached
+
+
+def running_rank(rank, world, sock, name):
+    """An accuracy computed (and logged) every batch inside eval_loop, with uneven loaders: while
+    a rank's loader has ended, its part of the metric's state sync is not empty."""
+    import deval
+    from torch.utils.data import DataLoader, TensorDataset
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    dtm.use(g)
+    n = 13  # 7 batches of 2: rank 0 has 4, rank 1 three
+    ds = TensorDataset(torch.arange(n), torch.arange(n) % 3)
+    mine = [list(range(i, min(i + 2, n))) for i in range(0, n, 2)][rank::world]
+    dl = DataLoader(ds, batch_sampler=mine)
+    m = dtm.attach(torchmetrics.Accuracy(task="multiclass", num_classes=3))
+    try:
+        for idx, y in g.eval_loop(dl, num_samples=n, order="rank"):
+            m.update((idx + 1) % 3, y)
+            m.compute()
+    except deval.Mismatch as e:
+        return str(e)
+    finally:
+        dtm.use(None)
+        g.leave()
+    return None
+
+
+def test_a_metric_synced_while_a_rank_has_ended_fails_everywhere(daemon):
+    res = run_ranks(2, running_rank, daemon.socket, group_name("running"), timeout=120)
+    for said in res:
+        assert said and "has already ended its eval pass" in said, res
