@@ -72,6 +72,7 @@ def body(g, idx, x, m):
 
 
 def rank_loop(rank, world, sock, name, kind, n, bs):
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     m = model()
     if kind == "workers":  # the suite's ranks are daemonic processes, which may not fork
@@ -121,6 +122,7 @@ def test_each_sample_once_by_its_index(daemon, kind, n, bs, world):
 
 def rank_flat(rank, world, sock, name, n):
     """Token predictions flattened across the batch's samples: their rows are no samples."""
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     dl = loader("strided", n, world, rank, 2)
     try:
@@ -145,6 +147,7 @@ def test_flattened_tokens_are_refused_on_every_rank(daemon):
 def rank_raises(rank, world, sock, name, n, how):
     """Rank 1's body raises in its second batch, or breaks out of the loop there; the others
     go on."""
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     dl = loader("strided", n, world, rank, 2)
     out = []
@@ -180,6 +183,7 @@ def test_a_rank_that_leaves_fails_the_others(daemon, world, how):
 
 def rank_break_all(rank, world, sock, name, n):
     """Every rank stops after two batches, as a quick look at a few batches does."""
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     out = []
     for k, (idx, _) in enumerate(g.eval_loop(loader("strided", n, world, rank, 2))):
@@ -198,6 +202,7 @@ def test_every_rank_leaving_at_one_batch_ends_the_pass(daemon):
 
 
 def rank_model_output(rank, world, sock, name):
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     from transformers.modeling_outputs import SequenceClassifierOutput
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     out = SequenceClassifierOutput(logits=torch.full((2, 3), float(rank)))
@@ -229,6 +234,7 @@ def test_import_deval_gives_its_adapters():
 
 def rank_drop_last(rank, world, sock, name, n, bs):
     """A DistributedSampler behind a DataLoader that drops each rank's short last batch."""
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     ds = dataset(n)
     dl = DataLoader(ds, batch_size=bs, drop_last=True,
@@ -262,6 +268,7 @@ class RankShard(torch.utils.data.IterableDataset):
 
 
 def rank_positional(rank, world, sock, name, n, case):
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     got = []
     try:
@@ -315,6 +322,7 @@ def sort_by_length(samples):
 
 
 def rank_refused(rank, world, sock, name, n, case):
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     ds = dataset(n)
     if case == "in_order":

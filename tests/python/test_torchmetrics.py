@@ -24,6 +24,7 @@ def scores(n):
 
 
 def auroc_rank(rank, world, sock, job):
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     # what torchrun sets: deval.join() names the group from it
     os.environ.update(DEVAL_SOCKET=sock, TORCHELASTIC_RUN_ID=job, RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
@@ -52,6 +53,7 @@ def test_auroc_with_an_empty_rank_and_no_group_given(daemon, world):
 def running_rank(rank, world, sock, name):
     """An accuracy computed (and logged) every batch inside eval_loop, with uneven loaders: while
     a rank's loader has ended, its part of the metric's state sync is not empty."""
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     import deval
     from torch.utils.data import DataLoader, TensorDataset
     g = deval.join(name, rank, world, socket=sock, timeout=20)
