@@ -166,6 +166,54 @@ def per_batch():
             print("%5d %14.1f %14s %16s %8s" % (world, dn, "-", "(no torch)", "-"))
 
 
+def pass_rank(rank, world, name, how, q):
+    """Per batch of a whole eval pass over a DataLoader with torch's DistributedSampler:
+    "loader" iterates it alone; "positions" gathers in eval_pass (rows counted by position);
+    "keys" in eval_loop (each batch's dataset indices travel with it, the result ordered by
+    them on every rank)."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    torch.set_num_threads(1)
+    n = BATCHES * 16 * world
+    gen = torch.Generator().manual_seed(0)
+    lo = torch.rand(n, 10, generator=gen)
+    ds = TensorDataset(lo, lo.argmax(1), torch.randint(0, 10, (n,), generator=gen))
+    dl = DataLoader(ds, batch_size=16, sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    with deval.join(name, rank, world, timeout=60) as g:
+        times = []
+        for _ in range(REPEATS):
+            g.barrier()
+            t0 = time.perf_counter()
+            if how == "loader":
+                for b in dl:
+                    pass
+            elif how == "positions":
+                with g.eval_pass(n, order="strided"):
+                    for b in dl:
+                        g.gather_for_metrics(b)
+            else:
+                for b in g.eval_loop(dl):
+                    g.gather_for_metrics(b)
+            times.append((time.perf_counter() - t0) / BATCHES * 1e6)
+    q.put((rank, times))
+
+
+def in_pass():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    print("\nper batch of a pass over a DataLoader (DistributedSampler, 16 rows of logits[10], "
+          "preds, labels), the slowest rank's mean")
+    print("%5s %12s %14s %10s %22s" % ("ranks", "loader us", "positions us", "keys us",
+                                        "keys - positions us"))
+    for world in (2, 4):
+        tag = "pybench-pass-%d-%d" % (os.getpid(), world)
+        lo, po, ke = (run(world, pass_rank, (tag + how, how))
+                      for how in ("loader", "positions", "keys"))
+        print("%5d %12.1f %14.1f %10.1f %22.1f" % (world, lo, po, ke, ke - po))
+
+
 if __name__ == "__main__":
     try:
         import torch  # noqa: F401 - measured when installed
@@ -173,3 +221,4 @@ if __name__ == "__main__":
         pass
     binding_cost()
     per_batch()
+    in_pass()

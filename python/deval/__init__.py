@@ -998,6 +998,7 @@ class Group:
         self._opts_cache = {}
         self._plain = self._opts()
         self._plain_addr = ctypes.addressof(self._plain)
+        self._masked = {}  # same_rows -> default options with it (_masked_addr())
 
     # -- plumbing
 
@@ -1136,9 +1137,15 @@ class Group:
         text, say) go through gather_object's path, as in Accelerate;
         ``use_gather_object=True`` forces it.
         """
+        keyed = self._keyed
+        # in a pass with keys, the tensors that are the batch's own data: duplicates repeat
+        # them (and libdeval, not this rank, checks rows per sample: k whole rows each)
+        mask = _data_mask(x, self._batch_ids) if keyed and self._batch_ids else 0
         if self._addr and copy and type(pad_index) is int and pad_index == 0 and not pad_first \
-                and not use_gather_object and not self._keyed:
-            r = _speed.gather(_GATHER_FOR_METRICS, self._addr, x, self._plain_addr, self._in_pass)
+                and not use_gather_object:
+            r = _speed.gather(_GATHER_FOR_METRICS, self._addr, x,
+                              self._masked_addr(mask) if mask else self._plain_addr,
+                              self._in_pass and not keyed)
             if r is not None:  # (None: not plain, nothing was sent)
                 if type(r) is int:
                     self._check(r)
@@ -1148,16 +1155,26 @@ class Group:
         objects = use_gather_object or (isinstance(x, list) and not any(
             isinstance(v, np.ndarray) or _is_torch(v) for v in x))
         opts = self._opts(pad_index, pad_first)
-        if self._keyed and self._batch_ids:  # the batch's own data: duplicates repeat it
-            mask = (id(x) in self._batch_ids) if objects else _data_mask(x, self._batch_ids)
-            if mask:
-                opts = self._make_opts(pad_index, pad_first)
-                opts.same_rows = int(mask)
+        if objects and keyed:
+            mask = int(id(x) in self._batch_ids)
+        if mask:
+            opts = self._make_opts(pad_index, pad_first)
+            opts.same_rows = mask
         if objects:
             return self._objects(_lib.deval_gather_objects_for_metrics, _object_items(x), opts)
         # (with keys, libdeval checks rows per sample: k whole rows each)
         return self._gather(_lib.deval_gather_for_metrics, x, copy, opts,
-                            per_sample=self._in_pass and not self._keyed)
+                            per_sample=self._in_pass and not keyed)
+
+    def _masked_addr(self, mask):
+        """The address of default options with same_rows = mask, kept for the group."""
+        o = self._masked.get(mask)
+        if o is None:
+            if len(self._masked) > 64:
+                self._masked.clear()
+            o = self._masked[mask] = self._make_opts()
+            o.same_rows = mask
+        return ctypes.addressof(o)
 
     @staticmethod
     def _pass_args(num_samples, order):
