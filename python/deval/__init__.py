@@ -1225,7 +1225,9 @@ class Group:
         second, ...) counts its own samples, objects too. num_samples defaults to what the
         loader's shards hold together and order to its sampler's: torch's DistributedSampler
         is "strided" (drop_last honoured), Accelerate's prepared loaders are "rank"; for any
-        other loader pass both.
+        other loader pass both, except over a map-style dataset: there each batch's dataset
+        indices travel with its gathers (results in index order, each sample once, rows k
+        per sample), and num_samples defaults to the dataset's length.
 
         A rank whose loader runs out first waits at the end of its loop while devald answers
         the others' gathers for it; then the loop body runs again on empty batches (every
