@@ -919,8 +919,17 @@ int deval_eval_begin_keys(deval_group *g, int64_t num_samples, int64_t num_keys)
         int r = dv_ident_begin(g, fn, num_samples, num_keys);
         if (r < 0)
                 return r;
-        if ((r = simple_op(g, DV_OP_EVAL_BEGIN, fn, DV_IDENT_UNCOUNTED, DEVAL_ORDER_RANK)) < 0)
+        /* the count devald checks the ranks agree on carries num_keys: every rank must read
+         * a dataset of one length, or their keys mean different samples */
+        r = simple_op(g, DV_OP_EVAL_BEGIN, fn, DV_IDENT_UNCOUNTED + num_keys, DEVAL_ORDER_RANK);
+        if (r < 0)
                 dv_ident_free(g);
+        if (r == DEVAL_EMISMATCH && strstr(g->errmsg, "num_samples"))
+                return dv_set_err(g, r,
+                                  "%s: ranks disagree on num_keys (this rank has %" PRId64
+                                  "): every rank's loader must read the same dataset, whole, "
+                                  "for a dataset index to name one sample",
+                                  fn, num_keys);
         return r;
 }
 

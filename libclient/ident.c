@@ -32,10 +32,12 @@
 #define ITEM_HDR 16 /* before each object of a pass with keys: its key, its place in its sample */
 
 typedef struct {
-        uint64_t *seen; /* [num_keys bits]: keys this stream returned */
-        uint64_t *sig;  /* [num_keys]: a hash of each returned sample's exact rows (sign()) */
-        uint64_t *shp;  /* [num_keys]: of the padded shape they were hashed in */
-        int64_t count;  /* how many */
+        uint64_t *seen;  /* [num_keys bits]: keys this stream returned */
+        uint64_t *sig;   /* [num_keys]: a hash of each returned sample's exact rows (sign()) */
+        uint64_t *shp;   /* [num_keys]: of the padded shape they were hashed in */
+        int64_t count;   /* how many */
+        int64_t dropped; /* samples it dropped as repeats of a key it had returned */
+        int64_t most;    /* the most samples one call brought: one round of batches */
         int64_t k[DEVAL_MAX_TENSORS]; /* rows (items) per sample of each tensor; -1: not yet */
         bool used;
 } Stream;
@@ -299,9 +301,10 @@ static int differs(deval_group *g, const char *fn, int stream, int64_t key) {
                           "%s: call %d of the batch: sample %" PRId64
                           " came back twice with different %s, so the rows are not the "
                           "samples their dataset indices say: a collate_fn that reorders or "
-                          "drops a batch's samples, or a loader that yields batches out of the "
-                          "order its sampler drew them, hides which sample a row is. Keep the "
-                          "sampler's order in each batch",
+                          "drops a batch's samples, batches yielded out of the order the "
+                          "sampler drew them, or ranks that read different datasets (a shard of "
+                          "its own on each rank, whose indices collide) hide which sample a row "
+                          "is. Keep the sampler's order in each batch, and one dataset",
                           fn, stream % DV_PASS_SITES + 1, key,
                           stream < DV_PASS_SITES ? "rows of the batch's own data" : "objects");
 }
@@ -334,8 +337,22 @@ static int select_new(deval_group *g, const char *fn, int stream, size_t nent, s
                 id->ent[m++] = id->ent[j];
         }
         s->count += (int64_t)m;
+        s->dropped += (int64_t)(nent - m);
+        s->most = DV_MAX(s->most, (int64_t)nent);
         *kept = m;
         *same = sorted && m == nent;
+        /* a sharding repeats samples only to fill its last round of batches */
+        if (s->dropped > s->most)
+                return dv_set_err(g, DEVAL_EMISMATCH,
+                                  "%s: call %d of the batch: %" PRId64
+                                  " samples so far came back as repeats of a dataset index the "
+                                  "pass had returned, more than a sharding pads (one round of "
+                                  "batches, %" PRId64 "): the ranks do not read one dataset (a "
+                                  "shard or Subset of its own on each rank: give every rank the "
+                                  "whole dataset behind a DistributedSampler), or a sampler "
+                                  "repeats indices (one process would count every draw: gather "
+                                  "such an evaluation without a pass)",
+                                  fn, stream % DV_PASS_SITES + 1, s->dropped, s->most);
         return 0;
 }
 

@@ -1225,9 +1225,9 @@ class Group:
         second, ...) counts its own samples, objects too. num_samples defaults to what the
         loader's shards hold together and order to its sampler's: torch's DistributedSampler
         is "strided" (drop_last honoured), Accelerate's prepared loaders are "rank"; for any
-        other loader pass both, except over a map-style dataset: there each batch's dataset
-        indices travel with its gathers (results in index order, each sample once, rows k
-        per sample), and num_samples defaults to the dataset's length.
+        other loader pass both (over a map-style dataset num_samples is enough: there each
+        batch's dataset indices travel with its gathers, results in index order, each sample
+        once, rows k per sample).
 
         A rank whose loader runs out first waits at the end of its loop while devald answers
         the others' gathers for it; then the loop body runs again on empty batches (every
@@ -1236,19 +1236,21 @@ class Group:
         body must make the same deval calls on every rank and accept an empty batch.
         """
         self._handle()
+        wrapper, loader = loader, _loop.unwrapped(loader)  # (iterate the progress bar, if any)
         try:
             n, o = _loop.pass_params(loader, self.world_size)
         except ValueError as e:
             base, num_keys = _loop.map_loader(loader) if self.device is None else (None, None)
             if isinstance(e, _loop.Unsized) and num_samples is not None:
                 order = order or e.order  # a sharding it knows, of a dataset with no len()
-            if isinstance(e, _loop.ShardedTwice) or (base is None and (
-                    num_samples is None or order is None)):
+            # a loader it does not know: the caller's word. Over a map-style dataset each
+            # batch's indices say where its samples go, so the order is not needed; how many
+            # the ranks hold together is (a shard of its own on each rank reads indices that
+            # collide, which only the count reveals)
+            if isinstance(e, _loop.ShardedTwice) or num_samples is None or (
+                    base is None and order is None):
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
-            # a loader it does not know: the caller's word; over a map-style dataset each
-            # batch's indices say where its samples go, and by default every one is owed
-            n = num_keys if num_samples is None else num_samples
-            o = order or "rank"
+            n, o = num_samples, order or "rank"
         # a loader it knows contradicted: wrong rows, or samples lost, without a word
         if order is not None and order != o:
             raise InvalidArgument("deval.eval_loop: this loader's sampler gathers in %r order, "
@@ -1259,7 +1261,7 @@ class Group:
                                   -1)
         num_samples, order = n, o
         self._pass_args(num_samples, order)  # bad arguments raise here, not at the loop
-        return self._run_loop(lambda: iter(loader), num_samples, order, loader)
+        return self._run_loop(lambda: iter(wrapper), num_samples, order, loader)
 
     def _run_loop(self, make_iter, num_samples, order, loader=None):
         """The generator behind eval_loop: a pass over the loader, open from its first batch."""
@@ -1383,8 +1385,12 @@ class _LoopPass:
         base, self.num_keys = _loop.map_loader(loader) if loader is not None and \
             group.device is None else (None, None)
         if base is not None and self.n > self.num_keys:
-            raise InvalidArgument("deval.eval_loop: num_samples is %d, but the dataset holds "
-                                  "%d samples" % (self.n, self.num_keys), -1)
+            raise InvalidArgument("deval.eval_loop: num_samples is %d, but this rank's dataset "
+                                  "holds %d samples: its indices name the samples, so every "
+                                  "rank must read the whole dataset (a shard or Subset of its "
+                                  "own on each rank makes them collide); give every rank the "
+                                  "whole dataset behind a DistributedSampler"
+                                  % (self.n, self.num_keys), -1)
         self.keys = _loop.Keys(base, getattr(loader, "skip_batches", 0)) if base is not None \
             else None
         self.open_now = False  # eval_loop: the pass opens before the first batch
@@ -1400,8 +1406,9 @@ class _LoopPass:
         h = g._handle()
         if g._in_pass:
             raise InvalidArgument("deval.eval_loop: an eval pass is already open on this group "
-                                  "(an eval_loop inside another, or inside eval_pass); a group "
-                                  "runs one pass at a time: finish the outer loop first", -1)
+                                  "(an eval_loop inside another, inside eval_pass, or one left "
+                                  "with break whose iterator is still referenced: close it with "
+                                  "its .close()); a group runs one pass at a time", -1)
         if self.keys is None and self.batches > 1:
             raise InvalidArgument(
                 "deval: the first gather_for_metrics of this loader's iteration came at its "

@@ -69,6 +69,13 @@ def _kept_by_ranks(sampler, world, bs):
     return len(kept)
 
 
+def unwrapped(loader):
+    """The loader a progress bar wraps (tqdm's .iterable): the one whose sampler tells."""
+    while type(loader).__module__.split(".")[0] == "tqdm" and hasattr(loader, "iterable"):
+        loader = loader.iterable
+    return loader
+
+
 def pass_params(loader, world):
     """(num_samples, order) for loader sharded over world ranks; ValueError if unknown."""
     acc = _accelerate()

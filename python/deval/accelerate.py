@@ -43,7 +43,13 @@ class _State:
         if not self.loops:
             return None
         lp = self.loops[-1]
-        if lp is not None and lp is not _ACCELERATE:
+        if lp is not None and lp is not _ACCELERATE and not lp.opened:
+            if self.group._in_pass:
+                raise InvalidArgument(
+                    "deval.accelerate: this loader's first gather_for_metrics came while the "
+                    "loader around it has a pass open (a training loop that gathers for "
+                    "metrics too): deval runs one pass at a time; gather the training loop's "
+                    "metrics with accelerator.gather() or reduce(), or outside the loop", -1)
             lp.open()
         return lp
 
@@ -197,13 +203,25 @@ def _hook_loaders():
 
         def __iter__(self):
             # a plain DataLoader over torch's DistributedSampler; the rest is untouched
-            if _ACTIVE is None or id(self) in _ACTIVE.bases or \
-                    _loop._dist_sampler(self) is None:
+            if _ACTIVE is None or id(self) in _ACTIVE.bases:
                 return orig(self)
+            if _loop._dist_sampler(self) is None:
+                return _unhooked(orig, self)
             return _hooked_iter(tud.DataLoader)(self)
 
         __iter__.__wrapped__ = orig
         tud.DataLoader.__iter__ = __iter__
+
+
+def _unhooked(orig, loader):
+    """A loader iterated under an enabled Accelerator that is no eval pass (not sharded by
+    deval's knowing): its gathers are Accelerate's, not counted in a loader around it."""
+    st = _ACTIVE
+    st.loops.append(None)
+    try:
+        yield from orig(loader)
+    finally:
+        _remove(st.loops, None)
 
 
 def _unhook_loaders():

@@ -82,8 +82,10 @@ def rank_loop(rank, world, sock, name, kind, n, bs):
     if kind == "peek" and rank == 0:
         next(iter(dl))  # a look at the data first, as people do
     got = [[], [], [], []]
-    # what the error for a loader it does not know used to ask for: now only checked
-    told = dict(num_samples=n, order="rank") if kind == "contiguous-told" else {}
+    # a loader it does not know: how many samples the ranks hold together (order, which the
+    # error used to ask for too, is only checked)
+    told = dict(num_samples=n, order="rank") if kind == "contiguous-told" else \
+        dict(num_samples=n) if kind == "contiguous" else {}
     for idx, x in g.eval_loop(dl, **told):
         for acc, part in zip(got, body(g, idx, x, m)):
             acc.append(part)
@@ -357,3 +359,74 @@ def test_loaders_whose_rows_cannot_be_told_apart_are_refused(daemon, case, world
     res = run_ranks(world, rank_refused, daemon.socket, group_name("refuse"), 10, case)
     assert all(kind != "ok" for kind, _ in res), res
     assert any(says in what for _, what in res), res
+
+
+class Twice(Sampler):
+    """Each index of a DistributedSampler's share twice, the repeats in later batches (as
+    test-time augmentation does)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __iter__(self):
+        idx = list(self.inner)
+        return iter(idx + idx)
+
+    def __len__(self):
+        return 2 * len(self.inner)
+
+
+def rank_own_data(rank, world, sock, name, case):
+    """Loops whose dataset indices do not name one sample across ranks."""
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    full = dataset(12)
+    told = {}
+    if case.startswith("shards"):  # each rank evaluates a slice of its own, as .shard() gives
+        per = 12 // world if case == "shards" else 2  # (one batch each: no repeats to count)
+        dl = DataLoader(torch.utils.data.Subset(full, range(rank * per, (rank + 1) * per)),
+                        batch_size=2)
+        told = dict(num_samples=per * world)
+    elif case == "uneven-shards":
+        dl = DataLoader(torch.utils.data.Subset(full, range(rank * 5, rank * 6 + 5)),
+                        batch_size=2)
+        told = dict(num_samples=5)  # (what the smaller holds: the lengths still differ)
+    else:
+        dl = DataLoader(full, batch_size=2, sampler=Twice(DistributedSampler(full, world, rank)))
+        told = dict(num_samples=12)
+    try:
+        for idx, x in g.eval_loop(dl, **told):
+            g.gather_for_metrics(x[:, :1] * 2)  # a model's output: no exact rows to compare
+    except deval.Error as e:
+        return type(e).__name__, str(e)
+    finally:
+        g.leave()
+    return "ok", None
+
+
+@pytest.mark.parametrize("case,says", [
+    ("shards", "every rank must read the whole dataset"),
+    ("shards-one-batch", "every rank must read the whole dataset"),
+    ("uneven-shards", "ranks disagree on num_keys"),
+    ("twice", "a sampler repeats indices")])
+def test_indices_that_do_not_name_one_sample_fail(daemon, case, says):
+    res = run_ranks(2, rank_own_data, daemon.socket, group_name("owndata"), case)
+    for kind, what in res:
+        assert kind in ("InvalidArgument", "Mismatch") and says in what, res
+
+
+def rank_tqdm(rank, world, sock, name):
+    """A loader behind a progress bar, as most evaluation scripts show one."""
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
+    tqdm = pytest.importorskip("tqdm")
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    ds = dataset(7)
+    dl = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    got = [g.gather_for_metrics(idx) for idx, _ in g.eval_loop(tqdm.tqdm(dl, disable=True))]
+    g.leave()
+    return torch.cat(got).tolist()
+
+
+def test_a_loader_behind_a_progress_bar(daemon):
+    for got in run_ranks(3, rank_tqdm, daemon.socket, group_name("tqdm")):
+        assert got == list(range(7)), got
