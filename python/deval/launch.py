@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: MIT
 """Run a script on N local ranks, the way torchrun does: python -m deval.launch -n 4 script.py
 
+A Python script runs under this interpreter; any other executable (a C rank: ./join_auto) runs
+as it is.
+
 Each copy gets RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE, and DEVAL_LAUNCH_ID, which
 names this run's group for deval.join() with no arguments. When one rank fails, the
 others get a moment to notice through deval (they fail fast with PeerLost), then are
@@ -13,6 +16,14 @@ import signal
 import subprocess
 import sys
 import time
+
+
+def command(program, args):
+    """The command line of one rank: a .py file (or anything not executable) under this
+    Python, an executable as it is."""
+    if not program.endswith(".py") and os.path.isfile(program) and os.access(program, os.X_OK):
+        return [program if os.sep in program else os.path.join(os.curdir, program)] + args
+    return [sys.executable, program] + args
 
 
 def main(argv=None):
@@ -29,7 +40,7 @@ def main(argv=None):
     for r in range(a.nproc):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(a.nproc),
                    LOCAL_WORLD_SIZE=str(a.nproc), DEVAL_LAUNCH_ID=run)
-        procs.append(subprocess.Popen([sys.executable, a.script] + a.args, env=env))
+        procs.append(subprocess.Popen(command(a.script, a.args), env=env))
     status = 0
     failed_at = None
     while any(q.poll() is None for q in procs):

@@ -185,6 +185,17 @@ def test_mpirun_c_program(runtime):
     assert {ln.split()[1] for ln in lines} == {"0", "1", "2", "3"}
 
 
+def test_deval_launch_c_program(runtime):
+    """examples/join_auto.c run as its comment says: python -m deval.launch -n 3 ./join_auto."""
+    p = subprocess.run([sys.executable, "-m", "deval.launch", "-n", "3", "./example-join-auto"],
+                       capture_output=True, text=True, timeout=120, cwd=BUILD,
+                       env=dict(os.environ, PYTHONPATH=PYTHON_DIR))
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("rank ")]
+    assert len(lines) == 3 and {ln.split()[1] for ln in lines} == {"0", "1", "2"}, p.stdout
+    assert all(" in group deval.launch-" in ln for ln in lines), lines
+
+
 def race_rank(rank, world, name):
     import deval
     import numpy as np
