@@ -762,10 +762,9 @@ int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
         opts = &own;
         if ((r = dv_ident_call(g, fn, n, in, opts, call)) < 0)
                 return r;
+        /* (req_site() refuses a call past DV_PASS_SITES, so stream names one) */
         if ((r = gather_common(g, DV_OP_GATHER_METRICS, fn, n + 1, call, opts, res)) < 0)
                 return dv_ident_explain(g, r);
-        if (stream >= DV_PASS_SITES)
-                return dv_set_err(g, DEVAL_EPROTO, "%s: call %d of the batch", fn, stream + 1);
         return dv_ident_result(g, fn, stream, n, res, own.same_rows, out);
 }
 
@@ -845,11 +844,12 @@ static int eval_end(deval_group *g, const char *fn, uint32_t flags, bool check) 
         if (!g->ident)
                 return eval_end_step(g, fn, flags | (check ? DV_END_EXHAUSTED : 0));
         int r = eval_end_step(g, fn, flags);
-        if (r < 0 || (deval_eval_missed(g) == 0 && !check)) {
+        bool replay = r == 0 && deval_eval_missed(g) > 0;
+        if (r < 0 || (!replay && !check)) {
                 dv_ident_free(g);
                 return r;
         }
-        if (deval_eval_missed(g) == 0)
+        if (!replay)
                 return dv_ident_check(g, fn);
         if (check)
                 dv_ident_check_later(g);
@@ -874,6 +874,15 @@ static int eval_end_step(deval_group *g, const char *fn, uint32_t flags) {
         return coll_wait(g, fn, /* pass_end= */ true, &res);
 }
 
+/* What this rank kept of its last pass (batches, a replay not finished, keys) is over. */
+static void pass_forget(deval_group *g) {
+        g->batch = false;
+        g->site[0] = g->site[1] = 0;
+        g->batch_no = 0;
+        dv_replay_clear(g);
+        dv_ident_free(g);
+}
+
 /**
  * deval_eval_begin() - open an eval pass over a dataset of num_samples samples, in order.
  * Return: 0; DEVAL_EINVAL (negative num_samples, unknown order, a pass already open);
@@ -887,11 +896,7 @@ int deval_eval_begin(deval_group *g, int64_t num_samples, deval_order order) {
                                   num_samples);
         if (order != DEVAL_ORDER_RANK && order != DEVAL_ORDER_STRIDED)
                 return dv_set_err(g, DEVAL_EINVAL, "deval_eval_begin: unknown order %d", order);
-        g->batch = false;
-        g->site[0] = g->site[1] = 0;
-        g->batch_no = 0;
-        dv_replay_clear(g); /* a replay not finished is over */
-        dv_ident_free(g);
+        pass_forget(g);
         return simple_op(g, DV_OP_EVAL_BEGIN, "deval_eval_begin", num_samples, order);
 }
 
@@ -912,10 +917,7 @@ int deval_eval_begin_keys(deval_group *g, int64_t num_samples, int64_t num_keys)
         const char *fn = "deval_eval_begin_keys";
         if (!g)
                 return DEVAL_EINVAL;
-        g->batch = false;
-        g->site[0] = g->site[1] = 0;
-        g->batch_no = 0;
-        dv_replay_clear(g);
+        pass_forget(g);
         int r = dv_ident_begin(g, fn, num_samples, num_keys);
         if (r < 0)
                 return r;
@@ -1136,9 +1138,6 @@ int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes
         if ((r = dv_ident_items_call(g, fn, n, items, opts, &call)) < 0 ||
             (r = objects_common(g, DV_OP_OBJECTS_METRICS, fn, n, call, opts, &res_n, &res)) < 0)
                 return r;
-        if (stream >= DV_PASS_STREAMS)
-                return dv_set_err(g, DEVAL_EPROTO, "%s: call %d of the batch", fn,
-                                  stream - DV_PASS_SITES + 1);
         return dv_ident_items_result(g, fn, stream, res_n, res, own.same_rows & 1, out_n,
                                      out_items);
 }
