@@ -18,6 +18,7 @@
 #include "arena.h"
 #include "autostart.h"
 #include "gpu.h"
+#include "held.h"
 #include "ident.h"
 #include "job.h"
 #include "sock.h"
@@ -188,6 +189,7 @@ int dv_request(deval_group *g, const void *req, size_t len, DvReply *rep, int *f
 static void group_free(deval_group *g) {
         if (!g)
                 return;
+        dv_held_remove(g);
         if (g->device >= 0 && g->din)
                 dv_gpu()->unmap(g->device, g->din, g->din_size);
         if (g->device >= 0 && g->dout)
@@ -393,6 +395,14 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                                   sizeof(g->socket_path), &named) < 0 ||
             strlen(g->socket_path) >= sizeof(sa.sun_path))
                 return dv_join_err(DEVAL_EINVAL, "deval_join: the socket path is too long");
+        const deval_group *had = dv_held_find(group, g->socket_path);
+        if (had)
+                return dv_join_err(DEVAL_EINVAL,
+                                   "deval_join: this process already holds group '%s' as rank %d "
+                                   "of %d; a second join of it would wait for a rank that never "
+                                   "comes. Use the handle the first join returned, or leave it "
+                                   "first",
+                                   group, had->rank, had->world);
 
         g->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         if (g->sock < 0)
@@ -499,6 +509,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         uint32_t a = atomic_load_explicit(&g->done->done_seq, memory_order_acquire);
         uint32_t b = atomic_load_explicit(&g->hdr->fast.done_seq, memory_order_acquire);
         g->seq = (int32_t)(b - a) > 0 ? b : a;
+        dv_held_add(g);
         *out = TAKE_PTR(g);
         return 0;
 }

@@ -22,7 +22,8 @@ struct deval_group {
                                 run there, in global ranks; NULL: a group of one machine */
         DvRequest *req; /* where this rank describes its collective: its slot, or the span's */
         int rank, world;
-        pid_t pid;      /* the process that joined; a forked child may not use the handle */
+        pid_t pid; /* the process that joined; a forked child may not use the handle */
+        struct deval_group *held_next; /* held.c's list of this process's groups */
         unsigned forks; /* dv_forks() at the join: while it holds, this is that process */
         int timeout_ms; /* < 0: forever */
         char name[DV_GROUP_NAME_MAX];
