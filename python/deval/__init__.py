@@ -31,13 +31,14 @@ import os
 import pickle
 import struct
 import sys
+import weakref
 
 import numpy as np
 
 from . import _loop
 
 __all__ = [
-    "join", "Group", "Error", "InvalidArgument", "Mismatch", "PeerLost", "DaemonLost",
+    "join", "Group", "real_rows", "Error", "InvalidArgument", "Mismatch", "PeerLost", "DaemonLost",
     "Timeout", "OutOfMemory", "PermissionDenied", "ProtocolError", "Aborted", "NotSupported",
     "SystemFailure", "MAX_TENSORS", "DeviceView",
 ]
@@ -925,7 +926,8 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     meet in its devald, and one rank per machine exchanges the machine's part with the
     others through torch.distributed (a gloo group of those ranks), which must be initialised
     first (NotSupported says so otherwise); results are those of one machine.
-    $DEVAL_ONE_MACHINE=1 says every rank runs here.
+    $DEVAL_ONE_MACHINE=1 says every rank runs here. A second join() with the same arguments
+    in a process that holds the group (a helper joining again) returns that group.
     """
     if group is not None and not isinstance(group, str):
         raise InvalidArgument("deval.join: the group name must be a str", -1)
@@ -946,6 +948,10 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
                                 not isinstance(timeout, (int, float))):
         raise InvalidArgument("deval.join: timeout must be a number of seconds", -1)
     index = _device_index(device)
+    key = (group, os.fspath(socket) if socket else None, rank, world_size, index)
+    held = _HELD.get(key)
+    if held is not None and held._h and held._pid == os.getpid():
+        return held  # (a helper joining again: the group this process holds)
     opts = _JoinOpts()
     opts.socket_path = os.fsencode(socket) if socket else None
     if index is not None:
@@ -959,7 +965,8 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     else:
         opts.timeout_ms = max(1, min(int(timeout * 1000), 2**31 - 1))
     if spans is not None:
-        return _join_spanning(group, spans, opts)
+        g = _HELD[key] = _join_spanning(group, spans, opts)
+        return g
     handle = ctypes.c_void_p()
     r = _lib.deval_join(None if group is None else group.encode(), rank, world_size,
                         ctypes.byref(opts), ctypes.byref(handle))
@@ -969,7 +976,11 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     if group is None:  # what libdeval found
         group = _lib.deval_group_name(handle).decode()
         rank, world_size = _lib.deval_rank(handle), _lib.deval_world_size(handle)
-    return Group(handle, group, rank, world_size, index)
+    g = _HELD[key] = Group(handle, group, rank, world_size, index)
+    return g
+
+
+_HELD = weakref.WeakValueDictionary()  # join()'s arguments -> the group they joined
 
 
 class Group:
@@ -980,6 +991,7 @@ class Group:
 
     def __init__(self, handle, name, rank, world_size, device=None):
         self._h = handle
+        self._pid = os.getpid()  # (a forked child holds none of its parent's groups)
         self.device = device
         self.name = name
         self.rank = rank
@@ -990,6 +1002,7 @@ class Group:
         self._engine = None
         self._in_pass = False
         self._keyed = False  # the open pass carries dataset indices (eval_loop)
+        self._replaying = False  # eval_loop hands the body padding, its calls kept answers
         self._left = None  # the failure of a pass this rank left, for its next call
         self._batch_ids = ()  # in a pass with keys: what the current batch is made of
         self._fast = _Fast() if device is None else None
@@ -1226,14 +1239,16 @@ class Group:
         loader's shards hold together and order to its sampler's: torch's DistributedSampler
         is "strided" (drop_last honoured), Accelerate's prepared loaders are "rank"; for any
         other loader pass both (over a map-style dataset num_samples is enough: there each
-        batch's dataset indices travel with its gathers, results in index order, each sample
-        once, rows k per sample).
+        batch's dataset indices travel with its gathers, rows k per sample: where the sharding
+        is known, results in the order one process reads them, each draw of the sampler once,
+        else in dataset-index order, each index once).
 
         A rank whose loader runs out first waits at the end of its loop while devald answers
-        the others' gathers for it; then the loop body runs again on empty batches (every
-        tensor cut to 0 rows), once per batch it missed, and each gather in them returns what
-        the others got there without a collective. So every rank ends with every sample. The
-        body must make the same deval calls on every rank and accept an empty batch.
+        the others' gathers for it; then the loop body runs again, once per batch it missed,
+        on a batch of one padding sample in the batch's own structure (real_rows() all
+        False), and each deval call in them returns what the others got there without a
+        collective. So every rank ends with every sample. The body must make the same deval
+        calls on every rank. real_rows() tells a batch's real samples from padding.
         """
         self._handle()
         wrapper, loader = loader, _loop.unwrapped(loader)  # (iterate the progress bar, if any)
@@ -1288,6 +1303,16 @@ class Group:
             self._check(_lib.deval_pad_across_processes(h, ctypes.byref(t), int(dim),
                                                         float(pad_index), bool(pad_first),
                                                         ctypes.byref(out)))
+            if self._replaying and leaf.array is not None:
+                # the answer kept for this rank is its empty part; the body's padding sample
+                # is padded as the others were, to go on through the body
+                d = dim % nd
+                a, width = leaf.array, out.shape[d]
+                extra = max(0, width - a.shape[d])
+                spec = [(0, 0)] * nd
+                spec[d] = (extra, 0) if pad_first else (0, extra)
+                results.append(leaf.wrap(np.pad(a, spec, constant_values=pad_index)))
+                continue
             results.append(_result(leaf, out, copy))
         return _rebuild(template, results)
 
@@ -1377,13 +1402,16 @@ class _LoopPass:
     def __init__(self, group, num_samples, order, loader=None):
         self.g = group
         self.n, self.o = group._pass_args(num_samples, order)
-        if loader is not None:
-            try:
-                _loop.check_loader(loader)
-            except ValueError as e:
-                raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
         base, self.num_keys = _loop.map_loader(loader) if loader is not None and \
             group.device is None else (None, None)
+        draws = _loop.draws(loader, base) if base is not None else None
+        if draws is not None:
+            self.num_keys = draws.n  # a sample is a draw of the sampler the ranks share
+        if loader is not None:
+            try:
+                _loop.check_loader(loader, draws is not None)
+            except ValueError as e:
+                raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
         if base is not None and self.n > self.num_keys:
             raise InvalidArgument("deval.eval_loop: num_samples is %d, but this rank's dataset "
                                   "holds %d samples: its indices name the samples, so every "
@@ -1391,8 +1419,15 @@ class _LoopPass:
                                   "own on each rank makes them collide); give every rank the "
                                   "whole dataset behind a DistributedSampler"
                                   % (self.n, self.num_keys), -1)
-        self.keys = _loop.Keys(base, getattr(loader, "skip_batches", 0)) if base is not None \
+        self.keys = _loop.Keys(base, getattr(loader, "skip_batches", 0), draws) \
+            if base is not None else None
+        # where the rows of an iterable Accelerate shards stand, to tell its padding
+        self.rows = _loop.shard_rows(loader) if loader is not None and self.keys is None \
             else None
+        self.dealt = 0  # samples of the iterable so far
+        self.real = None  # the current batch's real samples (a bool array), when known
+        self.samples = None  # how many samples the current batch holds, when known
+        self.seq = None  # which of this process's loops it is
         self.open_now = False  # eval_loop: the pass opens before the first batch
         self.opened = False
         self.batches = 0  # batches yielded so far
@@ -1434,17 +1469,41 @@ class _LoopPass:
         self.g._check(_lib.deval_eval_batch_keys(h, len(ks), arr))
 
     def _batch(self, batch):
+        self.real = None
+        self.samples = _loop.batch_rows(batch)
+        if self.samples is None and isinstance(batch, list):
+            self.samples = len(batch)  # (a list of the samples themselves)
         if self.keys is not None:
             try:
                 self.cur = self.keys.next(batch)
             except ValueError as e:
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
             self.g._batch_ids = _loop.data_ids(batch)
+            self.samples = len(self.cur)
+            if self.keys.real is not None:
+                self.real = np.array(self.keys.real, dtype=bool)
+        elif self.rows is not None:
+            b = _loop.batch_rows(batch)
+            if b is None:
+                self.rows = None  # (rows it cannot count: from here on, unknown)
+            else:
+                n, at = self.rows
+                self.real = np.array([at(self.dealt + m) < n for m in range(b)], dtype=bool)
+                self.dealt += b
         self.batches += 1
         if self.opened:
             self._declare()
 
     def run(self, make_iter):
+        _loop.LOOPS[0] += 1
+        self.seq = _loop.LOOPS[0]
+        _loop.ACTIVE.append(self)
+        try:
+            yield from self._run(make_iter)
+        finally:
+            _loop.ACTIVE.remove(self)
+
+    def _run(self, make_iter):
         g = self.g
         h = g._handle()
         done, last = False, None
@@ -1479,25 +1538,52 @@ class _LoopPass:
         missed = _lib.deval_eval_missed(h)
         if missed <= 0:
             return
-        if last is None:
+        pad = self._padding(last)
+        if pad is _END:
             _lib.deval_eval_replay_done(h)
             raise Mismatch("deval.eval_loop: this rank's loader had no batch, so it cannot "
                            "replay the %d batches the other ranks gathered; use fewer "
                            "processes than batches (or even_batches=True)" % missed, -2)
-        empty = _loop.empty_like(last)
-        g._in_pass, g._keyed = True, keyed
-        g._batch_ids = _loop.data_ids(empty)
-        self.cur = []
+        g._in_pass, g._keyed, g._replaying = True, keyed, True
+        g._batch_ids = _loop.data_ids(pad)
+        self.real, self.samples = np.zeros(1, dtype=bool), 1
         try:
             for _ in range(missed):
+                self.batches += 1
                 self._declare()
-                yield empty
+                yield pad
         except GeneratorExit:
             _lib.deval_eval_replay_done(h)
             raise
         finally:
-            g._in_pass = g._keyed = False
+            g._in_pass = g._keyed = g._replaying = False
         g._check(_lib.deval_eval_replay_done(h))
+
+
+    def _padding(self, last):
+        """The batch the replay hands the body: one padding sample in the loader's own
+        structure, read again from the dataset where its indices are known (self.cur its key),
+        else cut from the rank's last batch; _END when there is none."""
+        if self.keys is not None:
+            if last is None:
+                self.keys.indices = [0]  # no batch of its own: the dataset's first sample
+            self.cur = self.cur[:1] if self.cur else [0]
+            try:
+                return self.keys.padding()
+            except Exception:  # (a dataset that cannot be read again here)
+                pass
+        return _END if last is None else _loop.head(last)
+
+
+def real_rows():
+    """Which samples of the current batch are real, a bool numpy array, one per sample: False
+    for the padding a sharding adds to even out the ranks' last batches (DistributedSampler's,
+    Accelerate's even_batches) and for the batches a rank replays (see eval_loop). For the
+    innermost loop deval runs (eval_loop, or a loader deval.accelerate hooked); None outside
+    one, or where deval cannot tell which samples are padding. A running sum or count a rank
+    keeps of its own is exact when it takes only these rows; attached torchmetrics metrics
+    take only these rows by themselves."""
+    return _loop.ACTIVE[-1].real if _loop.ACTIVE else None
 
 
 def _order_code(order):

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """What an eval loop needs to know about a loader: how many distinct samples its shards hold
-together (num_samples) and in which order a gather returns them (order), and how to make an
-empty batch shaped like a real one.
+together (num_samples) and in which order a gather returns them (order), and how to make a
+batch of one padding sample shaped like a real one.
 
 Recognised: torch's DistributedSampler (strided order; drop_last honoured), and Accelerate's
 prepared loaders (rank order): batch-sampler shards with even_batches on or off,
@@ -61,6 +61,14 @@ def _kept_by_ranks(sampler, world, bs):
     last short batch (drop_last=True): each rank's own sampler, dealt again for every rank."""
     import copy
     kept = set()
+    if type(sampler) is sys.modules["torch.utils.data"].distributed.DistributedSampler:
+        # its samples are its draws (Draws): rank r deals draws r, r + world, ...
+        n = sampler.total_size if sampler.drop_last else len(sampler.dataset)
+        for r in range(world):
+            for j in range(sampler.num_samples // bs * bs):
+                p = r + j * world
+                kept.add(p if p < n else (p - n) % n)
+        return len(kept)
     for r in range(world):
         twin = copy.copy(sampler)
         twin.rank = r
@@ -121,6 +129,8 @@ def pass_params(loader, world):
                                    "DistributedSampler, which shards it twice; prepare a "
                                    "loader without it, or iterate the unprepared loader")
             bs = getattr(inner, "batch_size", None)
+            if _batch_draws(inner) is not None:  # a sampler that may draw more than the dataset
+                n = len(inner.sampler)
             if not getattr(inner, "drop_last", False):
                 return n, "rank"
             if bs is None:
@@ -153,31 +163,59 @@ def _is_data(x):
     return hasattr(x, "shape") and hasattr(x, "__getitem__") and not isinstance(x, (str, bytes))
 
 
-def empty_like(batch):
-    """batch with every tensor or array cut to 0 rows and every list of samples emptied."""
-    if _is_data(batch):
-        return batch[:0] if len(batch.shape) > 0 else batch
-    if isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__")
-                                   and not isinstance(batch, (list, tuple))):
-        items = {k: empty_like(batch[k]) for k in batch.keys()}
+def _mapping(x):
+    return isinstance(x, dict) or (hasattr(x, "keys") and hasattr(x, "__getitem__")
+                                   and not isinstance(x, (list, tuple, str, bytes)))
+
+
+def _column(x, b):
+    """x holds one entry per sample of a batch of b: rows, or a list of the samples' fields."""
+    return (_is_data(x) and len(x.shape) > 0 and x.shape[0] == b) or \
+        (isinstance(x, (list, tuple)) and len(x) == b)
+
+
+def head(batch):
+    """A batch of one sample cut from batch, in its own structure: every tensor's first
+    sample (its rows / the batch's samples), every list of the batch's samples cut to its
+    first. A batch of no structure it knows comes back as it is."""
+    b = batch_rows(batch)
+    if b is None and isinstance(batch, (list, tuple)) and batch:
+        inner = [len(v) for v in batch if isinstance(v, (list, tuple))]
+        if len(inner) == len(batch) and len(set(inner)) == 1 and inner[0] != len(batch):
+            b = inner[0]  # columns of the samples' fields (collate_fn=lambda b: zip(*b))
+        else:
+            b = len(batch)  # the samples themselves
+    return _cut(batch, b) if b else batch
+
+
+def _cut(x, b):
+    if _is_data(x):
+        if len(x.shape) == 0 or x.shape[0] % b:
+            return x
+        return x[:x.shape[0] // b]
+    if _mapping(x):
+        items = {k: _cut(x[k], b) for k in x.keys()}
         try:
-            return type(batch)(items)
+            return type(x)(items)
         except Exception:
             return items
-    if isinstance(batch, (list, tuple)):
-        if not any(_is_data(v) or isinstance(v, (list, tuple, dict)) for v in batch):
-            return type(batch)() if type(batch) in (list, tuple) else []
-        items = [empty_like(v) for v in batch]
-        if type(batch) in (list, tuple):
-            return type(batch)(items)
+    if isinstance(x, (list, tuple)):
+        if len(x) == b and not all(_column(v, b) for v in x):
+            return x[:1]  # the batch's samples themselves
+        items = [_cut(v, b) for v in x]
+        if type(x) in (list, tuple):
+            return type(x)(items)
         try:
-            return type(batch)(*items)  # a namedtuple
+            return type(x)(*items)  # a namedtuple
         except TypeError:
             return items
-    return batch
+    return x
 
 
 # ---- which samples each batch holds -------------------------------------------------------
+
+ACTIVE = []  # the _LoopPass of each loop running, innermost last
+LOOPS = [0]  # loops this process started: each one's number, which ranks agree on
 
 _DRAWING = {}  # id(DataLoader) -> where its next iterator notes the batches it draws
 _INDEX_SAMPLER = None  # torch's DataLoader._index_sampler, while a loop may tap it
@@ -231,10 +269,85 @@ def map_loader(loader):
         return None, None
 
 
-def check_loader(loader):
+def _batch_draws(inner):
+    """The sampler behind torch's own BatchSampler inner, when it has a length: each batch but
+    the last holds inner.batch_size of its draws, in order. None otherwise."""
+    tud = sys.modules["torch.utils.data"]
+    if type(inner) is not tud.BatchSampler or not inner.batch_size:
+        return None
+    try:
+        len(inner.sampler)
+    except TypeError:
+        return None
+    return inner.sampler
+
+
+class Draws:
+    """Where the samples a rank's loader yields stand among the draws of the sampler all ranks
+    share, the order one process would read them in: draw p < n is the sampler's own, a draw
+    p >= n the sharding's padding, a repeat of draw (p - n) % wrap. at(i, j, k) is the place
+    of the k-th sample of the rank's i-th batch, the j-th sample it was dealt."""
+
+    def __init__(self, n, wrap, at):
+        self.n, self.wrap, self.at = n, wrap, at
+
+    def key(self, p):
+        return p if p < self.n else (p - self.n) % self.wrap
+
+
+def draws(loader, base):
+    """The Draws of a DataLoader base (loader's, as map_loader found it) whose sharding deval
+    knows exactly: torch's DistributedSampler, Accelerate's batch sampler shards. None for
+    any other; its samples are told apart by dataset index alone."""
+    tud = sys.modules["torch.utils.data"]
+    index = base.batch_sampler if base._auto_collation else base.sampler
+    acc = _accelerate()
+    if acc is not None and type(index) is acc.BatchSamplerShard:
+        inner, world, r = index.batch_sampler, index.num_processes, index.process_index
+        sampler = _batch_draws(inner)
+        if sampler is None or getattr(loader, "skip_batches", 0):
+            return None
+        n, bs = len(sampler), inner.batch_size
+        if n == 0:
+            return None
+        if index.split_batches:
+            if bs % world:
+                return None
+            per = bs // world
+            return Draws(n, min(n, bs), lambda i, j, k: i * bs + r * per + k)
+        return Draws(n, min(n, world * bs), lambda i, j, k: (i * world + r) * bs + k)
+    ds = index.sampler if type(index) is tud.BatchSampler else index
+    if type(ds) is not tud.distributed.DistributedSampler:
+        return None
+    n = ds.total_size if ds.drop_last else len(ds.dataset)
+    if n == 0:
+        return None
+    world, r = ds.num_replicas, ds.rank
+    return Draws(n, n, lambda i, j, k: r + (j + k) * world)
+
+
+def shard_rows(loader):
+    """For an iterable dataset Accelerate shards, the place of the m-th sample a rank gets
+    among the dataset's (padding past its length): (length, at(m)). None for other loaders."""
+    acc = _accelerate()
+    ds = getattr(loader, "dataset", None)
+    if acc is None or not isinstance(loader, acc.DataLoaderShard) or \
+            not isinstance(ds, acc.IterableDatasetShard):
+        return None
+    try:
+        n = len(ds.dataset)
+    except TypeError:
+        return None
+    world, r = ds.num_processes, ds.process_index
+    total = ds.batch_size if ds.split_batches else ds.batch_size * world
+    per = ds.batch_size // world if ds.split_batches else ds.batch_size
+    return n, lambda m: m // per * total + r * per + m % per
+
+
+def check_loader(loader, by_draw=False):
     """ValueError for a loader whose batches no pass can tell apart: batches yielded out of
-    the order they were drawn, or samples drawn with replacement (a pass keeps each dataset
-    index once)."""
+    the order they were drawn, or, when its samples are told apart by dataset index alone
+    (not by_draw), samples drawn with replacement."""
     base = getattr(loader, "base_dataloader", loader)
     if getattr(base, "num_workers", 0) > 0 and getattr(base, "in_order", True) is False:
         raise ValueError("the DataLoader yields batches out of the order its sampler drew them "
@@ -246,24 +359,32 @@ def check_loader(loader):
         if s is None or id(s) in seen:
             continue
         seen.add(id(s))
-        if getattr(s, "replacement", False) is True:
-            raise ValueError("its sampler %s draws with replacement; a pass keeps each dataset "
-                             "index once, so the repeats a single process counts would be "
-                             "dropped: gather such an evaluation without a pass (gather())"
-                             % type(s).__name__)
+        if not by_draw and getattr(s, "replacement", False) is True:
+            raise ValueError("its sampler %s draws with replacement, and deval does not know "
+                             "how this loader shards it, so the repeats a single process "
+                             "counts cannot be told from a sharding's padding: shard it with "
+                             "a DistributedSampler or Accelerate's prepare(), or gather such "
+                             "an evaluation without a pass (gather())" % type(s).__name__)
         for a in ("sampler", "batch_sampler"):
             todo.append(getattr(s, a, None))
 
 
 class Keys:
-    """The dataset indices of each batch a loop over a map-style DataLoader yields, in order:
+    """Which samples each batch a loop over a map-style DataLoader yields holds, in order:
     ``with Keys(base) as keys:``, the loader's iterator started (and its first batch drawn)
-    ``with keys.drawing():``, then ``keys.next(batch)`` for each batch."""
+    ``with keys.drawing():``, then ``keys.next(batch)`` for each batch. A sample's key is its
+    place among the shared sampler's draws when the sharding is known (draws, a Draws), its
+    dataset index otherwise."""
 
-    def __init__(self, base, skip=0):
+    def __init__(self, base, skip=0, draws=None):
         self.base = base
         self.skip = skip
+        self.draws = draws
         self.drawn = collections.deque()
+        self.batch = 0  # batches drawn so far, with those the loader skipped
+        self.dealt = 0  # indices drawn so far
+        self.real = None  # the last batch's real samples (a bool per sample), when known
+        self.indices = None  # the last batch's dataset indices
 
     def __enter__(self):
         global _INDEX_SAMPLER, _TAPPING
@@ -294,20 +415,24 @@ class Keys:
         """The dataset indices of batch, the loader's next; ValueError when they cannot be
         told or do not match the batch."""
         while self.skip > 0 and self.drawn:  # drawn, and dropped by the loader itself
-            self.drawn.popleft()
+            self._take()
             self.skip -= 1
         if not self.drawn:
             raise ValueError("the loader yielded a batch its sampler did not draw here (an "
                              "iterator of it started before the loop?)")
-        b = self.drawn.popleft()
-        if not self.base._auto_collation:
-            b = [b]  # batch_size=None: each index is one batch of one sample
+        b = self._take()
         try:
             keys = [i.__index__() for i in b]
         except (AttributeError, TypeError):
             raise ValueError("its sampler yields %s, not dataset indices" % type(b).__name__) \
                 from None
-        if len(set(keys)) != len(keys):
+        self.indices = keys
+        if self.draws is not None:
+            d, i, j = self.draws, self.batch - 1, self.dealt - len(keys)
+            at = [d.at(i, j, k) for k in range(len(keys))]
+            self.real = [p < d.n for p in at]
+            keys = [d.key(p) for p in at]
+        elif len(set(keys)) != len(keys):
             raise ValueError("its sampler put a dataset index twice in one batch (%s): a pass "
                              "keeps each index once, so the repeats a single process counts "
                              "would be dropped; gather such an evaluation without a pass "
@@ -318,6 +443,21 @@ class Keys:
                              "collate_fn that changes the number of samples hides which "
                              "sample each row is" % (rows, len(keys)))
         return keys
+
+    def _take(self):
+        b = self.drawn.popleft()
+        if not self.base._auto_collation:
+            b = [b]  # batch_size=None: each index is one batch of one sample
+        self.batch += 1
+        self.dealt += len(b)
+        return b
+
+    def padding(self):
+        """A batch of one padding sample, in the loader's own structure: the last batch's first
+        sample, read and collated again."""
+        base = self.base
+        sample = base.dataset[self.indices[0]]
+        return base.collate_fn([sample] if base._auto_collation else sample)
 
 
 def data_ids(batch):

@@ -1,25 +1,40 @@
 # SPDX-License-Identifier: MIT
 """torchmetrics over deval: a metric's states are gathered through a deval group instead of
-torch.distributed::
+torch.distributed, and a metric updated on each rank counts each sample once::
 
-    metric = torchmetrics.Accuracy(task="multiclass", num_classes=10,
-                                   dist_sync_fn=deval.torchmetrics.sync)
-    deval.torchmetrics.attach(metric_collection)     # or set it on every metric at once
+    deval.torchmetrics.attach(metric_or_collection)   # these metrics, wrappers' inner ones too
+    deval.torchmetrics.enable()                        # or every metric, made now or later
 
-sync(tensor) returns every rank's tensor, in rank order, whatever its shape on each rank
-(list states such as AUROC's hold a different number of samples per rank; a rank with none
-holds an empty placeholder, which takes the others' dtype). It uses the group given to
-use(), else the one deval.accelerate.enable() joined, else deval.join()'s from the launcher. attach() also tells the metric
-that it runs distributed, so it syncs without a torch.distributed process group.
+An attached metric:
+
+- syncs through deval on every path torchmetrics has (compute(), sync(), sync_context(),
+  forward with dist_sync_on_step, compute_on_cpu, MetricCollection's compute groups, every
+  wrapper), with or without a torch.distributed process group;
+- takes only the real samples of each batch of a loop deval runs (eval_loop, or a loader
+  deval.accelerate hooked): a sharding's padding and a replayed batch never reach its state
+  (deval.real_rows() says which they are). Every tensor or list passed to update() with one
+  row (or k rows) per sample of the batch is cut to the real samples' rows;
+- raises Mismatch from compute() where it may hold a duplicate: an update() that carried
+  padding in a value with no row per sample (a batch's mean loss), or a loop whose padding
+  deval cannot tell that gave the metric more samples over the ranks than its loader holds;
+- pickles, torch.save()s, deep-copies and loads in another process still attached.
+
+sync(tensor) returns every rank's tensor, in rank order, whatever its shape on each rank. It
+uses the group given to use(), else the one deval.accelerate.enable() joined, else
+deval.join()'s from the launcher.
 """
+
+import functools
 
 import numpy as np
 
-from . import InvalidArgument
+from . import InvalidArgument, Mismatch, _loop
 
-__all__ = ["sync", "attach", "use"]
+__all__ = ["sync", "attach", "enable", "use"]
 
 _GROUP = None
+_ALL = [False]  # enable(): every metric is attached
+_DEPTH = [0]  # updates running: a wrapper's inner metric takes what the wrapper was given
 
 
 def use(group):
@@ -64,25 +79,252 @@ def sync(result, group=None):
     return [p.reshape(s).to(result.device) for p, s in zip(parts, shapes)]
 
 
-def attach(metric):
-    """Set sync as the dist_sync_fn of metric, or of every metric in a MetricCollection (or
-    any mapping or list of metrics), and mark them distributed. Returns metric."""
+def _metrics(x):
+    """Every torchmetrics Metric in x: a metric with the ones it wraps, a MetricCollection,
+    any mapping or list of them."""
+    import torch
     import torchmetrics
-    if isinstance(metric, torchmetrics.Metric):
-        metrics = [metric]
-    elif hasattr(metric, "values"):
-        metrics = list(metric.values())
-    else:
-        metrics = list(metric)
-    for m in metrics:
-        if not isinstance(m, torchmetrics.Metric):
-            raise InvalidArgument("deval.torchmetrics.attach: %s is not a torchmetrics Metric"
-                                  % type(m).__name__, -1)
+    if isinstance(x, torch.nn.Module):
+        found = [m for m in x.modules() if isinstance(m, torchmetrics.Metric)]
+        if found:
+            return found
+    elif hasattr(x, "values"):
+        return [m for v in x.values() for m in _metrics(v)]
+    elif isinstance(x, (list, tuple)):
+        return [m for v in x for m in _metrics(v)]
+    raise InvalidArgument("deval.torchmetrics.attach: %s is not a torchmetrics Metric"
+                          % type(x).__name__, -1)
+
+
+def attach(metric):
+    """Attach metric (see the module's doc), every metric it wraps, or every metric of a
+    MetricCollection (or any mapping or list of metrics). Returns metric."""
+    _install()
+    for m in _metrics(metric):
         m.dist_sync_fn = sync
-        m.distributed_available_fn = _distributed  # (a module's function: it pickles)
+        m.distributed_available_fn = _distributed  # (module functions: they pickle)
+        m._deval = True
+        _hook(m)
     return metric
+
+
+def enable(on=True):
+    """Attach every torchmetrics metric of this process, those made before and after, for code
+    that makes its metrics deep inside a model; enable(False) stops it for the metrics not
+    attached by attach()."""
+    _install()
+    _ALL[0] = bool(on)
 
 
 def _distributed():
     """An attached metric runs distributed, with or without torch.distributed."""
     return True
+
+
+def _on(m):
+    return _ALL[0] or m.__dict__.get("_deval", False)
+
+
+# ---- what torchmetrics' Metric does, adapted ---------------------------------------------
+
+_ORIG = {}
+
+
+def _install():
+    """Adapt torchmetrics' Metric, once: its update takes the real samples, its sync goes
+    through deval, its reset forgets what deval saw. Only attached metrics (or all, after
+    enable()) see a difference."""
+    if _ORIG:
+        return
+    import torchmetrics
+    M = torchmetrics.Metric
+    _ORIG.update(init=M.__init__, setstate=M.__setstate__, sync=M.sync, reset=M.reset)
+
+    @functools.wraps(_ORIG["init"])
+    def __init__(self, *args, **kwargs):
+        _ORIG["init"](self, *args, **kwargs)
+        _hook(self)
+
+    @functools.wraps(_ORIG["setstate"])
+    def __setstate__(self, state):
+        _ORIG["setstate"](self, state)
+        _hook(self)
+
+    M.__init__, M.__setstate__, M.sync, M.reset = __init__, __setstate__, _sync, _reset
+
+
+def _hook(m):
+    """Put _Update in front of m's update, once."""
+    u = m.__dict__.get("update")
+    if u is not None and not isinstance(u, _Update):
+        m.update = _Update(m, u)
+
+
+class _Update:
+    """An attached metric's update: the real samples of the current batch of the loop deval
+    runs. (It lives in the metric's update attribute, which torchmetrics leaves out of a
+    pickle and makes again on load: so an attached metric pickles, and stays attached.)"""
+
+    def __init__(self, metric, update):
+        self.m, self.f = metric, update
+        functools.update_wrapper(self, update)
+
+    def __call__(self, *args, **kwargs):
+        m = self.m
+        lp = _loop.ACTIVE[-1] if _loop.ACTIVE and not _DEPTH[0] and _on(m) else None
+        if lp is not None:
+            real = lp.real
+            if real is None:
+                _count(m, lp)
+            elif not real.all():
+                if not real.any():
+                    return None  # all padding (a replayed batch): nothing to take
+                try:
+                    args, kwargs = _cut(args, real), _cut(kwargs, real)
+                except _Uncut as e:
+                    m.__dict__["_deval_taint"] = (
+                        "%s.update() at batch %d of loop #%d got %s, which has no row per "
+                        "sample of the batch (%d samples, %d of them padding), so deval cannot "
+                        "drop the padding from it: pass per-sample values ([batch, ...]) to "
+                        "update(), or keep only deval.real_rows() yourself"
+                        % (type(m).__name__, lp.batches, lp.seq, e, len(real),
+                           len(real) - int(real.sum())))
+        _DEPTH[0] += 1
+        try:
+            return self.f(*args, **kwargs)
+        finally:
+            _DEPTH[0] -= 1
+
+
+class _Uncut(Exception):
+    pass
+
+
+def _cut(x, real):
+    """x with only the real samples' rows, where x has a row (or k rows) per sample of the
+    batch; settings (numbers, strings, None) as they are. _Uncut naming what has no rows. A
+    value already cut to the real samples (real_rows() used by the caller) is left alone."""
+    b, nreal = len(real), int(real.sum())
+    leaves = []
+
+    def rows(v):
+        if hasattr(v, "shape") and hasattr(v, "__getitem__"):
+            if len(v.shape) == 0:
+                raise _Uncut("a 0-d %s" % type(v).__name__)
+            return v.shape[0]
+        if isinstance(v, (list, tuple)):
+            return len(v)
+        return None
+
+    def walk(v):
+        if isinstance(v, dict):
+            for w in v.values():
+                walk(w)
+        elif isinstance(v, (tuple, list)) and v is x:
+            for w in v:
+                walk(w)
+        else:
+            leaves.append(v)
+
+    walk(x)
+    counts = [r for r in map(rows, leaves) if r is not None]
+    if counts and all(r == nreal for r in counts):
+        return x  # cut already
+
+    def cut(v):
+        r = rows(v)
+        if r is None:
+            return v
+        if r % b:
+            raise _Uncut("a %s of %d rows" % (type(v).__name__, r))
+        keep = np.repeat(real, r // b)
+        if isinstance(v, (list, tuple)):
+            return type(v)(w for w, k in zip(v, keep) if k) if type(v) in (list, tuple) \
+                else [w for w, k in zip(v, keep) if k]
+        if isinstance(v, np.ndarray):
+            return v[keep]
+        import torch
+        return v[torch.from_numpy(keep).to(v.device)]
+
+    def rebuild(v):
+        if isinstance(v, dict):
+            return type(v)((k, rebuild(w)) for k, w in v.items())
+        if isinstance(v, (tuple, list)) and v is x:
+            return type(v)(rebuild(w) for w in v)
+        return cut(v)
+
+    return rebuild(x)
+
+
+def _count(m, lp):
+    """Note that m took the current batch of lp, a loop whose padding deval cannot tell: the
+    samples it took over the ranks must not exceed the loop's (checked at sync)."""
+    seen = m.__dict__.setdefault("_deval_seen", {})
+    ent = seen.setdefault(lp.seq, [lp.n, 0, 0])
+    if ent[2] == lp.batches:
+        return  # (a second update in one batch)
+    if lp.samples is None:
+        m.__dict__["_deval_taint"] = (
+            "%s.update() at batch %d of loop #%d: deval cannot tell which samples of this "
+            "loader's batches are padding, nor count them; shard it with a DistributedSampler "
+            "or Accelerate's prepare(), or update the metric with gathered results"
+            % (type(m).__name__, lp.batches, lp.seq))
+        return
+    ent[1] += lp.samples
+    ent[2] = lp.batches
+
+
+def _check(m):
+    """Mismatch on every rank when a rank's state of m may hold a duplicate sample."""
+    g = _group()
+    said = g.gather_object([(m.__dict__.get("_deval_taint"), m.__dict__.get("_deval_seen", {}))])
+    for rank, (taint, _) in enumerate(said):
+        if taint:
+            raise Mismatch("deval.torchmetrics: rank %d: %s" % (rank, taint), -2)
+    loops = {}
+    for _, seen in said:
+        for seq, (n, samples, _) in seen.items():
+            loops.setdefault(seq, [n, 0])[1] += samples
+    for seq, (n, samples) in sorted(loops.items()):
+        if samples > n:
+            raise Mismatch(
+                "deval.torchmetrics: %s took %d samples over the ranks in loop #%d, whose loader "
+                "holds %d: its sharding repeats %d samples to even out the ranks, and deval "
+                "cannot tell which rows they are for this loader. Shard it with a "
+                "DistributedSampler or Accelerate's prepare() over a map-style dataset, or "
+                "update the metric with results gathered by gather_for_metrics"
+                % (type(m).__name__, samples, seq, n, samples - n), -2)
+
+
+def _sync(self, dist_sync_fn=None, process_group=None, should_sync=True,
+          distributed_available=None):
+    """Metric.sync: an attached metric's through deval, after checking that no rank's state
+    holds a duplicate."""
+    if not _on(self):
+        return _ORIG["sync"](self, dist_sync_fn, process_group, should_sync,
+                             distributed_available)
+    if should_sync and not self._is_synced:
+        _check(self)
+        _one_per_rank(self)
+    if dist_sync_fn is None or getattr(dist_sync_fn, "__module__", "").startswith(
+            "torchmetrics."):
+        dist_sync_fn = sync  # (torchmetrics' own gather needs torch.distributed)
+    return _ORIG["sync"](self, dist_sync_fn, process_group, should_sync, _distributed)
+
+
+def _one_per_rank(m):
+    """Make each list state one tensor: torchmetrics gathers a list state element by element
+    where its reduction is not a concatenation, so ranks that took a different number of
+    batches (padding or a replay left out, an uneven loader) would gather out of step."""
+    import torch
+    from torchmetrics.utilities.data import dim_zero_cat
+    for attr in m._defaults:
+        v = getattr(m, attr)
+        if isinstance(v, list) and len(v) != 1 and all(isinstance(x, torch.Tensor) for x in v):
+            setattr(m, attr, [dim_zero_cat(v)] if v else [torch.tensor([], device=m.device,
+                                                                       dtype=m.dtype)])
+
+
+def _reset(self):
+    _ORIG["reset"](self)
+    self.__dict__.pop("_deval_taint", None)

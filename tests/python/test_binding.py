@@ -355,3 +355,31 @@ def test_torch_cuda_tensors(daemon):
     if results[0] != True:  # noqa: E712
         pytest.skip(results[0])
     assert results == [True, True]
+
+
+def _join_twice(rank, world, sock, name):
+    """A helper joins again while the process holds its group, one rank 2 s late: the same
+    group comes back; libdeval's own second join fails at once instead of waiting."""
+    import ctypes
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    if rank == 1:
+        time.sleep(2)
+    t0 = time.monotonic()
+    again = deval.join(name, rank, world, socket=sock, timeout=20)
+    opts = deval._JoinOpts()
+    opts.socket_path = sock.encode()
+    h = ctypes.c_void_p()
+    r = deval._lib.deval_join(name.encode(), rank, world, ctypes.byref(opts), ctypes.byref(h))
+    said = deval._lib.deval_errmsg(None).decode()
+    took = time.monotonic() - t0
+    out = again.gather(np.array([rank]))
+    g.leave()
+    return again is g, r, said, took, out.tolist()
+
+
+def test_joining_twice(daemon):
+    res = run_ranks(2, _join_twice, daemon.socket, group_name("twice"), timeout=60)
+    for same, r, said, took, out in res:
+        assert same and out == [0, 1]
+        assert r == deval.InvalidArgument.status and "already holds group" in said
+        assert took < 1.0
