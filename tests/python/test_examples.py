@@ -54,6 +54,18 @@ def test_accelerate_enable_example(daemon):
     assert p.stdout.count("same as one process: True") == 3, p.stdout
 
 
+def test_gather_c_example(daemon):
+    """examples/gather.c as its comment says: for r in 0 1; do ./gather $r 2 & done; wait."""
+    build = os.path.dirname(os.environ.get("DEVALD", os.path.join(ROOT, "build", "devald")))
+    env = dict(os.environ, DEVAL_SOCKET=daemon.socket)
+    p = subprocess.run("for r in 0 1; do ./example-gather $r 2 & done; wait", shell=True,
+                       cwd=build, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and not p.stderr, p.stdout + p.stderr
+    rows = [[int(v) for v in ln.split()] for ln in p.stdout.splitlines()[1:]]
+    assert p.stdout.startswith("5 samples x 3 tokens:"), p.stdout
+    assert [r[0] // 10 for r in rows] == [0, 1, 2, 3, 4], p.stdout  # dataset order, once each
+
+
 def test_launch_reports_a_failed_rank(daemon, tmp_path):
     script = tmp_path / "fail.py"
     script.write_text(
