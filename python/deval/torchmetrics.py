@@ -182,13 +182,13 @@ class _Update:
                 try:
                     args, kwargs = _cut(args, real), _cut(kwargs, real)
                 except _Uncut as e:
-                    m.__dict__["_deval_taint"] = (
+                    _taint(m, (
                         "%s.update() at batch %d of loop #%d got %s, which has no row per "
                         "sample of the batch (%d samples, %d of them padding), so deval cannot "
                         "drop the padding from it: pass per-sample values ([batch, ...]) to "
                         "update(), or keep only deval.real_rows() yourself"
                         % (type(m).__name__, lp.batches, lp.seq, e, len(real),
-                           len(real) - int(real.sum())))
+                           len(real) - int(real.sum()))))
         _DEPTH[0] += 1
         try:
             return self.f(*args, **kwargs)
@@ -256,22 +256,33 @@ def _cut(x, real):
     return rebuild(x)
 
 
+def _within(m):
+    """m and the metrics it wraps: the ones whose sync checks what m took (a wrapper's own
+    compute does not sync)."""
+    import torchmetrics
+    return [x for x in m.modules() if isinstance(x, torchmetrics.Metric)]
+
+
+def _taint(m, why):
+    for x in _within(m):
+        x.__dict__["_deval_taint"] = why
+
+
 def _count(m, lp):
     """Note that m took the current batch of lp, a loop whose padding deval cannot tell: the
     samples it took over the ranks must not exceed the loop's (checked at sync)."""
-    seen = m.__dict__.setdefault("_deval_seen", {})
-    ent = seen.setdefault(lp.seq, [lp.n, 0, 0])
-    if ent[2] == lp.batches:
-        return  # (a second update in one batch)
     if lp.samples is None:
-        m.__dict__["_deval_taint"] = (
-            "%s.update() at batch %d of loop #%d: deval cannot tell which samples of this "
-            "loader's batches are padding, nor count them; shard it with a DistributedSampler "
-            "or Accelerate's prepare(), or update the metric with gathered results"
-            % (type(m).__name__, lp.batches, lp.seq))
+        _taint(m, "%s.update() at batch %d of loop #%d: deval cannot tell which samples of "
+               "this loader's batches are padding, nor count them; shard it with a "
+               "DistributedSampler or Accelerate's prepare(), or update the metric with "
+               "gathered results" % (type(m).__name__, lp.batches, lp.seq))
         return
-    ent[1] += lp.samples
-    ent[2] = lp.batches
+    for x in _within(m):
+        seen = x.__dict__.setdefault("_deval_seen", {})
+        ent = seen.setdefault(lp.seq, [lp.n, 0, 0])
+        if ent[2] != lp.batches:  # (not a second update in one batch)
+            ent[1] += lp.samples
+            ent[2] = lp.batches
 
 
 def _check(m):

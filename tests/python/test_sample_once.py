@@ -243,15 +243,17 @@ def test_replay_of_raw_samples_and_a_model_that_rejects_empty(daemon, collate):
     assert res[1][2] == [(2, None), (2, None), (1, False)] and res[0][2] == [(1, None)] * 3
 
 
-def unknown_rank(rank, world, sock, name):
-    """A sharding deval does not know, which pads: the metric refuses to compute."""
+def unknown_rank(rank, world, sock, name, wrapped):
+    """A sharding deval does not know, which pads: the metric refuses to compute (a wrapper's
+    inner metric too, though the wrapper's own compute syncs nothing)."""
     torch.set_num_threads(1)
     from torch.utils.data import DataLoader, TensorDataset
     g = deval.join(name, rank, world, socket=sock, timeout=30)
     dtm.use(g)
     ds = TensorDataset(torch.arange(5))
     mine = [[0, 1], [2, 3]] if rank == 0 else [[4, 0], [1, 2]]  # 0, 1, 2 twice
-    m = dtm.attach(torchmetrics.SumMetric())
+    m = dtm.attach(torchmetrics.wrappers.MinMaxMetric(torchmetrics.SumMetric()) if wrapped
+                   else torchmetrics.SumMetric())
     try:
         for (x,) in g.eval_loop(DataLoader(ds, batch_sampler=mine), num_samples=5):
             m.update(x.float())
@@ -263,10 +265,12 @@ def unknown_rank(rank, world, sock, name):
         g.leave()
 
 
-def test_padding_it_cannot_tell_fails_the_compute(daemon):
-    res = run_ranks(2, unknown_rank, daemon.socket, group_name("unknown"), timeout=120)
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_padding_it_cannot_tell_fails_the_compute(daemon, wrapped):
+    res = run_ranks(2, unknown_rank, daemon.socket, group_name("unknown"), wrapped,
+                    timeout=120)
     for said in res:
-        assert isinstance(said, str) and "took 8 samples" in said and "holds 5" in said
+        assert isinstance(said, str) and "took 8 samples" in said and "holds 5" in said, said
 
 
 def test_real_rows_outside_a_loop_is_none():
@@ -295,6 +299,8 @@ def samplers(n):
             range(n), replacement=True, num_samples=15,
             generator=torch.Generator().manual_seed(4)),
         "twice": lambda: Twice(n),
+        "shuffled": lambda: torch.utils.data.RandomSampler(
+            range(n), generator=torch.Generator().manual_seed(4)),
         "plain": lambda: torch.utils.data.SequentialSampler(range(n)),
     }
 
@@ -323,7 +329,7 @@ def accel_rank(rank, world, port, name, kind, even, sock):
     return rows, per_rank
 
 
-@pytest.mark.parametrize("kind", ["weighted", "replacement", "twice", "plain"])
+@pytest.mark.parametrize("kind", ["weighted", "replacement", "twice", "shuffled", "plain"])
 @pytest.mark.parametrize("world,even", [(2, True), (3, True), (3, False)])
 def test_samplers_that_repeat_under_accelerate(daemon, kind, world, even):
     pytest.importorskip("accelerate")
