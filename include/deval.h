@@ -141,6 +141,9 @@ int deval_rank(const deval_group *g);
 int deval_world_size(const deval_group *g);
 /* The group's name: the one deval_join() took from the launcher when given NULL. */
 const char *deval_group_name(const deval_group *g);
+/* 1 when the launcher that started this process says its job runs on more than one machine
+ * (what it says in why, when not NULL), else 0; $DEVAL_ONE_MACHINE=1: 0. */
+int deval_job_spans(char *why, size_t why_len);
 
 /*
  * A group may span machines: each machine's ranks meet in their own devald, and one rank per

@@ -335,8 +335,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                         snprintf(req.launcher, sizeof(req.launcher), "%s", job.launcher);
                 }
                 /* the launcher's world: is it all on this machine? */
-                const char *one = getenv("DEVAL_ONE_MACHINE");
-                if (r == 0 && world_size < 0 && !(one && strcmp(one, "1") == 0) &&
+                if (r == 0 && world_size < 0 && deval_job_spans(NULL, 0) &&
                     (r = dv_job_one_machine(&job, why, sizeof(why))) < 0)
                         return dv_join_err(r, "deval_join: %s", why);
                 rank = rank < 0 ? job.rank : rank;

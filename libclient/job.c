@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +32,7 @@
 #include "util.h"
 
 static const char *env(const char *name) {
-        const char *v = getenv(name);
+        const char *v = secure_getenv(name);
         return v && *v ? v : NULL;
 }
 
@@ -76,7 +77,7 @@ static const Launcher launchers[] = {
          "WORLD_SIZE",
          {"MASTER_ADDR", "MASTER_PORT"},
          "LOCAL_WORLD_SIZE",
-         {NULL},
+         {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}, /* ranks srun started, or spawned under it */
          true},
         {"mpirun",
          "OMPI_COMM_WORLD_SIZE",
@@ -159,6 +160,19 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
         return DEVAL_EINVAL;
 }
 
+/* Does job say it runs on more than one machine? says: what it says, in a phrase. */
+static bool spans(const DvJob *job, char *says, size_t len) {
+        if (job->local >= 0 && job->world >= 0 && job->local < job->world)
+                snprintf(says, len, "%s says %d of its %d ranks run on this one ($%s)",
+                         job->launcher, job->local, job->world, job->local_var);
+        else if (job->nodes > 1)
+                snprintf(says, len, "%s says it runs on %d machines ($%s)", job->launcher,
+                         job->nodes, job->nodes_var);
+        else
+                return false;
+        return true;
+}
+
 /**
  * dv_job_one_machine() - does the job run on this machine alone, as far as its launcher
  * says? A group holds the ranks of one machine (one devald): joined as the whole job's world,
@@ -167,21 +181,36 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
  * Return: 0; DEVAL_ENOTSUP, with err saying so and what to do instead.
  */
 int dv_job_one_machine(const DvJob *job, char *err, size_t errlen) {
-        char says[96];
-        if (job->local >= 0 && job->world >= 0 && job->local < job->world)
-                snprintf(says, sizeof(says), "%d of its %d ranks run on this one ($%s)", job->local,
-                         job->world, job->local_var);
-        else if (job->nodes > 1)
-                snprintf(says, sizeof(says), "%d machines ($%s)", job->nodes, job->nodes_var);
-        else
+        char says[160];
+        if (!spans(job, says, sizeof(says)))
                 return 0;
         snprintf(err, errlen,
-                 "this job runs on more than one machine: %s says %s; deval_join() holds the "
+                 "this job runs on more than one machine: %s; deval_join() holds the "
                  "ranks of one machine, so the others would never join it. Join a group that "
                  "spans the machines through the job's engine (deval_mpi_join() of "
                  "libdeval-mpi; in Python, deval.join() once torch.distributed is initialised), "
                  "give each machine a group of its own, or set DEVAL_ONE_MACHINE=1 if every "
                  "rank does run here",
-                 job->launcher, says);
+                 says);
         return DEVAL_ENOTSUP;
+}
+
+/**
+ * deval_job_spans() - does the launcher that started this process say that its job runs on
+ * more than one machine (torchrun's $LOCAL_WORLD_SIZE below its world size, mpirun's
+ * $OMPI_COMM_WORLD_LOCAL_SIZE below its size, srun on more than one node)? What the first
+ * launcher found says decides, as for deval_join(NULL, ...); $DEVAL_ONE_MACHINE=1 says every
+ * rank runs here. @why (may be NULL) gets what it says.
+ * Return: 1 when it says so, 0 when it does not (or no launcher is found).
+ */
+int deval_job_spans(char *why, size_t why_len) {
+        DvJob job;
+        char err[640], says[160];
+        const char *one = secure_getenv("DEVAL_ONE_MACHINE");
+        if ((one && strcmp(one, "1") == 0) || dv_job_from_env(&job, err, sizeof(err)) < 0 ||
+            !spans(&job, says, sizeof(says)))
+                return 0;
+        if (why && why_len)
+                snprintf(why, why_len, "%s", says);
+        return 1;
 }

@@ -235,6 +235,7 @@ def _load():
                                  ctypes.c_int, ctypes.POINTER(_JoinOpts),
                                  ctypes.POINTER(_Engine), ctypes.POINTER(G)], ctypes.c_int),
         "deval_nodes": ([G, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
+        "deval_job_spans": ([ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -759,30 +760,12 @@ def _env_int(name):
         raise InvalidArgument("deval.join: $%s is %r, not a number" % (name, v), -1) from None
 
 
-def _env_ints(*names):
-    try:
-        return [int(os.environ[n]) for n in names]
-    except (KeyError, ValueError):
-        return None
-
-
 def _spans_machines():
-    """What the launcher says when it runs this job on more than one machine (torchrun's
-    $LOCAL_WORLD_SIZE below $WORLD_SIZE, mpirun's $OMPI_COMM_WORLD_LOCAL_SIZE below its size,
-    srun on more than one node), as a phrase; None when it does not say so, or when
-    $DEVAL_ONE_MACHINE=1 says every rank runs here."""
-    if os.environ.get("DEVAL_ONE_MACHINE") == "1":
-        return None
-    for local, world in (("LOCAL_WORLD_SIZE", "WORLD_SIZE"),
-                         ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE")):
-        v = _env_ints(local, world)
-        if v and 0 <= v[0] < v[1]:
-            return "$%s says %d of its %d ranks run on this one" % (local, v[0], v[1])
-    for name in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES"):
-        v = _env_ints(name)
-        if v:
-            return "$%s says it runs on %d machines" % (name, v[0]) if v[0] > 1 else None
-    return None
+    """What the launcher says when it runs this job on more than one machine, as a phrase;
+    None when it does not say so, or when $DEVAL_ONE_MACHINE=1 says every rank runs here.
+    libdeval's launcher table decides (deval_job_spans), as it does for deval_join."""
+    why = ctypes.create_string_buffer(256)
+    return why.value.decode() if _lib.deval_job_spans(why, len(why)) == 1 else None
 
 
 class _TorchEngine:

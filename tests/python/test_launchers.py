@@ -157,7 +157,7 @@ def test_a_job_on_two_machines_is_refused_at_once(runtime, tmp_path, named):
     assert all(p.returncode == 0 for p in agents), outs
     for out in outs:
         assert "refused: deval" in out and "this job runs on more than one machine" in out, out
-        assert "$LOCAL_WORLD_SIZE says 1 of its 2 ranks run on this one" in out, out
+        assert "torchrun says 1 of its 2 ranks run on this one ($LOCAL_WORLD_SIZE)" in out, out
         assert "torch.distributed, which is not initialised" in out, out
         assert "DEVAL_ONE_MACHINE=1" in out, out
     port = free_port()
@@ -393,3 +393,26 @@ def test_a_system_devald_wins(runtime):
         proc.terminate()
         proc.wait(10)
     assert not os.path.exists(SYSTEM)
+
+
+def test_one_launcher_table(monkeypatch):
+    """The binding asks libdeval whether the job spans machines: a single-machine torchrun
+    inside a two-node Slurm allocation is one machine to both (the Python copy of the table
+    said two)."""
+    import deval
+    for k in list(os.environ):
+        if k.startswith(("SLURM_", "OMPI_", "TORCHELASTIC_", "DEVAL_")) or k in (
+                "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "j1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    assert deval._spans_machines() is None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert deval._spans_machines() == "torchrun says 1 of its 2 ranks run on this one " \
+        "($LOCAL_WORLD_SIZE)"
+    monkeypatch.setenv("DEVAL_ONE_MACHINE", "1")
+    assert deval._spans_machines() is None

@@ -202,6 +202,19 @@ static void test_more_than_one_machine(void **state) {
         assert_int_equal(one_machine(err, sizeof(err)), DEVAL_ENOTSUP);
         assert_non_null(strstr(err, "torchrun says 2 of its 4 ranks run on this one"));
         assert_non_null(strstr(err, "$LOCAL_WORLD_SIZE"));
+        char why[160];
+        assert_int_equal(deval_job_spans(why, sizeof(why)), 1); /* the exported answer */
+        assert_non_null(strstr(err, why));
+        setenv("DEVAL_ONE_MACHINE", "1", 1);
+        assert_int_equal(deval_job_spans(why, sizeof(why)), 0);
+        unsetenv("DEVAL_ONE_MACHINE");
+        /* a single-machine torchrun inside a two-node Slurm allocation: torchrun decides */
+        setenv("LOCAL_WORLD_SIZE", "4", 1);
+        setenv("SLURM_JOB_ID", "77", 1);
+        setenv("SLURM_NNODES", "2", 1);
+        assert_int_equal(deval_job_spans(why, sizeof(why)), 0);
+        unsetenv("SLURM_JOB_ID");
+        unsetenv("SLURM_NNODES");
         assert_non_null(strstr(err, "DEVAL_ONE_MACHINE=1"));
         setenv("LOCAL_WORLD_SIZE", "two", 1); /* not a number: not said */
         assert_int_equal(one_machine(err, sizeof(err)), 0);
@@ -225,7 +238,7 @@ static void test_more_than_one_machine(void **state) {
         assert_int_equal(one_machine(err, sizeof(err)), 0);
         unsetenv("SLURM_STEP_NUM_NODES");
         assert_int_equal(one_machine(err, sizeof(err)), DEVAL_ENOTSUP);
-        assert_non_null(strstr(err, "srun says 4 machines ($SLURM_NNODES)"));
+        assert_non_null(strstr(err, "srun says it runs on 4 machines ($SLURM_NNODES)"));
 }
 
 int main(void) {
