@@ -84,6 +84,20 @@ int dv_join_check(const DvJoinReq *req, char *why, size_t len) {
         return 0;
 }
 
+int dv_staging_status(int32_t status) {
+        return status == DEVAL_ENOMEM || status == DEVAL_ESYS ? status : 0;
+}
+
+size_t dv_printable(char *dst, size_t len, const char *src, size_t srclen) {
+        size_t n = 0;
+        if (!len)
+                return 0;
+        for (; n < len - 1 && n < srclen && src[n]; n++)
+                dst[n] = src[n] >= 0x20 && src[n] < 0x7f ? src[n] : '?';
+        dst[n] = '\0';
+        return n;
+}
+
 int dv_desc_check(const DvTensorDesc *t, uint64_t arena, bool with_data) {
         int64_t numel = 1, bytes;
         if (!dv_dtype_valid(t->dtype) || t->ndim < 0 || t->ndim > DEVAL_MAX_DIMS)

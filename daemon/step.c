@@ -743,16 +743,12 @@ static int step_dispatch(Step *s) {
         for (int k = 0; k < s->g->world; k++) {
                 if (q[k].status == 0)
                         continue;
-                if (q[k].status != DEVAL_ENOMEM && q[k].status != DEVAL_ESYS)
+                if (!dv_staging_status(q[k].status))
                         return step_fail(s, DEVAL_EPROTO,
                                          "malformed request from rank %d (pid %d): status %d", k,
                                          (int)s->g->members[k].pid, q[k].status);
-                /* the rank's own account of it: client text, so printable bytes only */
                 char why[sizeof(q[k].why)];
-                size_t n = 0;
-                for (; n < sizeof(why) - 1 && q[k].why[n]; n++)
-                        why[n] = q[k].why[n] >= 0x20 && q[k].why[n] < 0x7f ? q[k].why[n] : '?';
-                why[n] = '\0';
+                size_t n = dv_printable(why, sizeof(why), q[k].why, sizeof(q[k].why));
                 return step_fail(s, q[k].status,
                                  "collective #%u (%s): rank %d (pid %d) could not stage its %llu "
                                  "bytes of input: %s",

@@ -932,13 +932,14 @@ static int step(deval_group *g, bool *closed) {
                         return fail(sp, DEVAL_EPROTO, "%s is at collective #%u, %s at #%u",
                                     who(sp, 0, a, sizeof(a)), q[0].seq, who(sp, k, b, sizeof(b)),
                                     q[k].seq);
-                if (q[k].status < 0) {
+                if (q[k].status != 0) {
+                        int s = dv_staging_status(q[k].status);
+                        if (!s)
+                                return fail(sp, DEVAL_EPROTO,
+                                            "malformed request from %s: status %d",
+                                            who(sp, k, a, sizeof(a)), q[k].status);
                         char why[sizeof(q[k].why)];
-                        size_t n = 0;
-                        for (; n < sizeof(why) - 1 && q[k].why[n]; n++)
-                                why[n] = isprint((unsigned char)q[k].why[n]) ? q[k].why[n] : '?';
-                        why[n] = '\0';
-                        int s = q[k].status == DEVAL_ENOMEM ? DEVAL_ENOMEM : DEVAL_ESYS;
+                        size_t n = dv_printable(why, sizeof(why), q[k].why, sizeof(q[k].why));
                         return fail(sp, s,
                                     "collective #%u (%s): %s could not stage its %llu bytes of "
                                     "input: %s",

@@ -580,11 +580,13 @@ static void test_forked_child(void **state) {
 
 /*
  * A client that writes garbage into its slot fails the step with EPROTO naming it: a tensor
- * far outside its arena, or (arg "direct") a well-formed one flagged as lying in its own
- * memory (DV_REQ_DIRECT), which devald must refuse rather than read its arena instead.
+ * far outside its arena, (arg "direct") a well-formed one flagged as lying in its own
+ * memory (DV_REQ_DIRECT), which devald must refuse rather than read its arena instead, or
+ * (arg "status") a staging status no rank may report, as the spanning step says too.
  */
 static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
         bool direct = arg && strcmp(arg, "direct") == 0;
+        bool status = arg && strcmp(arg, "status") == 0;
         deval_group *g;
         /* the honest rank stages its input, so that devald sees the forged request beside it;
          * with its input in its own memory (DV_REQ_DIRECT), the step is not devald's to run */
@@ -608,10 +610,11 @@ static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
                                              .shape = {1 << 28},
                                              .offset = 1ull << 40,
                                              .nbytes = 1ull << 30};
-                if (direct) {
+                if (direct || status) {
                         s->req.t[0] = (DvTensorDesc){
                                 .dtype = DEVAL_F32, .ndim = 1, .shape = {2}, .nbytes = 8};
-                        s->req.flags = DV_REQ_DIRECT;
+                        s->req.flags = direct ? DV_REQ_DIRECT : 0;
+                        s->req.status = status ? 12345 : 0;
                 }
                 g->seq++;
                 /* its record says the step is not one to mirror (wire.h), so the others
@@ -645,7 +648,8 @@ static int rank_hostile(const Harness *h, int rank, int world, void *arg) {
                 int r = deval_gather(g, 1, &t, NULL, &out);
                 CHECK(r == DEVAL_EPROTO, "got %s: %s", deval_strerror(r), deval_errmsg(g));
                 CHECK(strstr(deval_errmsg(g), "rank 1") &&
-                              (!direct || strstr(deval_errmsg(g), "own memory")),
+                              (!direct || strstr(deval_errmsg(g), "own memory")) &&
+                              (!status || strstr(deval_errmsg(g), "malformed request")),
                       "'%s'", deval_errmsg(g));
         }
         /* the group goes on */
@@ -1033,6 +1037,7 @@ static void test_hostile_client(void **state) {
         (void)state;
         assert_int_equal(harness_run(&H, 3, rank_hostile, NULL, 20), 0);
         assert_int_equal(harness_run(&H, 3, rank_hostile, (void *)"direct", 20), 0);
+        assert_int_equal(harness_run(&H, 3, rank_hostile, (void *)"status", 20), 0);
 }
 
 int main(void) {
