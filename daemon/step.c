@@ -317,19 +317,14 @@ static int check_gather_opts(Step *s) {
         SAME_ON_ALL(s, root, "%d", "root");
         bool metrics =
                 s->reqs[0].op == DV_OP_GATHER_METRICS || s->reqs[0].op == DV_OP_OBJECTS_METRICS;
-        for (int k = 0; metrics && s->g->work.pass.active && k < s->g->world; k++) {
-                if (s->reqs[k].site >= DV_PASS_SITES)
-                        return step_fail(s, DEVAL_EPROTO,
-                                         "malformed request from rank %d (pid %d): call site %u", k,
-                                         (int)s->g->members[k].pid, s->reqs[k].site);
-                if (s->reqs[k].site != s->reqs[0].site)
-                        return step_fail(s, DEVAL_EMISMATCH,
-                                         "collective #%u (%s): ranks are at different calls of "
-                                         "their batch: rank 0 makes call %u, rank %d call %u; "
-                                         "every rank must make the same gather_for_metrics calls "
-                                         "in each batch",
-                                         s->seq, dv_op_name(s->reqs[0].op), s->reqs[0].site + 1, k,
-                                         s->reqs[k].site + 1);
+        int bad;
+        if (metrics && s->g->work.pass.active &&
+            (r = dv_pass_sites(s->reqs, s->g->world, &bad)) < 0) {
+                char n0[48], nk[48];
+                snprintf(n0, sizeof(n0), "rank 0 (pid %d)", (int)s->g->members[0].pid);
+                snprintf(nk, sizeof(nk), "rank %d (pid %d)", bad, (int)s->g->members[bad].pid);
+                dv_pass_sites_msg(s->msg, sizeof(s->msg), r, s->reqs, bad, s->seq, n0, nk);
+                return r;
         }
         if (pass_stream(s->g, &s->reqs[0]) < 0)
                 SAME_ON_ALL(s, order, "%d", "order");

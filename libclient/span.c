@@ -561,10 +561,13 @@ static int gather_opts(DvSpan *sp, int W) {
         SAME(sp, W, q, pad_first, "%u", "pad_first");
         SAME(sp, W, q, keep_rows, "%" PRId64, "keep_rows");
         SAME(sp, W, q, root, "%d", "root");
-        if (pass_stream(sp, q) >= 0 || q[0].op == DV_OP_GATHER_METRICS ||
-            q[0].op == DV_OP_OBJECTS_METRICS) {
-                if (sp->pass.active)
-                        SAME(sp, W, q, site, "%u", "the call of the batch");
+        int bad, r;
+        if ((q[0].op == DV_OP_GATHER_METRICS || q[0].op == DV_OP_OBJECTS_METRICS) &&
+            sp->pass.active && (r = dv_pass_sites(q, W, &bad)) < 0) {
+                char n0[48], nk[48];
+                dv_pass_sites_msg(sp->msg, sizeof(sp->msg), r, q, bad, q[0].seq,
+                                  who(sp, 0, n0, sizeof(n0)), who(sp, bad, nk, sizeof(nk)));
+                return r;
         }
         if (pass_stream(sp, q) < 0)
                 SAME(sp, W, q, order, "%d", "order");
