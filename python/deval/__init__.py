@@ -1125,6 +1125,13 @@ class Group:
 
     def gather_for_metrics(self, x, copy=True, use_gather_object=False, pad_index=0,
                            pad_first=False):
+        out = self._gather_for_metrics(x, copy, use_gather_object, pad_index, pad_first)
+        if _loop.ACTIVE:  # (a metric updated with it takes every rank's rows as they are)
+            _loop.ACTIVE[-1].gathered.append(out)
+        return out
+
+    def _gather_for_metrics(self, x, copy=True, use_gather_object=False, pad_index=0,
+                            pad_first=False):
         """Gather x and, inside an eval pass, drop the samples past the dataset's end.
 
         Inside a pass, every tensor of one call is per sample: dim 0 is the sample dim and
@@ -1410,6 +1417,7 @@ class _LoopPass:
         self.dealt = 0  # samples of the iterable so far
         self.real = None  # the current batch's real samples (a bool array), when known
         self.samples = None  # how many samples the current batch holds, when known
+        self.gathered = []  # what the current batch's gathers for metrics returned
         self.seq = None  # which of this process's loops it is
         self.open_now = False  # eval_loop: the pass opens before the first batch
         self.opened = False
@@ -1453,9 +1461,8 @@ class _LoopPass:
 
     def _batch(self, batch):
         self.real = None
-        self.samples = _loop.batch_rows(batch)
-        if self.samples is None and isinstance(batch, list):
-            self.samples = len(batch)  # (a list of the samples themselves)
+        self.gathered = []
+        self.samples = _loop.batch_samples(batch)
         if self.keys is not None:
             try:
                 self.cur = self.keys.next(batch)
@@ -1466,7 +1473,7 @@ class _LoopPass:
             if self.keys.real is not None:
                 self.real = np.array(self.keys.real, dtype=bool)
         elif self.rows is not None:
-            b = _loop.batch_rows(batch)
+            b = self.samples
             if b is None:
                 self.rows = None  # (rows it cannot count: from here on, unknown)
             else:
@@ -1542,6 +1549,27 @@ class _LoopPass:
             g._in_pass = g._keyed = g._replaying = False
         g._check(_lib.deval_eval_replay_done(h))
 
+
+    def holds_gathered(self, args, kwargs):
+        """Do the values args and kwargs hold (a metric's update) include what a gather for
+        metrics of the current batch returned: every rank's rows, not this rank's?"""
+        if not self.gathered:
+            return False
+        ids = set()
+        for out in self.gathered:
+            ids.add(id(out))
+            if isinstance(out, (tuple, list)):
+                ids.update(id(v) for v in out)
+            elif isinstance(out, dict):
+                ids.update(id(v) for v in out.values())
+        todo = list(args) + list(kwargs.values())
+        while todo:
+            v = todo.pop()
+            if id(v) in ids:
+                return True
+            if isinstance(v, dict):
+                todo.extend(v.values())
+        return False
 
     def _padding(self, last):
         """The batch the replay hands the body: one padding sample in the loader's own

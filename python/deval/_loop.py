@@ -478,6 +478,23 @@ def data_ids(batch):
     return ids
 
 
+def batch_samples(batch):
+    """How many samples a batch holds: its tensors' rows (a tensor, a mapping, or a list of
+    fields as torch's default collate makes of tuples), the length of the columns of a
+    zip(*samples) collate, else the length of a list of the samples themselves; None when it
+    cannot tell."""
+    b = batch_rows(batch)
+    if b is not None or not isinstance(batch, (list, tuple)) or not batch:
+        return b
+    rows = {v.shape[0] for v in batch if _is_data(v) and len(v.shape)}
+    if len(rows) == 1 and all(len(v) in rows for v in batch if isinstance(v, (list, tuple))):
+        return rows.pop()  # fields: [inputs, labels, names]
+    inner = [len(v) for v in batch if isinstance(v, (list, tuple))]
+    if len(inner) == len(batch) and len(set(inner)) == 1 and inner[0] != len(batch):
+        return inner[0]  # columns of the samples' fields
+    return len(batch) if isinstance(batch, list) else None
+
+
 def batch_rows(batch):
     """How many samples a collated batch holds, where that is plain: a tensor's rows, or the
     rows of a mapping's first tensor. None otherwise (a tuple may hold fields of the batch or

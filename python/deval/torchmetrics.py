@@ -114,6 +114,12 @@ def enable(on=True):
     attached by attach()."""
     _install()
     _ALL[0] = bool(on)
+    if on:  # the metrics made before: their update takes the real samples too
+        import gc
+        import torchmetrics
+        for o in gc.get_objects():
+            if isinstance(o, torchmetrics.Metric):
+                _hook(o)
 
 
 def _distributed():
@@ -138,7 +144,8 @@ def _install():
         return
     import torchmetrics
     M = torchmetrics.Metric
-    _ORIG.update(init=M.__init__, setstate=M.__setstate__, sync=M.sync, reset=M.reset)
+    _ORIG.update(init=M.__init__, setstate=M.__setstate__, sync=M.sync, reset=M.reset,
+                 sync_dist=M._sync_dist)
 
     @functools.wraps(_ORIG["init"])
     def __init__(self, *args, **kwargs):
@@ -151,6 +158,7 @@ def _install():
         _hook(self)
 
     M.__init__, M.__setstate__, M.sync, M.reset = __init__, __setstate__, _sync, _reset
+    M._sync_dist = _sync_dist
 
 
 def _hook(m):
@@ -171,22 +179,28 @@ class _Update:
 
     def __call__(self, *args, **kwargs):
         m = self.m
-        lp = _loop.ACTIVE[-1] if _loop.ACTIVE and not _DEPTH[0] and _on(m) else None
-        if lp is not None:
+        # (a metric that does not sync is fed every rank's rows, gathered, or is a rank's own)
+        lp = _loop.ACTIVE[-1] if _loop.ACTIVE and not _DEPTH[0] and _on(m) and \
+            m.sync_on_compute else None
+        if lp is not None and not lp.holds_gathered(args, kwargs):
             real = lp.real
             if real is None:
                 _count(m, lp)
-            elif not real.all():
+            elif real.all():
+                _note_rows(m, lp, args, kwargs)
+            else:
                 if not real.any():
+                    for x in _within(m):  # (what torchmetrics' update does first)
+                        x._computed = None
                     return None  # all padding (a replayed batch): nothing to take
                 try:
-                    args, kwargs = _cut(args, real), _cut(kwargs, real)
+                    args, kwargs = _cut(args, kwargs, real, _rows_of(m, lp))
                 except _Uncut as e:
                     _taint(m, (
-                        "%s.update() at batch %d of loop #%d got %s, which has no row per "
-                        "sample of the batch (%d samples, %d of them padding), so deval cannot "
-                        "drop the padding from it: pass per-sample values ([batch, ...]) to "
-                        "update(), or keep only deval.real_rows() yourself"
+                        "%s.update() at batch %d of loop #%d got %s, for a batch of %d samples, "
+                        "%d of them padding: deval cannot tell which of its rows are the "
+                        "padding's. Pass update() values with one row per sample of the batch "
+                        "(deval drops the padding's), or gathered results"
                         % (type(m).__name__, lp.batches, lp.seq, e, len(real),
                            len(real) - int(real.sum()))))
         _DEPTH[0] += 1
@@ -200,60 +214,96 @@ class _Uncut(Exception):
     pass
 
 
-def _cut(x, real):
-    """x with only the real samples' rows, where x has a row (or k rows) per sample of the
-    batch; settings (numbers, strings, None) as they are. _Uncut naming what has no rows. A
-    value already cut to the real samples (real_rows() used by the caller) is left alone."""
-    b, nreal = len(real), int(real.sum())
-    leaves = []
+def _walk(v, path):
+    if isinstance(v, dict):
+        for k, w in v.items():
+            yield from _walk(w, path + (k,))
+    else:
+        yield path, v
 
-    def rows(v):
-        if hasattr(v, "shape") and hasattr(v, "__getitem__"):
-            if len(v.shape) == 0:
-                raise _Uncut("a 0-d %s" % type(v).__name__)
-            return v.shape[0]
-        if isinstance(v, (list, tuple)):
-            return len(v)
-        return None
 
-    def walk(v):
-        if isinstance(v, dict):
-            for w in v.values():
-                walk(w)
-        elif isinstance(v, (tuple, list)) and v is x:
-            for w in v:
-                walk(w)
-        else:
-            leaves.append(v)
+def _leaves(args, kwargs):
+    """(path, value) of each value passed to update(), through dicts (a multitask update)."""
+    for i, v in enumerate(args):
+        yield from _walk(v, (i,))
+    for k, v in kwargs.items():
+        yield from _walk(v, (k,))
 
-    walk(x)
-    counts = [r for r in map(rows, leaves) if r is not None]
-    if counts and all(r == nreal for r in counts):
-        return x  # cut already
 
-    def cut(v):
-        r = rows(v)
+def _rows(v):
+    """The rows of a value passed to update(): a tensor's or array's first dim, a list's
+    length; None for a setting (a number, a string, None); _Uncut for a 0-d tensor."""
+    if hasattr(v, "shape") and hasattr(v, "__getitem__") and not np.isscalar(v):
+        if len(v.shape) == 0:
+            raise _Uncut("a 0-d %s" % type(v).__name__)
+        return v.shape[0]
+    if isinstance(v, (list, tuple)):
+        return len(v)
+    return None
+
+
+def _rows_of(m, lp):
+    """How many rows per sample each value of m's updates had in every batch of lp so far:
+    {path: k}, k -1 where it varied (flattened tokens, counts)."""
+    seen = m.__dict__.get("_deval_rows")
+    return seen[1] if seen is not None and seen[0] == lp.seq else {}
+
+
+def _note_rows(m, lp, args, kwargs):
+    """Note the rows per sample of each value of an update of a batch of real samples only
+    (see _rows_of)."""
+    b = lp.samples
+    if not b:
+        return
+    seen = m.__dict__.get("_deval_rows")
+    if seen is None or seen[0] != lp.seq:
+        seen = m.__dict__["_deval_rows"] = (lp.seq, {})
+    for path, v in _leaves(args, kwargs):
+        try:
+            r = _rows(v)
+        except _Uncut:
+            continue
+        if r is not None:
+            k = r // b if r % b == 0 else -1
+            seen[1][path] = k if seen[1].get(path, k) == k else -1
+
+
+def _cut(args, kwargs, real, history):
+    """update()'s args and kwargs with only the real samples' rows, where a value has a
+    row per sample of the batch (or k rows each, as it had in every batch before); settings
+    (numbers, strings, None) as they are. _Uncut naming a value it cannot cut, or when no
+    value has rows."""
+    b = len(real)
+    cut_any = False
+
+    def cut(path, v):
+        nonlocal cut_any
+        r = _rows(v)
         if r is None:
             return v
-        if r % b:
+        # k rows per sample only as in every batch before; one only where it never varied
+        if r % b or history.get(path, 1 if r == b else None) != r // b:
             raise _Uncut("a %s of %d rows" % (type(v).__name__, r))
+        cut_any = True
         keep = np.repeat(real, r // b)
         if isinstance(v, (list, tuple)):
-            return type(v)(w for w, k in zip(v, keep) if k) if type(v) in (list, tuple) \
-                else [w for w, k in zip(v, keep) if k]
+            kept = [w for w, k in zip(v, keep) if k]
+            return type(v)(kept) if type(v) in (list, tuple) else kept
         if isinstance(v, np.ndarray):
             return v[keep]
         import torch
         return v[torch.from_numpy(keep).to(v.device)]
 
-    def rebuild(v):
+    def rebuild(v, path):
         if isinstance(v, dict):
-            return type(v)((k, rebuild(w)) for k, w in v.items())
-        if isinstance(v, (tuple, list)) and v is x:
-            return type(v)(rebuild(w) for w in v)
-        return cut(v)
+            return type(v)((k, rebuild(w, path + (k,))) for k, w in v.items())
+        return cut(path, v)
 
-    return rebuild(x)
+    args = tuple(rebuild(v, (i,)) for i, v in enumerate(args))
+    kwargs = {k: rebuild(v, (k,)) for k, v in kwargs.items()}
+    if not cut_any:
+        raise _Uncut("no value with a row per sample")
+    return args, kwargs
 
 
 def _within(m):
@@ -316,24 +366,35 @@ def _sync(self, dist_sync_fn=None, process_group=None, should_sync=True,
                              distributed_available)
     if should_sync and not self._is_synced:
         _check(self)
-        _one_per_rank(self)
     if dist_sync_fn is None or getattr(dist_sync_fn, "__module__", "").startswith(
             "torchmetrics."):
         dist_sync_fn = sync  # (torchmetrics' own gather needs torch.distributed)
     return _ORIG["sync"](self, dist_sync_fn, process_group, should_sync, _distributed)
 
 
-def _one_per_rank(m):
-    """Make each list state one tensor: torchmetrics gathers a list state element by element
-    where its reduction is not a concatenation, so ranks that took a different number of
-    batches (padding or a replay left out, an uneven loader) would gather out of step."""
-    import torch
+def _sync_dist(self, dist_sync_fn=None, process_group=None):
+    """Metric._sync_dist: an attached metric's list states that are not concatenated (each
+    element an update's, a sample's, an image's) gathered whole, every rank's elements in rank
+    order: torchmetrics gathers them element by element, which needs as many on every rank,
+    and a rank whose padding was left out holds fewer."""
     from torchmetrics.utilities.data import dim_zero_cat
-    for attr in m._defaults:
-        v = getattr(m, attr)
-        if isinstance(v, list) and len(v) != 1 and all(isinstance(x, torch.Tensor) for x in v):
-            setattr(m, attr, [dim_zero_cat(v)] if v else [torch.tensor([], device=m.device,
-                                                                       dtype=m.dtype)])
+    if not _on(self):
+        return _ORIG["sync_dist"](self, dist_sync_fn, process_group)
+    whole = [a for a, fn in self._reductions.items()
+             if isinstance(getattr(self, a), list) and fn is not dim_zero_cat]
+    if not whole:
+        return _ORIG["sync_dist"](self, dist_sync_fn, process_group)
+    saved = dict(self._reductions)
+    parts = _group().gather_object([[getattr(self, a) for a in whole]])
+    try:
+        self._reductions = {a: fn for a, fn in saved.items() if a not in whole}
+        _ORIG["sync_dist"](self, dist_sync_fn, process_group)
+    finally:
+        self._reductions = saved
+    for i, a in enumerate(whole):
+        flat = [e for rank in parts for e in rank[i]]
+        fn = saved[a]
+        setattr(self, a, fn(flat) if fn is not None else flat)
 
 
 def _reset(self):

@@ -421,3 +421,58 @@ def test_enable_attaches_metrics_made_later(daemon):
     for acc, per_class in res:
         assert acc == pytest.approx(w[0])
         assert per_class == pytest.approx(w[1])
+
+
+def probe_rank(rank, world, sock, name):
+    """What a helper found, trying to break it: values with no row per sample, a row count
+    that only looks per-sample, gathered rows, metrics made before enable(), a compute
+    mid-loop, list states of one element per sample (7 samples, 2 ranks, batches of 2: rank
+    1's last batch is one sample and the sampler's padding)."""
+    torch.set_num_threads(1)
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    g = deval.join(name, rank, world, socket=sock, timeout=30)
+    dtm.use(g)
+    early = torchmetrics.Accuracy(task="multiclass", num_classes=C)  # made before enable()
+    dtm.enable()
+    p, t = data(7)
+    ds = TensorDataset(p, t, torch.arange(7))
+    dl = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    tm = torchmetrics
+    ms = {"scalar": tm.SumMetric(), "one_row": tm.SumMetric(), "tokens": tm.SumMetric(),
+          "gathered": tm.CatMetric(sync_on_compute=False), "early": early,
+          "midloop": tm.Accuracy(task="multiclass", num_classes=C),
+          "per_sample_list": tm.retrieval.RetrievalMRR()}
+    for pb, tb, ib in g.eval_loop(dl):
+        ms["scalar"].update((pb.argmax(1) == tb).sum().item())
+        ms["one_row"].update((pb.argmax(1) == tb).sum(0, keepdim=True))
+        ms["tokens"].update(torch.ones(int(ib.sum()) % 5 + 1))  # a count that varies
+        ms["gathered"].update(g.gather_for_metrics(ib).float())
+        ms["early"].update(pb, tb)
+        ms["midloop"].update(pb, tb)
+        ms["midloop"].compute()  # (a progress bar's value, every batch)
+        ms["per_sample_list"].update(pb[:, 0], tb == 0, indexes=ib % 2)
+    out = {}
+    for k, m in ms.items():
+        try:
+            v = m.compute()
+            out[k] = sorted(v.tolist()) if v.ndim else round(float(v), 6)
+        except deval.Mismatch as e:
+            out[k] = "Mismatch" if "padding" in str(e) else str(e)
+    dtm.enable(False)
+    g.leave()
+    return out
+
+
+def test_what_a_helper_found(daemon):
+    res = run_ranks(2, probe_rank, daemon.socket, group_name("probe"), timeout=120)
+    p, t = data(7)
+    acc = round(float(torchmetrics.functional.accuracy(p, t, task="multiclass",
+                                                       num_classes=C)), 6)
+    mrr = torchmetrics.retrieval.RetrievalMRR()
+    mrr.update(p[:, 0], t == 0, indexes=torch.arange(7) % 2)
+    for out in res:
+        # padding in a value deval cannot cut: an error, not a count with a duplicate
+        assert out["scalar"] == out["one_row"] == out["tokens"] == "Mismatch", out
+        assert out["gathered"] == list(range(7))  # every rank's rows, as gathered
+        assert out["early"] == out["midloop"] == acc
+        assert out["per_sample_list"] == round(float(mrr.compute()), 6)
