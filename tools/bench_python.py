@@ -9,6 +9,9 @@
    predictions and labels of a 16-sample batch once per batch, through deval and through
    Accelerate's gather_for_metrics over gloo (when torch and accelerate are installed), in
    the same run. The figure is the slowest rank's mean time per batch.
+3. Per batch of a pass over a DataLoader: by position, and with the batch's keys.
+4. Per batch of a pass whose body updates a torchmetrics metric on each rank, plain and
+   attached to deval (which cuts the sampler's padding out of each update).
 
 Timings are medians of several repeats; the machine is shared, so the ratios are what
 carry over. No figure here is a test: nothing fails on a slow run.
@@ -214,6 +217,48 @@ def in_pass():
         print("%5d %12.1f %14.1f %10.1f %22.1f" % (world, lo, po, ke, ke - po))
 
 
+def metric_rank(rank, world, name, attached, q):
+    """A torchmetrics Accuracy updated on each rank per batch of a pass over a padded
+    DistributedSampler, attached to deval or not (then it counts the padding)."""
+    import torch
+    import torchmetrics
+    import deval.torchmetrics as dtm
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    torch.set_num_threads(1)
+    n = BATCHES * 16 * world - 1  # (one sample of padding: the last batch is cut)
+    ds = TensorDataset(torch.rand(n, 10), torch.randint(0, 10, (n,)))
+    dl = DataLoader(ds, batch_size=16, sampler=DistributedSampler(ds, world, rank))
+    times = []
+    with deval.join(name, rank, world, timeout=60) as g:
+        dtm.use(g)
+        m = torchmetrics.Accuracy(task="multiclass", num_classes=10)
+        if attached:
+            dtm.attach(m)
+        for _ in range(REPEATS):
+            m.reset()
+            g.barrier()
+            t0 = time.perf_counter()
+            for x, y in g.eval_loop(dl):
+                m.update(x, y)
+            times.append((time.perf_counter() - t0) / BATCHES * 1e6)
+        dtm.use(None)
+    q.put((rank, times))
+
+
+def metric_update():
+    try:
+        import torchmetrics  # noqa: F401
+    except ImportError:
+        return
+    print("\nper batch of a pass whose body only updates a torchmetrics Accuracy on each rank "
+          "(16 rows), the slowest rank's mean")
+    print("%5s %14s %14s %12s" % ("ranks", "plain us", "attached us", "attached-plain"))
+    for world in (2,):
+        tag = "pybench-metric-%d-%d" % (os.getpid(), world)
+        plain, att = (run(world, metric_rank, (tag + str(a), a)) for a in (False, True))
+        print("%5d %14.1f %14.1f %12.1f" % (world, plain, att, att - plain))
+
+
 if __name__ == "__main__":
     try:
         import torch  # noqa: F401 - measured when installed
@@ -222,3 +267,4 @@ if __name__ == "__main__":
     binding_cost()
     per_batch()
     in_pass()
+    metric_update()
