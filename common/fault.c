@@ -18,7 +18,7 @@
  * names another point or step. An unparsable setting is reported on stderr and ignored.
  */
 static bool fault_action(const char *phase, uint32_t seq, char action[16], unsigned long *ret_ms) {
-        const char *spec = getenv("DEVAL_FAULT");
+        const char *spec = secure_getenv("DEVAL_FAULT");
         size_t n = strlen(phase);
         if (!spec || strncmp(spec, phase, n) != 0 || spec[n] != ':')
                 return false;

@@ -60,7 +60,7 @@ void dv_gpu_set_sticky(int sticky) {
  */
 const DvGpuApi *dv_gpu(void) {
 #ifdef DEVAL_FAKE_GPU
-        const char *fake = getenv("DEVAL_GPU_FAKE");
+        const char *fake = secure_getenv("DEVAL_GPU_FAKE");
         if (fake && *fake)
                 return &dv_gpu_fake;
 #endif

@@ -117,7 +117,7 @@ static int cu_check(CUresult r, const char *what) {
 
 static void cu_load(void) {
         /* $DEVAL_CUDA_LIBRARY: another driver library (tests load the toolkit's stub) */
-        const char *path = getenv("DEVAL_CUDA_LIBRARY");
+        const char *path = secure_getenv("DEVAL_CUDA_LIBRARY");
         path = path && *path ? path : "libcuda.so.1";
         cu.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (!cu.lib) {

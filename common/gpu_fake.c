@@ -29,7 +29,7 @@
 #include "wire.h"
 
 static int fake_devices(void) {
-        const char *env = getenv("DEVAL_GPU_FAKE");
+        const char *env = secure_getenv("DEVAL_GPU_FAKE");
         int n = env ? atoi(env) : 0;
         return n > 0 && n <= DV_MAX_GPUS ? n : 2;
 }
@@ -125,7 +125,7 @@ static struct {
 } fake_maps = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static bool fake_nop2p(void) {
-        const char *env = getenv("DEVAL_GPU_FAKE_NOP2P");
+        const char *env = secure_getenv("DEVAL_GPU_FAKE_NOP2P");
         return env && *env && strcmp(env, "0") != 0;
 }
 
@@ -168,8 +168,8 @@ static int fake_map_device(uintptr_t p) {
  * again. Removing the file makes it happen once, whichever process gets there first.
  */
 static bool fake_sticky_now(int device) {
-        const char *path = getenv("DEVAL_GPU_FAKE_STICKY_ONCE");
-        const char *dev = getenv("DEVAL_GPU_FAKE_STICKY_DEVICE");
+        const char *path = secure_getenv("DEVAL_GPU_FAKE_STICKY_ONCE");
+        const char *dev = secure_getenv("DEVAL_GPU_FAKE_STICKY_DEVICE");
         if (!path || !*path || device != (dev ? atoi(dev) : 1))
                 return false;
         return unlink(path) == 0;
@@ -184,10 +184,10 @@ static int fake_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_f
         int r = fake_check(device);
         if (r)
                 return r;
-        const char *slow = getenv("DEVAL_GPU_FAKE_ALLOC_MS");
+        const char *slow = secure_getenv("DEVAL_GPU_FAKE_ALLOC_MS");
         if (slow && *slow)
                 usleep((useconds_t)strtoul(slow, NULL, 10) * 1000);
-        const char *cap = getenv("DEVAL_GPU_FAKE_MEM");
+        const char *cap = secure_getenv("DEVAL_GPU_FAKE_MEM");
         if (cap && bytes > strtoull(cap, NULL, 10))
                 return gpu_fail(DEVAL_ENOMEM, "fake device %d is out of memory (%zu bytes asked)",
                                 device, bytes);
@@ -312,7 +312,7 @@ static int fake_run_plan(int device, const DvKernelSeg *segs, const uint64_t *st
                                         device, i, where);
         }
         /* $DEVAL_GPU_FAKE_HANG: while that file exists, a kernel runs on (a minute at most) */
-        const char *hang = getenv("DEVAL_GPU_FAKE_HANG");
+        const char *hang = secure_getenv("DEVAL_GPU_FAKE_HANG");
         for (int ms = 0; hang && *hang && ms < 60000 && access(hang, F_OK) == 0; ms += 10)
                 usleep(10000);
         const uint8_t **host = calloc(nsrcs ? nsrcs : 1, sizeof(*host));

@@ -36,7 +36,7 @@ static struct {
 } legacy = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 bool dv_legacy_forced(const char *env) {
-        const char *v = getenv(env);
+        const char *v = secure_getenv(env);
         return v && *v && strcmp(v, "0") != 0;
 }
 

@@ -4,6 +4,7 @@
  * tools. Received descriptors are close-on-exec (MSG_CMSG_CLOEXEC); a message that arrives
  * with more descriptors than asked for has the extras closed, never leaked.
  */
+#define _GNU_SOURCE
 #include "sock.h"
 
 #include <errno.h>
@@ -98,7 +99,7 @@ ssize_t dv_recv_msg_counted(int sock, void *buf, size_t len, int *fds, int *nfds
 }
 
 int dv_default_socket_path(char *buf, size_t len) {
-        const char *env = getenv("DEVAL_SOCKET");
+        const char *env = secure_getenv("DEVAL_SOCKET");
         int n;
 
         if (env && *env)
@@ -111,7 +112,7 @@ int dv_default_socket_path(char *buf, size_t len) {
 }
 
 int dv_user_socket_path(char *buf, size_t len) {
-        const char *xdg = getenv("XDG_RUNTIME_DIR");
+        const char *xdg = secure_getenv("XDG_RUNTIME_DIR");
         int n;
 
         if (xdg && *xdg)
@@ -141,7 +142,7 @@ bool dv_socket_answers(const char *path) {
  * Return: 0, or -ENAMETOOLONG.
  */
 int dv_client_socket_path(const char *path, char *buf, size_t len, bool *ret_explicit) {
-        const char *env = getenv("DEVAL_SOCKET");
+        const char *env = secure_getenv("DEVAL_SOCKET");
         int n;
 
         if ((path && *path) || (env && *env)) {

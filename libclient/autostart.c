@@ -40,7 +40,7 @@ extern char **environ;
 
 /* $DEVALD, else the devald installed beside this library, else where meson installed it. */
 static int find_devald(char *buf, size_t len) {
-        const char *env = getenv("DEVALD");
+        const char *env = secure_getenv("DEVALD");
         if (env && *env) {
                 snprintf(buf, len, "%s", env);
                 return access(buf, X_OK) == 0 ? 0 : -errno;
@@ -199,7 +199,7 @@ int dv_autostart(const char *sock, char *err, size_t errlen) {
                 close(fd);
                 return 0;
         }
-        const char *idle = getenv("DEVAL_IDLE_EXIT");
+        const char *idle = secure_getenv("DEVAL_IDLE_EXIT");
         char idle_s[16];
         snprintf(idle_s, sizeof(idle_s), "%s", idle && *idle ? idle : "60");
         if ((r = spawn(devald, sock, log, idle_s)) < 0) {

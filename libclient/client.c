@@ -124,7 +124,7 @@ int dv_set_err(deval_group *g, int status, const char *fmt, ...) {
 int dv_join_err(int status, const char *fmt, ...) {
         va_list ap;
         va_start(ap, fmt);
-        vset_err(join_errmsg, sizeof(join_errmsg), getenv("DEVAL_DEBUG") != NULL, status, fmt, ap);
+        vset_err(join_errmsg, sizeof(join_errmsg), secure_getenv("DEVAL_DEBUG") != NULL, status, fmt, ap);
         va_end(ap);
         return status;
 }
@@ -226,7 +226,7 @@ static void group_freep(deval_group **g) {
 
 /* $name in microseconds, as nanoseconds; dflt_ns when it is not set. */
 static uint64_t env_us(const char *name, uint64_t dflt_ns) {
-        const char *env = getenv(name);
+        const char *env = secure_getenv(name);
         return env && *env ? strtoull(env, NULL, 10) * 1000 : dflt_ns;
 }
 
@@ -245,11 +245,11 @@ static void wait_policy(deval_group *g, int world_size) {
         g->yield_ns = env_us("DEVAL_YIELD_US", own_cores ? 0 : 1000000);
         /* a large step the ranks run is copied by all of them where each has a core of its
          * own; $DEVAL_SHARE_MIN (bytes of output) overrides, cores or not */
-        const char *env = getenv("DEVAL_SHARE_MIN");
+        const char *env = secure_getenv("DEVAL_SHARE_MIN");
         g->share_min = env && *env ? strtoull(env, NULL, 10) : own_cores ? 256u << 10 : UINT64_MAX;
         /* a rank whose gather input is this large copies it once, straight into the result
          * (DV_REQ_DIRECT), rather than staging it; $DEVAL_DIRECT_MIN (bytes) overrides */
-        env = getenv("DEVAL_DIRECT_MIN");
+        env = secure_getenv("DEVAL_DIRECT_MIN");
         g->direct_min = env && *env ? strtoull(env, NULL, 10) : 64u << 10;
 }
 
@@ -257,7 +257,7 @@ static void wait_policy(deval_group *g, int world_size) {
 static bool autostart_on(const deval_join_opts *opts) {
         if (opts && opts->autostart)
                 return opts->autostart > 0;
-        const char *env = getenv("DEVAL_AUTOSTART");
+        const char *env = secure_getenv("DEVAL_AUTOSTART");
         return !(env &&
                  (strcmp(env, "0") == 0 || strcmp(env, "no") == 0 || strcmp(env, "false") == 0));
 }
@@ -379,11 +379,11 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         g->forks = dv_forks();
         g->rank = rank;
         g->world = world_size;
-        g->debug = getenv("DEVAL_DEBUG") != NULL;
+        g->debug = secure_getenv("DEVAL_DEBUG") != NULL;
         wait_policy(g, world_size);
-        const char *rs = getenv("DEVAL_RANK_STEPS");
+        const char *rs = secure_getenv("DEVAL_RANK_STEPS");
         g->rank_steps = !(rs && (strcmp(rs, "0") == 0 || strcmp(rs, "no") == 0));
-        const char *mi = getenv("DEVAL_MIRROR");
+        const char *mi = secure_getenv("DEVAL_MIRROR");
         g->mirror = !(mi && (strcmp(mi, "0") == 0 || strcmp(mi, "no") == 0));
         g->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
         if (g->timeout_ms < 0)

@@ -117,7 +117,7 @@ int deval_mpi_join(MPI_Comm comm, const char *group, const deval_join_opts *opts
         if ((err = MPI_Comm_rank(comm, &rank)) != MPI_SUCCESS ||
             (err = MPI_Comm_size(comm, &world)) != MPI_SUCCESS)
                 return DEVAL_ESYS;
-        const char *env = getenv("DEVAL_NODE");
+        const char *env = secure_getenv("DEVAL_NODE");
         if (env && *env) {
                 char *end;
                 long v = strtol(env, &end, 10);

@@ -1098,7 +1098,7 @@ static int join_fail(deval_group *g, int status, const char *fmt, ...) {
 
 /* The largest result this rank takes: $DEVAL_SPAN_MAX_BYTES, else a quarter of memory. */
 static uint64_t max_result(void) {
-        const char *env = getenv("DEVAL_SPAN_MAX_BYTES");
+        const char *env = secure_getenv("DEVAL_SPAN_MAX_BYTES");
         if (env && *env)
                 return strtoull(env, NULL, 10);
         long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
@@ -1256,9 +1256,9 @@ int deval_join_spanning(const char *group, int rank, int world_size, int local_r
         /* the node's ranks wait on the engine at every step, for longer than a spin pays
          * for: they sleep at once, leaving the cores to the leader's exchange, unless told
          * otherwise ($DEVAL_SPIN_US, $DEVAL_YIELD_US) */
-        if (!getenv("DEVAL_SPIN_US"))
+        if (!secure_getenv("DEVAL_SPIN_US"))
                 sp->local->spin_ns = 0;
-        if (!getenv("DEVAL_YIELD_US"))
+        if (!secure_getenv("DEVAL_YIELD_US"))
                 sp->local->yield_ns = 0;
         if ((r = hello(g, fn)) < 0)
                 return join_fail(g, r, "%s", deval_errmsg(g));
