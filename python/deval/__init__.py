@@ -1551,17 +1551,25 @@ class _LoopPass:
 
 
     def holds_gathered(self, args, kwargs):
-        """Do the values args and kwargs hold (a metric's update) include what a gather for
-        metrics of the current batch returned: every rank's rows, not this rank's?"""
+        """Do the values args and kwargs hold (a metric's update) come from what a gather for
+        metrics of the current batch returned (every rank's rows, not this rank's): the
+        results themselves, views of them, or values with as many rows as a result and not
+        one per sample of the batch?"""
         if not self.gathered:
             return False
-        ids = set()
-        for out in self.gathered:
-            ids.add(id(out))
-            if isinstance(out, (tuple, list)):
-                ids.update(id(v) for v in out)
-            elif isinstance(out, dict):
-                ids.update(id(v) for v in out.values())
+        ids, ptrs, rows = set(), set(), set()
+        todo = list(self.gathered)
+        while todo:
+            v = todo.pop()
+            ids.add(id(v))
+            if isinstance(v, (tuple, list)):
+                todo.extend(v)
+            elif isinstance(v, dict):
+                todo.extend(v.values())
+            elif hasattr(v, "shape") and len(v.shape):
+                rows.add(v.shape[0])
+                if hasattr(v, "untyped_storage"):
+                    ptrs.add(v.untyped_storage().data_ptr())
         todo = list(args) + list(kwargs.values())
         while todo:
             v = todo.pop()
@@ -1569,6 +1577,11 @@ class _LoopPass:
                 return True
             if isinstance(v, dict):
                 todo.extend(v.values())
+            elif hasattr(v, "shape") and len(v.shape):
+                if hasattr(v, "untyped_storage") and v.untyped_storage().data_ptr() in ptrs:
+                    return True
+                if v.shape[0] in rows and v.shape[0] != self.samples:
+                    return True
         return False
 
     def _padding(self, last):

@@ -18,6 +18,8 @@ methods); nothing is stored on the Accelerator, which still pickles and copies.
 deval.accelerate.disable() undoes it.
 """
 
+import sys
+
 from . import InvalidArgument, _LoopPass, _loop, _spans_machines, join
 
 __all__ = ["enable", "disable"]
@@ -26,6 +28,15 @@ _ACTIVE = None  # the one enabled _State
 # a hooked loader whose gathers stay Accelerate's: an iterable shard with no len()
 _ACCELERATE = "accelerate's own gather_for_metrics"
 _ORIG = {}  # class -> its own __iter__, while patched
+
+
+class _Uncounted:
+    """A loader Accelerate shards in a way deval cannot count (skip_first_batches, say): its
+    first gather_for_metrics raises why. (A training loader of that kind gathers nothing, and
+    runs.)"""
+
+    def __init__(self, why):
+        self.why = why
 
 
 class _State:
@@ -43,6 +54,8 @@ class _State:
         if not self.loops:
             return None
         lp = self.loops[-1]
+        if isinstance(lp, _Uncounted):
+            raise InvalidArgument(lp.why, -1)
         if lp is not None and lp is not _ACCELERATE and not lp.opened:
             if self.group._in_pass:
                 raise InvalidArgument(
@@ -158,17 +171,24 @@ def _hooked_iter(cls):
             raise InvalidArgument("deval.accelerate: %s" % e, -1) from None
         except _loop.Unsized:
             params = _ACCELERATE  # sharded, but not counted: Accelerate's own remainder
-        except ValueError:
+        except ValueError as e:
             params = None  # not a sharded loader (one process, say): Accelerate's behaviour
+            if st.group.world_size > 1 and cls is not tud_loader():
+                # sharded by Accelerate, but not in a way deval can count: Accelerate's own
+                # remainder would keep the padding it cannot see either
+                params = _Uncounted(
+                    "deval.accelerate: %s; under deval.accelerate.enable() iterate it with "
+                    "g.eval_loop(loader, num_samples=...), or prepare a loader without it" % e)
         # a pass of its own, opened by the first gather_for_metrics of this iteration; None:
         # a loader whose gathers keep Accelerate's behaviour, and hide outer loaders' passes
-        lp = params if params in (None, _ACCELERATE) else _LoopPass(st.group, *params, self)
+        lp = params if params is None or params is _ACCELERATE or \
+            isinstance(params, _Uncounted) else _LoopPass(st.group, *params, self)
         base = getattr(self, "base_dataloader", None)
         st.loops.append(lp)
         if base is not None:
             st.bases.add(id(base))
         try:
-            if lp is None or lp is _ACCELERATE:
+            if not isinstance(lp, _LoopPass):
                 yield from orig(self)
             else:
                 yield from lp.run(lambda: orig(self))
@@ -179,6 +199,10 @@ def _hooked_iter(cls):
 
     __iter__.__wrapped__ = orig
     return __iter__
+
+
+def tud_loader():
+    return sys.modules["torch.utils.data"].DataLoader
 
 
 def _remove(loops, lp):

@@ -182,7 +182,11 @@ class _Update:
         # (a metric that does not sync is fed every rank's rows, gathered, or is a rank's own)
         lp = _loop.ACTIVE[-1] if _loop.ACTIVE and not _DEPTH[0] and _on(m) and \
             m.sync_on_compute else None
-        if lp is not None and not lp.holds_gathered(args, kwargs):
+        if lp is not None and lp.holds_gathered(args, kwargs):
+            # every rank's rows: once, if this is the only rank taking them (checked at sync)
+            for x in _within(m):
+                x.__dict__.setdefault("_deval_gathered", set()).add((lp.seq, lp.batches))
+        elif lp is not None:
             real = lp.real
             if real is None:
                 _count(m, lp)
@@ -338,12 +342,25 @@ def _count(m, lp):
 def _check(m):
     """Mismatch on every rank when a rank's state of m may hold a duplicate sample."""
     g = _group()
-    said = g.gather_object([(m.__dict__.get("_deval_taint"), m.__dict__.get("_deval_seen", {}))])
-    for rank, (taint, _) in enumerate(said):
+    said = g.gather_object([(m.__dict__.get("_deval_taint"), m.__dict__.get("_deval_seen", {}),
+                             m.__dict__.get("_deval_gathered", set()))])
+    for rank, (taint, _, _) in enumerate(said):
         if taint:
             raise Mismatch("deval.torchmetrics: rank %d: %s" % (rank, taint), -2)
+    took = {}
+    for rank, (_, _, gathered) in enumerate(said):
+        for seq, batch in gathered:
+            took.setdefault((seq, batch), []).append(rank)
+    for (seq, batch), ranks in sorted(took.items()):
+        if len(ranks) > 1:
+            raise Mismatch(
+                "deval.torchmetrics: %s was updated with the rows gathered from every rank "
+                "(gather_for_metrics) on ranks %s, at batch %d of loop #%d: it syncs, so each "
+                "sample would count once per rank. Update it with each rank's own rows, or "
+                "with the gathered rows on one rank only, or make it with "
+                "sync_on_compute=False" % (type(m).__name__, ranks, batch, seq), -2)
     loops = {}
-    for _, seen in said:
+    for _, seen, _ in said:
         for seq, (n, samples, _) in seen.items():
             loops.setdefault(seq, [n, 0])[1] += samples
     for seq, (n, samples) in sorted(loops.items()):
@@ -400,3 +417,4 @@ def _sync_dist(self, dist_sync_fn=None, process_group=None):
 def _reset(self):
     _ORIG["reset"](self)
     self.__dict__.pop("_deval_taint", None)
+    self.__dict__.pop("_deval_gathered", None)

@@ -441,7 +441,8 @@ def probe_rank(rank, world, sock, name):
     ms = {"scalar": tm.SumMetric(), "one_row": tm.SumMetric(), "tokens": tm.SumMetric(),
           "gathered": tm.CatMetric(sync_on_compute=False), "early": early,
           "midloop": tm.Accuracy(task="multiclass", num_classes=C),
-          "per_sample_list": tm.retrieval.RetrievalMRR()}
+          "per_sample_list": tm.retrieval.RetrievalMRR(),
+          "gathered_everywhere": tm.SumMetric(), "gathered_on_0": tm.CatMetric()}
     for pb, tb, ib in g.eval_loop(dl):
         ms["scalar"].update((pb.argmax(1) == tb).sum().item())
         ms["one_row"].update((pb.argmax(1) == tb).sum(0, keepdim=True))
@@ -451,6 +452,10 @@ def probe_rank(rank, world, sock, name):
         ms["midloop"].update(pb, tb)
         ms["midloop"].compute()  # (a progress bar's value, every batch)
         ms["per_sample_list"].update(pb[:, 0], tb == 0, indexes=ib % 2)
+        every = g.gather_for_metrics(ib)
+        ms["gathered_everywhere"].update(every.float())  # (a copy: its rows say where it came from)
+        if rank == 0:
+            ms["gathered_on_0"].update(every.view(-1, 1)[:, 0])
     out = {}
     for k, m in ms.items():
         try:
@@ -458,6 +463,8 @@ def probe_rank(rank, world, sock, name):
             out[k] = sorted(v.tolist()) if v.ndim else round(float(v), 6)
         except deval.Mismatch as e:
             out[k] = "Mismatch" if "padding" in str(e) else str(e)
+        except deval.Error as e:
+            out[k] = str(e)
     dtm.enable(False)
     g.leave()
     return out
@@ -476,3 +483,38 @@ def test_what_a_helper_found(daemon):
         assert out["gathered"] == list(range(7))  # every rank's rows, as gathered
         assert out["early"] == out["midloop"] == acc
         assert out["per_sample_list"] == round(float(mrr.compute()), 6)
+        assert "gathered from every rank" in out["gathered_everywhere"]
+        assert out["gathered_on_0"] == list(range(7))
+
+
+def skip_rank(rank, world, port, name, sock):
+    """skip_first_batches under enable(): a loader deval cannot count. Iterated without a
+    gather (a resumed training epoch) it runs; its first gather_for_metrics says so, where
+    Accelerate's own would have kept a padding duplicate."""
+    from test_accelerate_real import set_env
+    set_env(rank, world, port)
+    import os
+    os.environ["DEVAL_SOCKET"] = sock
+    import deval.accelerate
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+    acc = Accelerator(cpu=True)
+    deval.accelerate.enable(acc, group=name)
+    ev = acc.prepare(DataLoader(TensorDataset(torch.arange(11)), batch_size=2))
+    seen = sum(len(x) for (x,) in acc.skip_first_batches(ev, 1))
+    try:
+        for (x,) in acc.skip_first_batches(ev, 1):
+            acc.gather_for_metrics(x)
+        said = None
+    except deval.InvalidArgument as e:
+        said = str(e)
+    acc.wait_for_everyone()
+    return seen, said
+
+
+def test_skip_first_batches_under_enable(daemon):
+    pytest.importorskip("accelerate")
+    from test_accelerate_real import free_port
+    res = run_ranks(2, skip_rank, free_port(), group_name("skip"), daemon.socket, timeout=120)
+    for seen, said in res:
+        assert seen == 4 and said and "eval_loop(loader, num_samples=" in said, said
