@@ -986,6 +986,7 @@ class Group:
         self._in_pass = False
         self._keyed = False  # the open pass carries dataset indices (eval_loop)
         self._replaying = False  # eval_loop hands the body padding, its calls kept answers
+        self._pass_ended = False  # a step failed because a rank left the pass: it is over
         self._left = None  # the failure of a pass this rank left, for its next call
         self._batch_ids = ()  # in a pass with keys: what the current batch is made of
         self._fast = _Fast() if device is None else None
@@ -1016,6 +1017,8 @@ class Group:
     def _check(self, r):
         if r != 0:
             msg = _lib.deval_errmsg(self._h).decode(errors="replace")
+            if self._in_pass and r == Mismatch.status and " left the eval pass " in msg:
+                self._pass_ended = True  # (dv_pass_park_msg's words: the pass is over)
             raise _ERRORS.get(r, Error)(msg, r)
 
     def __enter__(self):
@@ -1240,7 +1243,8 @@ class Group:
         collective. So every rank ends with every sample. The body must make the same deval
         calls on every rank. real_rows() tells a batch's real samples from padding.
         """
-        self._handle()
+        if not self._h:
+            self._handle()  # (closed; a pass this rank left says so when this one opens)
         wrapper, loader = loader, _loop.unwrapped(loader)  # (iterate the progress bar, if any)
         try:
             n, o = _loop.pass_params(loader, self.world_size)
@@ -1429,7 +1433,12 @@ class _LoopPass:
         if self.opened:
             return
         g = self.g
+        # a pass this rank left failed the others (_left_pass): say so on this rank, but in
+        # step with them, who open this pass now; leaving it at once fails theirs too
+        left, g._left = g._left, None
         h = g._handle()
+        if left is not None:
+            g._addr = h.value if g._fast is not None and _speed is not None else 0
         if g._in_pass:
             raise InvalidArgument("deval.eval_loop: an eval pass is already open on this group "
                                   "(an eval_loop inside another, inside eval_pass, or one left "
@@ -1445,6 +1454,10 @@ class _LoopPass:
             g._check(_lib.deval_eval_begin_keys(h, self.n, self.num_keys))
         else:
             g._check(_lib.deval_eval_begin(h, self.n, self.o))
+        if left is not None:
+            with contextlib.suppress(Error):
+                g._check(_lib.deval_eval_abandon(h))
+            raise left
         self.opened = True
         g._in_pass, g._keyed = True, self.keys is not None
         if self.batches:
@@ -1495,7 +1508,7 @@ class _LoopPass:
 
     def _run(self, make_iter):
         g = self.g
-        h = g._handle()
+        h = g._h or g._handle()  # (a pass this rank left says so when this one opens)
         done, last = False, None
         with self.keys if self.keys is not None else contextlib.nullcontext():
             with self.keys.drawing() if self.keys is not None else contextlib.nullcontext():
@@ -1503,6 +1516,7 @@ class _LoopPass:
                 batch = next(it, _END)  # (a generator's loader starts its iterator here)
             if self.open_now:
                 self.open()
+            g._pass_ended = False
             try:
                 while batch is not _END:
                     self._batch(batch)
@@ -1513,7 +1527,9 @@ class _LoopPass:
             finally:
                 if self.opened:
                     g._in_pass = False
-                if self.opened and not done:  # a break, or an exception: the others must hear
+                # a break, or an exception: the others must hear, unless a step of the pass
+                # failed because a rank left it, which ended it for every rank (devald's too)
+                if self.opened and not done and not g._pass_ended:
                     try:
                         g._check(_lib.deval_eval_abandon(g._handle()))
                     except Mismatch as e:  # they went on: they fail, and so will this rank

@@ -518,3 +518,43 @@ def test_skip_first_batches_under_enable(daemon):
     res = run_ranks(2, skip_rank, free_port(), group_name("skip"), daemon.socket, timeout=120)
     for seen, said in res:
         assert seen == 4 and said and "eval_loop(loader, num_samples=" in said, said
+
+
+def leave_rank(rank, world, sock, name):
+    """Rank 1's body raises at batch 1; both ranks catch it and evaluate again; then rank 1
+    stays busy outside deval. Before: rank 0 waited for its timeout, first in its loop's
+    abandon (the pass a leaver failed was over already), then in the second pass's begin
+    (rank 1 raised its stored failure without a call)."""
+    import time
+    torch.set_num_threads(1)
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    ds = TensorDataset(torch.arange(12))
+    dl = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, world, rank, shuffle=False))
+
+    def evaluate(boom):
+        t0 = time.monotonic()
+        try:
+            rows = []
+            for i, (x,) in enumerate(g.eval_loop(dl)):
+                if boom and i == 1 and rank == 1:
+                    raise RuntimeError("boom")
+                rows += g.gather_for_metrics(x).tolist()
+            return rows, time.monotonic() - t0
+        except Exception as e:
+            return type(e).__name__, time.monotonic() - t0
+
+    out = [evaluate(True), evaluate(False), evaluate(False)]
+    if rank == 1:
+        time.sleep(6)  # (busy elsewhere: no deval call)
+    g.leave()
+    return out
+
+
+def test_a_rank_that_left_hangs_no_one(daemon):
+    res = run_ranks(2, leave_rank, daemon.socket, group_name("leave"), timeout=60)
+    for rank, out in enumerate(res):
+        assert all(took < 3 for _, took in out), out
+        assert out[0][0] == ("RuntimeError" if rank else "Mismatch"), out
+        assert out[1][0] == "Mismatch", out  # the stored failure, in step with the others
+        assert out[2][0] == list(range(12)), out  # then a pass as any other
