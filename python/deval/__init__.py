@@ -781,6 +781,14 @@ class _TorchEngine:
         self.pg = dist.new_group(leaders, backend="gloo",
                                  timeout=timedelta(seconds=timeout_s if timeout_s > 0 else 1e7))
         self.fn = _ALLGATHER(self.allgather)  # kept alive with the group
+        self.release_fn = _RELEASE(self.release)
+
+    def release(self, ctx=None):
+        """The leaders' group goes with the deval group (deval_leave(), or a failed join)."""
+        pg, self.pg = self.pg, None
+        if pg is not None:
+            with contextlib.suppress(Exception):  # (torch.distributed already torn down)
+                self.dist.destroy_process_group(pg)
 
     def allgather(self, ctx, send, recv, length, timeout_ms, why, why_len):
         import time
@@ -843,7 +851,10 @@ def _join_spanning(group, said, opts):
     # through GPUs the ranks may not have chosen yet); every rank takes part in making them
     everyone = dist.new_group(backend="gloo")
     layout = [None] * world
-    dist.all_gather_object(layout, node_id, group=everyone)
+    try:
+        dist.all_gather_object(layout, node_id, group=everyone)
+    finally:
+        dist.destroy_process_group(everyone)
     ids = []
     for nid in layout:  # nodes numbered by their lowest rank
         if nid not in ids:
@@ -855,13 +866,14 @@ def _join_spanning(group, said, opts):
     timeout_s = 300 if opts.timeout_ms == 0 else opts.timeout_ms / 1000
     engine = _TorchEngine(dist, leaders, node, timeout_s)
     e = _Engine()
-    e.nodes, e.node, e.allgather = len(ids), node, engine.fn
+    e.nodes, e.node, e.allgather, e.release = len(ids), node, engine.fn, engine.release_fn
     handle = ctypes.c_void_p()
     r = _lib.deval_join_spanning(None if group is None else group.encode(), rank, world,
                                  local_rank, local, ctypes.byref(opts), ctypes.byref(e),
                                  ctypes.byref(handle))
     if r != 0:
         msg = _lib.deval_errmsg(None).decode(errors="replace")
+        engine.release()  # (libdeval releases only what it joined)
         raise _ERRORS.get(r, Error)(msg, r)
     g = Group(handle, _lib.deval_group_name(handle).decode(), rank, world)
     g._engine = engine

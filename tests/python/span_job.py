@@ -132,6 +132,9 @@ def main():
         os.write(1, b"%s: identical %d\n" % (say.encode(), len(a)))
         g.leave()
         flat.leave()
+        # deval's gloo groups went with the group: only the job's own is left
+        left = len(dist.distributed_c10d._world.pg_map)
+        assert left == 1, "%d process groups after leave" % left
         dist.destroy_process_group()
         return
     victim = int(os.environ["SPAN_VICTIM"])
