@@ -322,14 +322,21 @@ def _taint(m, why):
         x.__dict__["_deval_taint"] = why
 
 
+# what to do where deval cannot tell a sharding's padding
+_KNOWN = ("deval tells it for torch's own DistributedSampler and for Accelerate's shards of a "
+          "DataLoader with a batch_size (torch's BatchSampler), over a map-style dataset; a "
+          "subclass or wrapper of the sampler, a batch sampler of your own, or batches that "
+          "Accelerate dispatches it cannot see into. Use one of those, or update the metric "
+          "with results gathered by gather_for_metrics")
+
+
 def _count(m, lp):
     """Note that m took the current batch of lp, a loop whose padding deval cannot tell: the
     samples it took over the ranks must not exceed the loop's (checked at sync)."""
     if lp.samples is None:
         _taint(m, "%s.update() at batch %d of loop #%d: deval cannot tell which samples of "
-               "this loader's batches are padding, nor count them; shard it with a "
-               "DistributedSampler or Accelerate's prepare(), or update the metric with "
-               "gathered results" % (type(m).__name__, lp.batches, lp.seq))
+               "this loader's batches are padding, nor count them; %s" % (
+                   type(m).__name__, lp.batches, lp.seq, _KNOWN))
         return
     for x in _within(m):
         seen = x.__dict__.setdefault("_deval_seen", {})
@@ -368,10 +375,8 @@ def _check(m):
             raise Mismatch(
                 "deval.torchmetrics: %s took %d samples over the ranks in loop #%d, whose loader "
                 "holds %d: its sharding repeats %d samples to even out the ranks, and deval "
-                "cannot tell which rows they are for this loader. Shard it with a "
-                "DistributedSampler or Accelerate's prepare() over a map-style dataset, or "
-                "update the metric with results gathered by gather_for_metrics"
-                % (type(m).__name__, samples, seq, n, samples - n), -2)
+                "cannot tell which rows they are for this loader; %s"
+                % (type(m).__name__, samples, seq, n, samples - n, _KNOWN), -2)
 
 
 def _sync(self, dist_sync_fn=None, process_group=None, should_sync=True,

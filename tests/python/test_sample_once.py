@@ -271,6 +271,7 @@ def test_padding_it_cannot_tell_fails_the_compute(daemon, wrapped):
                     timeout=120)
     for said in res:
         assert isinstance(said, str) and "took 8 samples" in said and "holds 5" in said, said
+        assert "a batch sampler of your own" in said, said  # (what it can see into, and not)
 
 
 def test_real_rows_outside_a_loop_is_none():
