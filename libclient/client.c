@@ -124,7 +124,8 @@ int dv_set_err(deval_group *g, int status, const char *fmt, ...) {
 int dv_join_err(int status, const char *fmt, ...) {
         va_list ap;
         va_start(ap, fmt);
-        vset_err(join_errmsg, sizeof(join_errmsg), secure_getenv("DEVAL_DEBUG") != NULL, status, fmt, ap);
+        vset_err(join_errmsg, sizeof(join_errmsg), secure_getenv("DEVAL_DEBUG") != NULL, status,
+                 fmt, ap);
         va_end(ap);
         return status;
 }
@@ -335,7 +336,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                         snprintf(req.launcher, sizeof(req.launcher), "%s", job.launcher);
                 }
                 /* the launcher's world: is it all on this machine? */
-                if (r == 0 && world_size < 0 && deval_job_spans(NULL, 0) &&
+                if (r == 0 && world_size < 0 &&
                     (r = dv_job_one_machine(&job, why, sizeof(why))) < 0)
                         return dv_join_err(r, "deval_join: %s", why);
                 rank = rank < 0 ? job.rank : rank;

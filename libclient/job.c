@@ -160,6 +160,12 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
         return DEVAL_EINVAL;
 }
 
+/* $DEVAL_ONE_MACHINE=1: every rank runs here, whatever the launcher says. */
+static bool one_machine_said(void) {
+        const char *one = secure_getenv("DEVAL_ONE_MACHINE");
+        return one && strcmp(one, "1") == 0;
+}
+
 /* Does job say it runs on more than one machine? says: what it says, in a phrase. */
 static bool spans(const DvJob *job, char *says, size_t len) {
         if (job->local >= 0 && job->world >= 0 && job->local < job->world)
@@ -178,11 +184,12 @@ static bool spans(const DvJob *job, char *says, size_t len) {
  * says? A group holds the ranks of one machine (one devald): joined as the whole job's world,
  * the ranks of the other machines would never come, and the join would wait for them until
  * its deadline.
+ * $DEVAL_ONE_MACHINE=1 says every rank runs here.
  * Return: 0; DEVAL_ENOTSUP, with err saying so and what to do instead.
  */
 int dv_job_one_machine(const DvJob *job, char *err, size_t errlen) {
         char says[160];
-        if (!spans(job, says, sizeof(says)))
+        if (one_machine_said() || !spans(job, says, sizeof(says)))
                 return 0;
         snprintf(err, errlen,
                  "this job runs on more than one machine: %s; deval_join() holds the "
@@ -206,8 +213,7 @@ int dv_job_one_machine(const DvJob *job, char *err, size_t errlen) {
 int deval_job_spans(char *why, size_t why_len) {
         DvJob job;
         char err[640], says[160];
-        const char *one = secure_getenv("DEVAL_ONE_MACHINE");
-        if ((one && strcmp(one, "1") == 0) || dv_job_from_env(&job, err, sizeof(err)) < 0 ||
+        if (one_machine_said() || dv_job_from_env(&job, err, sizeof(err)) < 0 ||
             !spans(&job, says, sizeof(says)))
                 return 0;
         if (why && why_len)
