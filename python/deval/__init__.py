@@ -1487,7 +1487,6 @@ class _LoopPass:
     def _batch(self, batch):
         self.real = None
         self.gathered = []
-        self.samples = _loop.batch_samples(batch)
         if self.keys is not None:
             try:
                 self.cur = self.keys.next(batch)
@@ -1497,11 +1496,11 @@ class _LoopPass:
             self.samples = len(self.cur)
             if self.keys.real is not None:
                 self.real = np.array(self.keys.real, dtype=bool)
-        elif self.rows is not None:
-            b = self.samples
-            if b is None:
+        else:
+            self.samples = b = _loop.batch_samples(batch)
+            if self.rows is not None and b is None:
                 self.rows = None  # (rows it cannot count: from here on, unknown)
-            else:
+            elif self.rows is not None:
                 n, at = self.rows
                 self.real = np.array([at(self.dealt + m) < n for m in range(b)], dtype=bool)
                 self.dealt += b
@@ -1576,7 +1575,6 @@ class _LoopPass:
         finally:
             g._in_pass = g._keyed = g._replaying = False
         g._check(_lib.deval_eval_replay_done(h))
-
 
     def holds_gathered(self, args, kwargs):
         """Do the values args and kwargs hold (a metric's update) come from what a gather for

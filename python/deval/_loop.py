@@ -178,13 +178,9 @@ def head(batch):
     """A batch of one sample cut from batch, in its own structure: every tensor's first
     sample (its rows / the batch's samples), every list of the batch's samples cut to its
     first. A batch of no structure it knows comes back as it is."""
-    b = batch_rows(batch)
-    if b is None and isinstance(batch, (list, tuple)) and batch:
-        inner = [len(v) for v in batch if isinstance(v, (list, tuple))]
-        if len(inner) == len(batch) and len(set(inner)) == 1 and inner[0] != len(batch):
-            b = inner[0]  # columns of the samples' fields (collate_fn=lambda b: zip(*b))
-        else:
-            b = len(batch)  # the samples themselves
+    b = batch_samples(batch)
+    if b is None and isinstance(batch, tuple):
+        b = len(batch)  # (a tuple of the samples themselves)
     return _cut(batch, b) if b else batch
 
 
@@ -480,19 +476,20 @@ def data_ids(batch):
 
 def batch_samples(batch):
     """How many samples a batch holds: its tensors' rows (a tensor, a mapping, or a list of
-    fields as torch's default collate makes of tuples), the length of the columns of a
-    zip(*samples) collate, else the length of a list of the samples themselves; None when it
-    cannot tell."""
+    fields as torch's default collate makes of tuples), the length of a list of the samples
+    themselves, or of the columns a tuple(zip(*samples)) collate makes; None when it cannot
+    tell."""
     b = batch_rows(batch)
     if b is not None or not isinstance(batch, (list, tuple)) or not batch:
         return b
     rows = {v.shape[0] for v in batch if _is_data(v) and len(v.shape)}
     if len(rows) == 1 and all(len(v) in rows for v in batch if isinstance(v, (list, tuple))):
         return rows.pop()  # fields: [inputs, labels, names]
-    inner = [len(v) for v in batch if isinstance(v, (list, tuple))]
-    if len(inner) == len(batch) and len(set(inner)) == 1 and inner[0] != len(batch):
-        return inner[0]  # columns of the samples' fields
-    return len(batch) if isinstance(batch, list) else None
+    if isinstance(batch, list):
+        return len(batch)  # the samples themselves (collate_fn=lambda b: b)
+    inner = {len(v) if isinstance(v, (list, tuple)) else -1 for v in batch}
+    # columns of the samples' fields: tuple(zip(*samples))
+    return inner.pop() if len(inner) == 1 and -1 not in inner else None
 
 
 def batch_rows(batch):

@@ -559,3 +559,16 @@ def test_a_rank_that_left_hangs_no_one(daemon):
         assert out[0][0] == ("RuntimeError" if rank else "Mismatch"), out
         assert out[1][0] == "Mismatch", out  # the stored failure, in step with the others
         assert out[2][0] == list(range(12)), out  # then a pass as any other
+
+
+def test_the_replay_batch_keeps_the_batch_structure():
+    """head(): one sample in the batch's own structure, for the structures loaders make."""
+    from deval import _loop
+    x, y = torch.arange(12).reshape(4, 3), torch.arange(4)
+    fields = _loop.head([x, y])  # torch's default collate of (x, y) samples
+    assert isinstance(fields, list) and len(fields) == 2
+    assert fields[0].tolist() == [[0, 1, 2]] and fields[1].tolist() == [0]
+    assert _loop.head({"ids": x, "label": y})["ids"].shape == (1, 3)
+    samples = [("a", 1), ("b", 2), ("c", 3)]
+    assert _loop.head(samples) == [("a", 1)]  # collate_fn=lambda b: b
+    assert _loop.head(tuple(zip(*samples))) == (("a",), (1,))  # zip(*b)
