@@ -526,6 +526,7 @@ int64_t dv_pass_kept(int64_t num_samples, int order, int64_t total, const int64_
 void dv_req_empty(DvRequest *q, const DvRequest *tmpl, uint32_t seq) {
         memset(q, 0, sizeof(*q));
         q->seq = seq;
+        q->call = tmpl->call;
         q->op = tmpl->op;
         q->ntensors = tmpl->ntensors < DEVAL_MAX_TENSORS ? tmpl->ntensors : DEVAL_MAX_TENSORS;
         q->pad_first = tmpl->pad_first;

@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  8
+#define DV_PROTO_VERSION  9
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -272,6 +272,11 @@ typedef struct {
         uint32_t site;  /* *_METRICS in an eval pass: which call of the batch (< DV_PASS_SITES) */
         uint32_t flags; /* DV_OP_EVAL_END: DV_END_* */
         uint32_t batch; /* deval_eval_batch() calls since the pass began */
+        /* the rank's collective calls so far, this one included: what messages name. seq is
+         * the step's; a step turned back unrun is posted again under the next seq, and a
+         * spanning group's call runs as several steps of its node, each of the same call */
+        uint32_t call;
+        uint32_t reserved;
         uint64_t staged_bytes; /* with status: how much it tried to stage */
         char why[256];         /* with status: the rank's own words (untrusted text) */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
@@ -556,6 +561,7 @@ _Static_assert(sizeof(DvJoinReq) == 120, "wire layout");
 _Static_assert(sizeof(DvGrowReq) == 24, "wire layout");
 _Static_assert(sizeof(DvReply) == 600, "wire layout");
 _Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
+_Static_assert(offsetof(DvRequest, staged_bytes) == 88, "wire layout");
 _Static_assert(sizeof(DvGroupInfo) == 128, "wire layout");
 _Static_assert(sizeof(DvSpanInfo) == 80 + 64 * DV_SPAN_NODES + 2 * DEVAL_MAX_WORLD, "wire layout");
 _Static_assert(sizeof(DvRankInfo) == 48, "wire layout");

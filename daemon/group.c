@@ -654,23 +654,38 @@ void group_fail(Group *g, int status, const char *fmt, ...) {
         }
 }
 
-/* What the group is doing now, for messages: "during collective #7 (gather)". */
+/*
+ * What the group is doing now, for messages: "during collective #7 (gather)". The ranks run
+ * steps devald never sees: the latest step any rank arrived at says where the group is, and
+ * that rank's request names the call (wire.h).
+ */
 static void group_where(Group *g, char *buf, size_t len) {
-        pthread_mutex_lock(&g->lock);
-        uint32_t seq = g->locked.waiting_seq;
-        pthread_mutex_unlock(&g->lock);
+        int who = -1;
+        uint32_t latest = 0;
         for (int k = 0; k < g->world; k++) {
-                DvSlot *s = &g->hdr->slots[k];
-                if (atomic_load_explicit(&s->arrived_seq, memory_order_acquire) == seq) {
-                        snprintf(buf, len, "during collective #%u (%s)", seq,
-                                 dv_op_name(s->req.op));
-                        return;
+                uint32_t a =
+                        atomic_load_explicit(&g->hdr->slots[k].arrived_seq, memory_order_acquire);
+                if (a && (who < 0 || (int32_t)(a - latest) > 0)) {
+                        latest = a;
+                        who = k;
                 }
         }
-        if (seq > 1)
-                snprintf(buf, len, "between collectives (#%u was the last to complete)", seq - 1);
-        else
+        if (who < 0) {
                 snprintf(buf, len, "before its first collective");
+                return;
+        }
+        const DvRequest *q = &g->hdr->slots[who].req;
+        uint32_t done = atomic_load_explicit(&g->dhdr->done_seq, memory_order_acquire);
+        /* the ranks' steps: run by one of them, or mirrored by all */
+        uint32_t ranks[2] = {atomic_load_explicit(&g->hdr->fast.done_seq, memory_order_acquire),
+                             atomic_load_explicit(&g->hdr->fast.mirror_seq, memory_order_acquire)};
+        for (int i = 0; i < 2; i++)
+                if ((int32_t)(ranks[i] - done) > 0)
+                        done = ranks[i];
+        if ((int32_t)(latest - done) > 0)
+                snprintf(buf, len, "during collective #%u (%s)", q->call, dv_op_name(q->op));
+        else
+                snprintf(buf, len, "between collectives (#%u was the last to complete)", q->call);
 }
 
 /**

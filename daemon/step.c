@@ -31,6 +31,7 @@
 typedef struct {
         Group *g;
         uint32_t seq;
+        uint32_t call; /* the ranks' count of their calls: what messages name (wire.h) */
         const DvRequest *reqs;
         DvCtlHeader *h;
         bool dev; /* tensors are in the ranks' device input arenas (gather, pad) */
@@ -58,7 +59,7 @@ static DvResult *res_of(Step *s, int k) {
                                 return step_fail((s), DEVAL_EMISMATCH,                             \
                                                  "collective #%u (%s): ranks disagree on " what    \
                                                  ": rank 0 has " fmtspec ", rank %d has " fmtspec, \
-                                                 (s)->seq, dv_op_name((s)->reqs[0].op),            \
+                                                 (s)->call, dv_op_name((s)->reqs[0].op),           \
                                                  (s)->reqs[0].field, _k, (s)->reqs[_k].field);     \
         } while (0)
 
@@ -156,13 +157,13 @@ static int pad_value_same(Step *s) {
                         return step_fail(s, DEVAL_EMISMATCH,
                                          "collective #%u (%s): ranks disagree on pad_value: rank "
                                          "0 has %g, rank %d has %g",
-                                         s->seq, dv_op_name(s->reqs[0].op), s->reqs[0].pad_value, k,
-                                         s->reqs[k].pad_value);
+                                         s->call, dv_op_name(s->reqs[0].op), s->reqs[0].pad_value,
+                                         k, s->reqs[k].pad_value);
         return 0;
 }
 
 static int plan_status(Step *s, int r, const DvPlan *p) {
-        return step_fail(s, r, "collective #%u (%s): %s", s->seq, dv_op_name(s->reqs[0].op),
+        return step_fail(s, r, "collective #%u (%s): %s", s->call, dv_op_name(s->reqs[0].op),
                          p->err);
 }
 
@@ -238,7 +239,7 @@ static int pass_load(Step *s) {
                                          "collective #%u: the eval pass's counters in the "
                                          "group's control segment are corrupt (a rank "
                                          "overwrote them)",
-                                         s->seq);
+                                         s->call);
         }
         ps->used = used;
         memcpy(ps->total, total, sizeof(total));
@@ -298,7 +299,7 @@ static int pass_park(Step *s) {
                 int other = pk.left >= 0 ? pk.left : pk.first;
                 snprintf(a, sizeof(a), "rank %d (pid %d)", pk.tmpl, (int)g->members[pk.tmpl].pid);
                 snprintf(b, sizeof(b), "rank %d (pid %d)", other, (int)g->members[other].pid);
-                dv_pass_park_msg(msg, sizeof(msg), &pk, g->work.reqs, s->seq, a, b);
+                dv_pass_park_msg(msg, sizeof(msg), &pk, g->work.reqs, s->call, a, b);
                 return step_fail(s, DEVAL_EMISMATCH, "%s", msg);
         }
         if (pk.tmpl < 0 || !ps->nparked)
@@ -323,7 +324,7 @@ static int check_gather_opts(Step *s) {
                 char n0[48], nk[48];
                 snprintf(n0, sizeof(n0), "rank 0 (pid %d)", (int)s->g->members[0].pid);
                 snprintf(nk, sizeof(nk), "rank %d (pid %d)", bad, (int)s->g->members[bad].pid);
-                dv_pass_sites_msg(s->msg, sizeof(s->msg), r, s->reqs, bad, s->seq, n0, nk);
+                dv_pass_sites_msg(s->msg, sizeof(s->msg), r, s->reqs, bad, s->call, n0, nk);
                 return r;
         }
         if (pass_stream(s->g, &s->reqs[0]) < 0)
@@ -379,7 +380,7 @@ static int exec_device(Step *s, const DvPlan *p, bool pad) {
                              nsrcs);
                 if (r < 0)
                         return step_fail(s, r, "collective #%u (%s): the copy on GPU %d failed: %s",
-                                         s->seq, dv_op_name(s->reqs[0].op), dev, dv_gpu_error());
+                                         s->call, dv_op_name(s->reqs[0].op), dev, dv_gpu_error());
         }
         return 0;
 }
@@ -728,7 +729,7 @@ static int step_dispatch(Step *s) {
                                          "collective #%u was handed to devald with the input of "
                                          "rank %d (pid %d) in that rank's own memory, where "
                                          "devald cannot read it: a rank broke the protocol",
-                                         s->seq, k, (int)s->g->members[k].pid);
+                                         s->call, k, (int)s->g->members[k].pid);
         }
         int r = pass_load(s);
         if (r < 0)
@@ -747,7 +748,7 @@ static int step_dispatch(Step *s) {
                 return step_fail(s, q[k].status,
                                  "collective #%u (%s): rank %d (pid %d) could not stage its %llu "
                                  "bytes of input: %s",
-                                 s->seq, dv_op_name(q[k].op), k, (int)s->g->members[k].pid,
+                                 s->call, dv_op_name(q[k].op), k, (int)s->g->members[k].pid,
                                  (unsigned long long)q[k].staged_bytes,
                                  n ? why : deval_strerror(q[k].status));
         }
@@ -757,7 +758,7 @@ static int step_dispatch(Step *s) {
                         return step_fail(s, DEVAL_EMISMATCH,
                                          "collective #%u: ranks disagree on the op: rank 0 called "
                                          "%s, rank %d called %s",
-                                         s->seq, dv_op_name(a), k, dv_op_name(b));
+                                         s->call, dv_op_name(a), k, dv_op_name(b));
         }
         switch (q[0].op) {
         case DV_OP_GATHER:
@@ -797,6 +798,7 @@ int step_run(Group *g, uint32_t seq) {
                 memcpy(&g->work.reqs[k], &g->hdr->slots[k].req, sizeof(DvRequest));
                 memset(&g->dhdr->res[k], 0, offsetof(DvResult, t));
         }
+        s.call = g->work.reqs[0].call;
         int r = step_dispatch(&s);
         for (int k = 0; k < g->world; k++) { /* what a parked rank needs to replay it */
                 DvResult *res = res_of(&s, k);
@@ -810,7 +812,7 @@ int step_run(Group *g, uint32_t seq) {
                 snprintf(ps->msg, sizeof(ps->msg),
                          "collective #%u (%s) failed after this rank "
                          "ended the pass: %.*s",
-                         seq, dv_op_name(g->work.reqs[0].op), DV_MSG_MAX - 96, s.msg);
+                         s.call, dv_op_name(g->work.reqs[0].op), DV_MSG_MAX - 96, s.msg);
         }
         /* ranks that called eval_end and were not parked have their answer with this step */
         ps->released = false;

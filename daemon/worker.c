@@ -53,7 +53,15 @@ static int worker_aborted(Group *g) {
 /* Describe the ranks missing from step seq and fail the group with DEVAL_ETIMEDOUT. */
 static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
         char msg[DV_MSG_MAX];
-        int n = snprintf(msg, sizeof(msg), "collective #%u (%s) timed out after %lld ms;", seq,
+        /* the call of the step, as a rank that came counts it (wire.h) */
+        uint32_t call = seq;
+        for (int k = 0; k < g->world; k++)
+                if (atomic_load_explicit(&g->hdr->slots[k].arrived_seq, memory_order_acquire) ==
+                    seq) {
+                        call = g->hdr->slots[k].req.call;
+                        break;
+                }
+        int n = snprintf(msg, sizeof(msg), "collective #%u (%s) timed out after %lld ms;", call,
                          dv_op_name(op), (long long)(g->timeout_ns / 1000000));
         for (int k = 0; k < g->world && n < (int)sizeof(msg) - 64; k++) {
                 if (atomic_load_explicit(&g->hdr->slots[k].arrived_seq, memory_order_acquire) ==
@@ -63,10 +71,15 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
                 proc_state(g->members[k].pid, how, sizeof(how));
                 n += snprintf(msg + n, sizeof(msg) - (size_t)n, " rank %d (pid %d%s%s)", k,
                               (int)g->members[k].pid, how[0] ? "," : "", how);
-                if (seq > 1)
+                /* its slot holds its last request still, unless it is writing the next */
+                const DvRequest *last = &g->hdr->slots[k].req;
+                if (seq > 1 && last->seq == seq - 1)
                         n += snprintf(msg + n, sizeof(msg) - (size_t)n,
-                                      " never arrived, still after collective #%u (%s);", seq - 1,
-                                      dv_op_name(g->work.reqs[k].op));
+                                      " never arrived, still after collective #%u (%s);", call - 1,
+                                      dv_op_name(last->op));
+                else if (seq > 1)
+                        n += snprintf(msg + n, sizeof(msg) - (size_t)n,
+                                      " never arrived, still after collective #%u;", call - 1);
                 else
                         n += snprintf(msg + n, sizeof(msg) - (size_t)n,
                                       " never arrived at its first collective;");

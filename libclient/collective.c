@@ -206,6 +206,7 @@ static int coll_arrive(deval_group *g, const char *fn, int *by) {
         const DvDoneHeader *d = g->done;
         DvSlot *slot = &h->slots[g->rank];
         uint32_t seq = ++g->seq;
+        uint32_t call = slot->req.call = seq - g->restages;
         uint64_t start = dv_now_ns();
         int64_t limit = g->timeout_ms < 0 ? -1 : (int64_t)g->timeout_ms * 1000000 + WAIT_GRACE_NS;
 
@@ -251,7 +252,7 @@ static int coll_arrive(deval_group *g, const char *fn, int *by) {
                                 return 0;
                         char msg[256];
                         snprintf(msg, sizeof(msg), "%s: collective #%u did not finish within %d ms",
-                                 fn, seq, g->timeout_ms);
+                                 fn, call, g->timeout_ms);
                         return group_fail_local(g, DEVAL_ETIMEDOUT, msg);
                 }
                 /* seq_cst with the finisher: it sees this sleeper, or this sees its done_seq */
@@ -268,7 +269,7 @@ static int coll_arrive(deval_group *g, const char *fn, int *by) {
                                 return group_fail_local(g, s, d->abort_msg);
                         char msg[256];
                         snprintf(msg, sizeof(msg), "%s: devald at %s is gone (collective #%u)", fn,
-                                 g->socket_path, seq);
+                                 g->socket_path, call);
                         return group_fail_local(g, DEVAL_EDAEMON, msg);
                 }
         }
@@ -403,7 +404,8 @@ static int coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResu
                                 return dv_set_err(g, DEVAL_EPROTO,
                                                   "%s: rank %d turned collective #%u back "
                                                   "unrun, again",
-                                                  fn, g->hdr->fast.executor, g->seq);
+                                                  fn, g->hdr->fast.executor, g->seq - g->restages);
+                        g->restages++; /* the same call, under the next step's number */
                         q->seq = g->seq + 1;
                         if ((r = restage(g, fn, q)) < 0)
                                 return r;
