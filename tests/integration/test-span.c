@@ -28,118 +28,13 @@
 
 #include "gpu.h"
 #include "harness.h"
+#include "span-engine.h"
 #include "span-seq.h"
-
-#define MAX_NODES 4
-#define SLOT      (1u << 20)
-
-enum {
-        FAIL_NONE,
-        FAIL_ERROR,
-        FAIL_SILENT,
-        FAIL_GARBLE,
-        FAIL_RANK_DIES
-};
-
-typedef struct {
-        _Atomic uint64_t posted[MAX_NODES]; /* the last round each leader's bytes are in */
-        int mode, node, round;              /* what goes wrong, on which node, from which round */
-        uint8_t slots[2][MAX_NODES][SLOT];  /* by the round's parity */
-} Shm;
-
-typedef struct {
-        Shm *shm;
-        int node, nodes;
-        uint64_t round;
-        unsigned seed;
-} Engine;
-
-static Shm *shm;
-
-static double now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* A leader writes its round's bytes in its slot (by parity: it writes round r + 2 only after
- * every leader posted r + 1, so after every leader read round r), then waits for the others. */
-static int shm_allgather(void *ctx, const void *send, void *recv, size_t len, int timeout_ms,
-                         char *why, size_t why_len) {
-        Engine *e = ctx;
-        Shm *s = e->shm;
-        uint64_t r = ++e->round;
-        int p = (int)(r % 2);
-
-        if (len > SLOT) {
-                snprintf(why, why_len, "the test engine carries %u bytes at most", SLOT);
-                return DEVAL_ENOTSUP;
-        }
-        if (e->node == s->node && (int)r >= s->round) {
-                if (s->mode == FAIL_ERROR) {
-                        snprintf(why, why_len, "node %d: the cable is cut", e->node);
-                        return DEVAL_EPEER;
-                }
-                if (s->mode == FAIL_SILENT) { /* answers long after the deadline */
-                        sleep((unsigned)(timeout_ms / 1000 * 3 + 1));
-                        snprintf(why, why_len, "node %d woke past the deadline", e->node);
-                        return DEVAL_ETIMEDOUT;
-                }
-        }
-        memcpy(s->slots[p][e->node], send, len);
-        atomic_store_explicit(&s->posted[e->node], r, memory_order_release);
-        double end = timeout_ms < 0 ? 1e300 : now_ms() + timeout_ms;
-        for (int n = 0; n < e->nodes; n++) {
-                while (atomic_load_explicit(&s->posted[n], memory_order_acquire) < r) {
-                        if (now_ms() > end) {
-                                snprintf(why, why_len, "node %d did not answer within %d ms", n,
-                                         timeout_ms);
-                                return DEVAL_ETIMEDOUT;
-                        }
-                        usleep(20);
-                }
-        }
-        for (int n = 0; n < e->nodes; n++) {
-                uint8_t *dst = (uint8_t *)recv + (size_t)n * len;
-                if (dst != s->slots[p][n])
-                        memmove(dst, s->slots[p][n], len);
-                if (s->mode == FAIL_GARBLE && n != e->node && (int)r >= s->round)
-                        for (int k = 0; k < 4; k++) /* the same bytes on every leader */
-                                dst[(r * 7919u + (unsigned)k * 104729u) % len] ^= (uint8_t)(k + 1);
-        }
-        return 0;
-}
-
-typedef struct {
-        const int *layout; /* rank -> node */
-        int timeout_ms;
-        const char *name;
-} Span;
-
-static int join_span(const Harness *h, const Span *sp, int rank, int world, deval_group **g) {
-        int node = sp->layout[rank], nodes = 0, lrank = 0, lworld = 0;
-        for (int k = 0; k < world; k++) {
-                nodes = sp->layout[k] + 1 > nodes ? sp->layout[k] + 1 : nodes;
-                if (sp->layout[k] == node) {
-                        lrank += k < rank;
-                        lworld++;
-                }
-        }
-        static Engine e;
-        e = (Engine){.shm = shm, .node = node, .nodes = nodes};
-        deval_engine eng = {DEVAL_ENGINE_INIT, .nodes = nodes, .node = node, .ctx = &e,
-                            .allgather = shm_allgather};
-        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .timeout_ms = sp->timeout_ms,
-                             .socket_path = h->socket};
-        char name[64];
-        snprintf(name, sizeof(name), "%s-%d", sp->name, (int)getppid());
-        return deval_join_spanning(name, rank, world, lrank, lworld, &o, &eng, g);
-}
 
 static int rank_compare(const Harness *h, int rank, int world, void *arg) {
         const Span *sp = arg;
         deval_group *g, *flat;
-        CHECK_OK(join_span(h, sp, rank, world, &g), NULL);
+        CHECK_OK(span_join(h, sp, rank, world, &g), NULL);
         int node, nodes = deval_nodes(g, &node);
         CHECK(node == sp->layout[rank] && nodes >= 2, "node %d of %d", node, nodes);
         CHECK(deval_rank(g) == rank && deval_world_size(g) == world, "rank %d of %d", deval_rank(g),
@@ -161,7 +56,7 @@ static int rank_compare(const Harness *h, int rank, int world, void *arg) {
 static void run_layout(const int *layout, int world, const char *name) {
         Harness h;
         harness_start(&h, NULL);
-        memset(shm, 0, offsetof(Shm, slots));
+        span_engine_reset();
         Span sp = {.layout = layout, .timeout_ms = 30000, .name = name};
         assert_int_equal(harness_run(&h, world, rank_compare, &sp, 240), 0);
         harness_stop(&h);
@@ -188,7 +83,7 @@ static int rank_device(const Harness *h, int rank, int world, void *arg) {
         const Span *sp = arg;
         deval_group *g;
         setenv("DEVAL_GPU_FAKE", "2", 1);
-        CHECK_OK(join_span(h, sp, rank, world, &g), NULL);
+        CHECK_OK(span_join(h, sp, rank, world, &g), NULL);
         int dev = rank % 2;
         int64_t rows = 1 + rank, cols = 2 + rank;
         float host[64];
@@ -247,7 +142,7 @@ static void test_device_tensors_staged(void **state) {
 #endif
         Harness h;
         harness_start(&h, NULL);
-        memset(shm, 0, offsetof(Shm, slots));
+        span_engine_reset();
         Span sp = {.layout = (const int[]){0, 1, 1}, .timeout_ms = 30000, .name = "spandev"};
         assert_int_equal(harness_run(&h, 3, rank_device, &sp, 60), 0);
         harness_stop(&h);
@@ -257,11 +152,11 @@ static void test_device_tensors_staged(void **state) {
 static int rank_until_failure(const Harness *h, int rank, int world, void *arg) {
         const Span *sp = arg;
         deval_group *g;
-        CHECK_OK(join_span(h, sp, rank, world, &g), NULL);
+        CHECK_OK(span_join(h, sp, rank, world, &g), NULL);
         double t0 = harness_now();
         int r = 0, i;
         for (i = 0; i < 400 && r == 0; i++) {
-                if (shm->mode == FAIL_RANK_DIES && rank == 3 && i == shm->round)
+                if (span_shm->mode == FAIL_RANK_DIES && rank == 3 && i == span_shm->round)
                         _exit(0); /* as a killed rank: its socket closes */
                 int64_t v[64];
                 for (int k = 0; k < 64; k++)
@@ -273,11 +168,12 @@ static int rank_until_failure(const Harness *h, int rank, int world, void *arg) 
                                   .device = -1};
                 deval_tensor out;
                 r = deval_gather(g, 1, &t, NULL, &out);
-                for (int64_t k = 0; r == 0 && shm->mode != FAIL_GARBLE && k < out.shape[0]; k++)
+                for (int64_t k = 0; r == 0 && span_shm->mode != FAIL_GARBLE && k < out.shape[0];
+                     k++)
                         CHECK(((int64_t *)out.data)[k] % 1000 == (k % (1 + i % 64)) + i,
                               "step %d: row %lld", i, (long long)k);
         }
-        if (shm->mode == FAIL_GARBLE) { /* whatever came through, nothing crashed or hung */
+        if (span_shm->mode == FAIL_GARBLE) { /* whatever came through, nothing crashed or hung */
                 fprintf(stderr, "rank %d: %d steps, then %s: %s\n", rank, i, deval_strerror(r),
                         r ? deval_errmsg(g) : "");
                 deval_leave(g);
@@ -288,10 +184,10 @@ static int rank_until_failure(const Harness *h, int rank, int world, void *arg) 
         const char *msg = deval_errmsg(g);
         fprintf(stderr, "rank %d: %s at step %d: %s\n", rank, deval_strerror(r), i - 1, msg);
         CHECK(strstr(msg, "node 1") != NULL, "rank %d: %s: %s", rank, deval_strerror(r), msg);
-        if (shm->mode == FAIL_RANK_DIES) /* every other rank, on both nodes, names it */
+        if (span_shm->mode == FAIL_RANK_DIES) /* every other rank, on both nodes, names it */
                 CHECK(r == DEVAL_EPEER && strstr(msg, "rank 3") && strstr(msg, "node 1"),
                       "rank %d: %s: %s", rank, deval_strerror(r), msg);
-        else if (sp->layout[rank] == 1 && shm->mode == FAIL_ERROR) /* the engine's words */
+        else if (sp->layout[rank] == 1 && span_shm->mode == FAIL_ERROR) /* the engine's words */
                 CHECK(r == DEVAL_EPEER && strstr(msg, "the cable is cut"), "rank %d: %s: %s", rank,
                       deval_strerror(r), msg);
         else if (sp->layout[rank] != 1) /* this engine's failed leader posts nothing */
@@ -306,10 +202,10 @@ static int rank_until_failure(const Harness *h, int rank, int world, void *arg) 
 static void run_failure(int mode, int round, int timeout_ms, int expect_failed) {
         Harness h;
         harness_start(&h, NULL);
-        memset(shm, 0, offsetof(Shm, slots));
-        shm->mode = mode;
-        shm->node = 1;
-        shm->round = round;
+        span_engine_reset();
+        span_shm->mode = mode;
+        span_shm->node = 1;
+        span_shm->round = round;
         const int layout[] = {0, 0, 1, 1};
         Span sp = {.layout = layout, .timeout_ms = timeout_ms, .name = "spanfail"};
         int failed = harness_run(&h, 4, rank_until_failure, &sp, 120);
@@ -349,16 +245,11 @@ static void test_garbled_engine(void **state) {
 /* two ranks say they are rank 1: every rank refuses the layout */
 static int rank_twice(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
-        int node = rank < 2 ? 0 : 1;
-        static Engine e;
-        e = (Engine){.shm = shm, .node = node, .nodes = 2};
-        deval_engine eng = {DEVAL_ENGINE_INIT, .nodes = 2, .node = node, .ctx = &e,
-                            .allgather = shm_allgather};
-        deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .timeout_ms = 10000, .socket_path = h->socket};
         char name[64];
         snprintf(name, sizeof(name), "spantwice-%d", (int)getppid());
         deval_group *g = NULL;
-        int r = deval_join_spanning(name, rank == 2 ? 1 : rank, world, rank % 2, 2, &o, &eng, &g);
+        int r = span_join_named(h, name, rank < 2 ? 0 : 1, 2, rank == 2 ? 1 : rank, world, rank % 2,
+                                2, 10000, &g);
         CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(NULL), "rank 1 joined twice"),
               "rank %d: %s: %s", rank, deval_strerror(r), deval_errmsg(NULL));
         CHECK(g == NULL, "a handle on failure");
@@ -369,7 +260,7 @@ static void test_rank_twice(void **state) {
         (void)state;
         Harness h;
         harness_start(&h, NULL);
-        memset(shm, 0, offsetof(Shm, slots));
+        span_engine_reset();
         assert_int_equal(harness_run(&h, 4, rank_twice, NULL, 60), 0);
         harness_stop(&h);
 }
@@ -377,16 +268,15 @@ static void test_rank_twice(void **state) {
 static void test_bad_arguments(void **state) {
         (void)state;
         deval_group *g = NULL;
-        Engine e = {0};
-        deval_engine eng = {DEVAL_ENGINE_INIT, .nodes = 2, .node = 2, .ctx = &e,
-                            .allgather = shm_allgather};
+        deval_engine eng = {DEVAL_ENGINE_INIT, .nodes = 2, .node = 2, .ctx = span_shm,
+                            .allgather = span_engine_allgather};
         assert_int_equal(deval_join_spanning("x", 0, 4, 0, 2, NULL, &eng, &g), DEVAL_EINVAL);
         assert_non_null(strstr(deval_errmsg(NULL), "node 2 of 2"));
         eng.node = 0;
         eng.allgather = NULL;
         assert_int_equal(deval_join_spanning("x", 0, 4, 0, 2, NULL, &eng, &g), DEVAL_EINVAL);
         assert_non_null(strstr(deval_errmsg(NULL), "no allgather"));
-        eng.allgather = shm_allgather;
+        eng.allgather = span_engine_allgather;
         eng.size = 0;
         assert_int_equal(deval_join_spanning("x", 0, 4, 0, 2, NULL, &eng, &g), DEVAL_EINVAL);
         eng.size = sizeof(eng);
@@ -402,8 +292,7 @@ static void test_bad_arguments(void **state) {
 }
 
 int main(void) {
-        shm = mmap(NULL, sizeof(Shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-        if (shm == MAP_FAILED)
+        if (span_engine_setup() < 0)
                 return 1;
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_bad_arguments),
