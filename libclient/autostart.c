@@ -148,10 +148,11 @@ static int spawn(const char *devald, const char *sock, const char *log, const ch
 /**
  * dv_autostart() - make a devald answer at sock, starting one if nobody does.
  * @sock: this user's socket path (not one the caller named).
+ * @idle_exit_s: how long the devald started waits with no group and no client before it exits.
  * @err: why not, on failure: what to run instead.
  * Return: 0 when a devald answers at sock; DEVAL_EDAEMON with err otherwise.
  */
-int dv_autostart(const char *sock, char *err, size_t errlen) {
+int dv_autostart(const char *sock, uint64_t idle_exit_s, char *err, size_t errlen) {
         char dir[PATH_MAX], lock[PATH_MAX + 16], log[PATH_MAX + 16], devald[PATH_MAX];
         snprintf(dir, sizeof(dir), "%s", sock);
         char *slash = strrchr(dir, '/');
@@ -199,9 +200,8 @@ int dv_autostart(const char *sock, char *err, size_t errlen) {
                 close(fd);
                 return 0;
         }
-        const char *idle = secure_getenv("DEVAL_IDLE_EXIT");
-        char idle_s[16];
-        snprintf(idle_s, sizeof(idle_s), "%s", idle && *idle ? idle : "60");
+        char idle_s[24];
+        snprintf(idle_s, sizeof(idle_s), "%llu", (unsigned long long)idle_exit_s);
         if ((r = spawn(devald, sock, log, idle_s)) < 0) {
                 snprintf(err, errlen, "cannot start %s: %s", devald, strerror(-r));
                 close(fd);

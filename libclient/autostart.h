@@ -5,5 +5,6 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
-int dv_autostart(const char *sock, char *err, size_t errlen);
+int dv_autostart(const char *sock, uint64_t idle_exit_s, char *err, size_t errlen);

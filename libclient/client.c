@@ -22,6 +22,7 @@
 #include "ident.h"
 #include "job.h"
 #include "sock.h"
+#include "tunables.h"
 #include "util.h"
 
 #define DEFAULT_TIMEOUT_MS 300000
@@ -124,8 +125,11 @@ int dv_set_err(deval_group *g, int status, const char *fmt, ...) {
 int dv_join_err(int status, const char *fmt, ...) {
         va_list ap;
         va_start(ap, fmt);
-        vset_err(join_errmsg, sizeof(join_errmsg), secure_getenv("DEVAL_DEBUG") != NULL, status,
-                 fmt, ap);
+        bool set;
+        uint64_t debug = 0;
+        char why[128];
+        dv_tunable_read(DV_TUN_DEBUG, &set, &debug, why, sizeof(why)); /* a flag: never fails */
+        vset_err(join_errmsg, sizeof(join_errmsg), set && debug, status, fmt, ap);
         va_end(ap);
         return status;
 }
@@ -225,10 +229,10 @@ static void group_freep(deval_group **g) {
         group_free(*g);
 }
 
-/* $name in microseconds, as nanoseconds; dflt_ns when it is not set. */
-static uint64_t env_us(const char *name, uint64_t dflt_ns) {
-        const char *env = secure_getenv(name);
-        return env && *env ? strtoull(env, NULL, 10) * 1000 : dflt_ns;
+/* Tunable k, in microseconds, as nanoseconds (at most 2^64-1); dflt_ns when it is not set. */
+static uint64_t tun_us(const DvTunables *t, DvTun k, uint64_t dflt_ns) {
+        uint64_t us = dv_tun_or(t, k, dflt_ns / 1000);
+        return us > UINT64_MAX / 1000 ? UINT64_MAX : us * 1000;
 }
 
 /*
@@ -242,25 +246,21 @@ static uint64_t env_us(const char *name, uint64_t dflt_ns) {
  */
 static void wait_policy(deval_group *g, int world_size) {
         bool own_cores = sysconf(_SC_NPROCESSORS_ONLN) >= world_size;
-        g->spin_ns = env_us("DEVAL_SPIN_US", own_cores ? 200000 : 0);
-        g->yield_ns = env_us("DEVAL_YIELD_US", own_cores ? 0 : 1000000);
+        g->spin_ns = tun_us(&g->tun, DV_TUN_SPIN_US, own_cores ? 200000 : 0);
+        g->yield_ns = tun_us(&g->tun, DV_TUN_YIELD_US, own_cores ? 0 : 1000000);
         /* a large step the ranks run is copied by all of them where each has a core of its
          * own; $DEVAL_SHARE_MIN (bytes of output) overrides, cores or not */
-        const char *env = secure_getenv("DEVAL_SHARE_MIN");
-        g->share_min = env && *env ? strtoull(env, NULL, 10) : own_cores ? 256u << 10 : UINT64_MAX;
+        g->share_min = dv_tun_or(&g->tun, DV_TUN_SHARE_MIN, own_cores ? 256u << 10 : UINT64_MAX);
         /* a rank whose gather input is this large copies it once, straight into the result
          * (DV_REQ_DIRECT), rather than staging it; $DEVAL_DIRECT_MIN (bytes) overrides */
-        env = secure_getenv("DEVAL_DIRECT_MIN");
-        g->direct_min = env && *env ? strtoull(env, NULL, 10) : 64u << 10;
+        g->direct_min = dv_tun_or(&g->tun, DV_TUN_DIRECT_MIN, 64u << 10);
 }
 
 /* Start a devald when nothing answers? The join option, else $DEVAL_AUTOSTART (on). */
-static bool autostart_on(const deval_join_opts *opts) {
+static bool autostart_on(const deval_group *g, const deval_join_opts *opts) {
         if (opts && opts->autostart)
                 return opts->autostart > 0;
-        const char *env = secure_getenv("DEVAL_AUTOSTART");
-        return !(env &&
-                 (strcmp(env, "0") == 0 || strcmp(env, "no") == 0 || strcmp(env, "false") == 0));
+        return dv_tun_or(&g->tun, DV_TUN_AUTOSTART, 1);
 }
 
 /*
@@ -278,7 +278,7 @@ static int connect_devald(deval_group *g, const deval_join_opts *opts, bool name
                                    "cannot reach devald at %s: %s (is it running? start it with "
                                    "'devald --socket %s')",
                                    g->socket_path, strerror(e), g->socket_path);
-        if (!autostart_on(opts))
+        if (!autostart_on(g, opts))
                 return dv_join_err(DEVAL_EDAEMON,
                                    "cannot reach devald at %s: %s, and starting one is off "
                                    "($DEVAL_AUTOSTART=0 or the join option); start it with "
@@ -286,7 +286,8 @@ static int connect_devald(deval_group *g, const deval_join_opts *opts, bool name
                                    "system's",
                                    g->socket_path, strerror(e), g->socket_path);
         char why[PATH_MAX * 2 + 256];
-        int r = dv_autostart(g->socket_path, why, sizeof(why));
+        int r = dv_autostart(g->socket_path, dv_tun_or(&g->tun, DV_TUN_IDLE_EXIT, 60), why,
+                             sizeof(why));
         if (r < 0)
                 return dv_join_err(r, "deval_join: %s", why);
         if (connect(g->sock, (struct sockaddr *)&sa, sizeof(sa)) == 0)
@@ -372,20 +373,19 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         g->mirror_valid = calloc(w, sizeof(int64_t));
         g->mirror_srcs = calloc(w, sizeof(const uint8_t *));
         if (!g->fast_reqs || !g->mirror_recs || !g->mirror_shapes || !g->mirror_valid ||
-            !g->mirror_srcs) {
-                group_free(g);
+            !g->mirror_srcs)
                 return dv_join_err(DEVAL_ENOMEM, "deval_join: out of memory");
-        }
         g->pid = getpid();
         g->forks = dv_forks();
         g->rank = rank;
         g->world = world_size;
-        g->debug = secure_getenv("DEVAL_DEBUG") != NULL;
+        char why[160];
+        if (dv_tunables_read(&g->tun, why, sizeof(why)) < 0)
+                return dv_join_err(DEVAL_EINVAL, "deval_join: %s", why);
+        g->debug = dv_tun_or(&g->tun, DV_TUN_DEBUG, 0);
         wait_policy(g, world_size);
-        const char *rs = secure_getenv("DEVAL_RANK_STEPS");
-        g->rank_steps = !(rs && (strcmp(rs, "0") == 0 || strcmp(rs, "no") == 0));
-        const char *mi = secure_getenv("DEVAL_MIRROR");
-        g->mirror = !(mi && (strcmp(mi, "0") == 0 || strcmp(mi, "no") == 0));
+        g->rank_steps = dv_tun_or(&g->tun, DV_TUN_RANK_STEPS, 1);
+        g->mirror = dv_tun_or(&g->tun, DV_TUN_MIRROR, 1);
         g->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
         if (g->timeout_ms < 0)
                 g->timeout_ms = -1;

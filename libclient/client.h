@@ -12,6 +12,7 @@
 #include "deval.h"
 
 #include "plan.h"
+#include "tunables.h"
 #include "wire.h"
 
 typedef struct DvSpan DvSpan;
@@ -46,6 +47,7 @@ struct deval_group {
         uint64_t dout_gen;
         uint32_t seq;
         uint32_t restages;   /* steps posted again under a new seq: seq - restages is the call */
+        DvTunables tun;      /* the environment's tunables, read once, at the join */
         bool batch;          /* deval_eval_batch() was called in this pass: calls count per site */
         uint32_t site[2];    /* the next gather_for_metrics call of the batch: tensors, objects */
         uint32_t batch_no;   /* deval_eval_batch() calls since the pass began */

@@ -29,6 +29,7 @@
 
 #include "deval.h"
 
+#include "tunables.h"
 #include "util.h"
 
 static const char *env(const char *name) {
@@ -160,10 +161,13 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
         return DEVAL_EINVAL;
 }
 
-/* $DEVAL_ONE_MACHINE=1: every rank runs here, whatever the launcher says. */
-static bool one_machine_said(void) {
-        const char *one = secure_getenv("DEVAL_ONE_MACHINE");
-        return one && strcmp(one, "1") == 0;
+/* $DEVAL_ONE_MACHINE=1: every rank runs here, whatever the launcher says. 1 when it says
+ * so, 0 when not, DEVAL_EINVAL (with err) when it says something else. */
+static int one_machine_said(char *err, size_t errlen) {
+        bool set;
+        uint64_t v;
+        int r = dv_tunable_read(DV_TUN_ONE_MACHINE, &set, &v, err, errlen);
+        return r < 0 ? r : set && v;
 }
 
 /* Does job say it runs on more than one machine? says: what it says, in a phrase. */
@@ -189,7 +193,10 @@ static bool spans(const DvJob *job, char *says, size_t len) {
  */
 int dv_job_one_machine(const DvJob *job, char *err, size_t errlen) {
         char says[160];
-        if (one_machine_said() || !spans(job, says, sizeof(says)))
+        int r = one_machine_said(err, errlen);
+        if (r != 0)
+                return r < 0 ? r : 0;
+        if (!spans(job, says, sizeof(says)))
                 return 0;
         snprintf(err, errlen,
                  "this job runs on more than one machine: %s; deval_join() holds the "
@@ -208,13 +215,18 @@ int dv_job_one_machine(const DvJob *job, char *err, size_t errlen) {
  * $OMPI_COMM_WORLD_LOCAL_SIZE below its size, srun on more than one node)? What the first
  * launcher found says decides, as for deval_join(NULL, ...); $DEVAL_ONE_MACHINE=1 says every
  * rank runs here. @why (may be NULL) gets what it says.
- * Return: 1 when it says so, 0 when it does not (or no launcher is found).
+ * Return: 1 when it says so, 0 when it does not (or no launcher is found); DEVAL_EINVAL,
+ * with why, when $DEVAL_ONE_MACHINE is neither 1 nor 0.
  */
 int deval_job_spans(char *why, size_t why_len) {
         DvJob job;
         char err[640], says[160];
-        if (one_machine_said() || dv_job_from_env(&job, err, sizeof(err)) < 0 ||
-            !spans(&job, says, sizeof(says)))
+        int r = one_machine_said(err, sizeof(err));
+        if (r < 0 && why && why_len)
+                snprintf(why, why_len, "%s", err);
+        if (r != 0)
+                return r < 0 ? r : 0;
+        if (dv_job_from_env(&job, err, sizeof(err)) < 0 || !spans(&job, says, sizeof(says)))
                 return 0;
         if (why && why_len)
                 snprintf(why, why_len, "%s", says);
