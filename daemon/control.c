@@ -15,6 +15,8 @@
 #include "daemon.h"
 #include "flight_dump.h"
 #include "group.h"
+#include "group_arena.h"
+#include "group_join.h"
 #include "log.h"
 #include "output.h"
 #include "proc.h"

@@ -6,7 +6,9 @@
  * copy kernel for up to its timeout, and so may joining a group's worker thread in the middle
  * of a step: on the event loop that would stall every group and deval-ctl. So the loop hands
  * such calls to a job, a thread of its own that makes them and posts the job back (an
- * eventfd in the loop's epoll); the loop then finishes it, on the main thread. A job's group is its owner's to hold (group.c counts them in g->jobs).
+ * eventfd in the loop's epoll); the loop then finishes it, on the main thread. A job's group
+ * is its owner's to hold (group.c, group_join.c and group_arena.c count them in
+ * g->loop.jobs).
  */
 #pragma once
 

@@ -1,12 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * gpu_worker.c - one worker process per GPU, and devald's side of talking to them.
+ * gpu_worker.c - devald's side of its GPU worker processes (gpu_serve.c): starting one per
+ * GPU, talking to it (gpu_proto.h), timing it out, and saying how it ended.
  *
  * devald starts "devald --gpu-worker N" for each GPU N (a fresh exec: CUDA does not survive
- * fork()) on a socketpair. Requests and replies are fixed headers plus arrays, over a stream
- * socket because a plan's segment table can be large; the descriptor of exported memory
- * rides on the reply (SCM_RIGHTS). The calls are synchronous: each worker has a lock, held
- * from request to reply, so the group workers and the main thread can share it.
+ * fork()) on a socketpair. The calls are synchronous: each worker has a lock, held from
+ * request to reply, so the group workers and the main thread can share it.
  *
  * A worker that dies, hits a sticky CUDA error (it says so and exits), or does not answer in
  * time is reaped and its generation bumped; the next call starts a new one. An arena made
@@ -17,7 +16,6 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -33,153 +31,10 @@
 
 #include "deval.h"
 
+#include "gpu_proto.h"
 #include "log.h"
 #include "util.h"
 #include "wire.h"
-
-enum {
-        GW_ALLOC = 1, /* size -> ptr, and the export descriptor */
-        GW_IMPORT,    /* id, device (where it lives), size, and a descriptor */
-        GW_FREE,      /* id: unmap, whether made here or imported */
-        GW_RUN        /* out_id, nsegs, nsrcs; then segs, starts, GwSrc[nsrcs] */
-};
-
-typedef struct {
-        uint32_t op;
-        int32_t device;
-        uint64_t id;
-        uint64_t size;
-        uint64_t out_id;
-        uint32_t nsegs;
-        uint32_t nsrcs;
-} GwReq;
-
-typedef struct {
-        uint64_t id;
-        uint64_t off;
-        uint64_t bytes;
-} GwSrc;
-
-typedef struct {
-        int32_t status;
-        uint32_t sticky; /* the worker hit a sticky error and exits after this reply */
-        uint64_t ptr;
-        uint64_t p2p; /* the first reply: the peers proven readable */
-        char err[232];
-} GwRep;
-
-_Static_assert(sizeof(GwRep) == 256, "GwRep is one 256-byte record");
-
-/* A plan no larger than this many segments (devald's plans are bounded far below). */
-#define GW_MAX_SEGS (1u << 26)
-#define GW_MAX_SRCS (1u << 20)
-
-/* ---- transport --------------------------------------------------------------------------- */
-
-/* Write all of iov, with fd (if >= 0) on the first byte. 0, or -errno. */
-static int send_all(int sock, struct iovec *iov, int n, int fd) {
-        char cbuf[CMSG_SPACE(sizeof(int))] = {0};
-        bool fd_sent = fd < 0;
-        while (n > 0) {
-                struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-                if (!fd_sent) {
-                        mh.msg_control = cbuf;
-                        mh.msg_controllen = sizeof(cbuf);
-                        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-                        c->cmsg_level = SOL_SOCKET;
-                        c->cmsg_type = SCM_RIGHTS;
-                        c->cmsg_len = CMSG_LEN(sizeof(int));
-                        memcpy(CMSG_DATA(c), &fd, sizeof(int));
-                }
-                ssize_t k = sendmsg(sock, &mh, MSG_NOSIGNAL);
-                if (k < 0 && errno == EINTR)
-                        continue;
-                if (k < 0)
-                        return -errno;
-                fd_sent = true;
-                while (n > 0 && (size_t)k >= iov->iov_len) {
-                        k -= (ssize_t)iov->iov_len;
-                        iov++;
-                        n--;
-                }
-                if (n > 0) {
-                        iov->iov_base = (char *)iov->iov_base + k;
-                        iov->iov_len -= (size_t)k;
-                }
-        }
-        return 0;
-}
-
-/*
- * Read exactly len bytes, taking a descriptor that rides along into *ret_fd (when ret_fd is
- * NULL, or one came already, it is closed). timeout_ms < 0: wait forever.
- * 0, -EPIPE at end of stream, -ETIMEDOUT, or -errno.
- */
-static int recv_all(int sock, void *buf, size_t len, int *ret_fd, int timeout_ms) {
-        uint8_t *p = buf;
-        uint64_t deadline = timeout_ms < 0 ? 0 : dv_now_ns() + (uint64_t)timeout_ms * 1000000;
-        while (len > 0) {
-                if (timeout_ms >= 0) {
-                        uint64_t now = dv_now_ns();
-                        if (now >= deadline)
-                                return -ETIMEDOUT;
-                        struct pollfd pfd = {.fd = sock, .events = POLLIN};
-                        int ms = (int)DV_MIN((deadline - now) / 1000000 + 1, (uint64_t)INT_MAX);
-                        int r = poll(&pfd, 1, ms);
-                        if (r < 0 && errno != EINTR)
-                                return -errno;
-                        if (r <= 0)
-                                continue;
-                }
-                char cbuf[CMSG_SPACE(sizeof(int) * 4)];
-                struct iovec iov = {.iov_base = p, .iov_len = len};
-                struct msghdr mh = {.msg_iov = &iov,
-                                    .msg_iovlen = 1,
-                                    .msg_control = cbuf,
-                                    .msg_controllen = sizeof(cbuf)};
-                ssize_t k = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-                if (k < 0 && errno == EINTR)
-                        continue;
-                if (k < 0)
-                        return -errno;
-                for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-                        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                                continue;
-                        int nfd = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-                        for (int i = 0; i < nfd; i++) {
-                                int fd;
-                                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-                                if (ret_fd && *ret_fd < 0)
-                                        *ret_fd = fd;
-                                else
-                                        close(fd);
-                        }
-                }
-                if (k == 0)
-                        return -EPIPE;
-                p += k;
-                len -= (size_t)k;
-        }
-        return 0;
-}
-
-/*
- * Make room for one more element in *arr (n used of *cap, elem bytes each), doubling from
- * first. Return: 0, or DEVAL_ENOMEM with the array untouched.
- */
-static int grow(void *arr, size_t n, size_t *cap, size_t elem, size_t first) {
-        if (n < *cap)
-                return 0;
-        size_t want = *cap ? *cap * 2 : first;
-        void *p = realloc(*(void **)arr, want * elem);
-        if (!p)
-                return dv_gpu_fail(DEVAL_ENOMEM, "devald is out of memory");
-        *(void **)arr = p;
-        *cap = want;
-        return 0;
-}
-
-/* ---- devald's side ----------------------------------------------------------------------- */
 
 typedef struct {
         pthread_mutex_t lock;
@@ -275,7 +130,7 @@ static int worker_spawn(Worker *w) {
         if (pid == 0) {
                 /*
                  * Only async-signal-safe calls until exec: devald has threads. The worker ends
-                 * with devald: it watches devald's pidfd (fd 4, gpuw_main()). Not
+                 * with devald: it watches devald's pidfd (fd 4, gpu_serve_main()). Not
                  * PR_SET_PDEATHSIG, which fires when the *thread* that forked ends, and
                  * workers are started from short-lived threads (gpu_jobs.c) too.
                  */
@@ -294,7 +149,7 @@ static int worker_spawn(Worker *w) {
         w->pid = pid;
         w->sock = sv[0];
         GwRep hello;
-        int r = recv_all(w->sock, &hello, sizeof(hello), NULL, worker_timeout_ms());
+        int r = gpu_proto_recv(w->sock, &hello, sizeof(hello), NULL, worker_timeout_ms());
         if (r < 0 || hello.status < 0) {
                 char why[300];
                 hello.err[sizeof(hello.err) - 1] = '\0';
@@ -321,8 +176,8 @@ static int worker_call(Worker *w, struct iovec *iov, int niov, int fd_out, GwRep
         int r;
         if (w->pid == 0 && (r = worker_spawn(w)) < 0)
                 return r;
-        if ((r = send_all(w->sock, iov, niov, fd_out)) == 0)
-                r = recv_all(w->sock, rep, sizeof(*rep), ret_fd, worker_timeout_ms());
+        if ((r = gpu_proto_send(w->sock, iov, niov, fd_out)) == 0)
+                r = gpu_proto_recv(w->sock, rep, sizeof(*rep), ret_fd, worker_timeout_ms());
         if (r < 0) {
                 char why[96];
                 snprintf(why, sizeof(why), "%s",
@@ -385,6 +240,11 @@ void gpuw_stop(void) {
         }
 }
 
+/**
+ * gpuw_p2p() - the peers whose memory device's copy kernel reads directly, as its running
+ * worker proved them (bit k: GPU k). Takes the worker's lock.
+ * Return: the mask; 0 for a device with no worker, or none running.
+ */
 uint64_t gpuw_p2p(int device) {
         if (device < 0 || device >= nworkers)
                 return 0;
@@ -483,7 +343,7 @@ static int worker_import(Worker *w, const DevArena *a) {
                                    a->device, (unsigned long long)a->id);
         if (imported_has(w, a->id, NULL))
                 return 0;
-        int r = grow(&w->imported, w->nimported, &w->cap, sizeof(*w->imported), 16);
+        int r = gpu_proto_grow(&w->imported, w->nimported, &w->cap, sizeof(*w->imported), 16);
         if (r < 0)
                 return r;
         GwReq req = {.op = GW_IMPORT, .device = a->device, .id = a->id, .size = a->size};
@@ -551,282 +411,4 @@ int gpuw_run(int device, const DvKernelSeg *segs, const uint64_t *starts, uint32
 out:
         pthread_mutex_unlock(&w->lock);
         return r;
-}
-
-/* ---- the worker process ------------------------------------------------------------------ */
-
-typedef struct {
-        uint64_t id;
-        int device; /* where the memory lives */
-        DvDevPtr ptr;
-        uint64_t size;
-} Mapping;
-
-typedef struct {
-        const DvGpuApi *api;
-        int device;
-        uint64_t p2p;
-        Mapping *maps;
-        size_t nmaps, cap;
-        void *stage; /* pinned host memory for the inputs of GPUs without P2P */
-        DvDevPtr stage_dev;
-        size_t stage_size;
-} Gw;
-
-static Mapping *gw_find(Gw *gw, uint64_t id) {
-        for (size_t i = 0; i < gw->nmaps; i++)
-                if (gw->maps[i].id == id)
-                        return &gw->maps[i];
-        return NULL;
-}
-
-static int gw_add(Gw *gw, Mapping m) {
-        int r = grow(&gw->maps, gw->nmaps, &gw->cap, sizeof(*gw->maps), 64);
-        if (r < 0)
-                return r;
-        gw->maps[gw->nmaps++] = m;
-        return 0;
-}
-
-/*
- * Whether this GPU's kernel reads peer's memory correctly: the driver must say it can, and
- * a 64 KiB test copy through the copy kernel from memory exported on peer must arrive
- * intact. A sticky error here ends the process (exit 4): devald then starts a worker that
- * does not try.
- */
-static bool gw_probe_peer(Gw *gw, int peer) {
-        const DvGpuApi *api = gw->api;
-        enum {
-                N = 64 << 10
-        };
-        int ok = 0, fd = -1;
-        DvDevPtr src = 0, dst = 0;
-        bool proven = false;
-        _cleanup_(freep) uint8_t *pat = malloc(N);
-        _cleanup_(freep) uint8_t *back = malloc(N);
-
-        if (!pat || !back || api->can_access_peer(gw->device, peer, &ok) < 0 || !ok)
-                return false;
-        for (int i = 0; i < N; i++)
-                pat[i] = (uint8_t)(i * 131 + peer * 7 + 1);
-        if (api->export_alloc(peer, N, &src, &fd) < 0)
-                goto out;
-        close(fd);
-        DvKernelSeg seg = {.kind = DV_KSEG_COPY, .len = N, .count = 1};
-        uint64_t starts[2] = {0, N};
-        if (api->alloc(gw->device, N, &dst) < 0 || api->copy_to_device(peer, src, pat, N) < 0)
-                goto out;
-        if (api->run_plan(gw->device, &seg, starts, 1, dst, &src, 1) < 0) {
-                if (dv_gpu_sticky())
-                        _exit(4);
-                goto out;
-        }
-        proven = api->copy_to_host(gw->device, back, dst, N) == 0 && memcmp(pat, back, N) == 0;
-out:
-        if (dst)
-                api->free(gw->device, dst);
-        if (src)
-                api->unmap(peer, src, N);
-        if (!proven)
-                log_info("GPU %d: kernels here do not read GPU %d's memory directly (%s); its "
-                         "inputs are staged through host memory",
-                         gw->device, peer, dv_gpu_error()[0] ? dv_gpu_error() : "test copy");
-        return proven;
-}
-
-/* Whether this GPU's kernel reads m directly: its own memory, or a peer's proven by P2P. */
-static bool gw_reads(const Gw *gw, const Mapping *m) {
-        return m->device == gw->device || (gw->p2p >> m->device & 1);
-}
-
-static int gw_run(Gw *gw, const GwReq *req, const DvKernelSeg *segs, const uint64_t *starts,
-                  const GwSrc *srcs) {
-        const DvGpuApi *api = gw->api;
-        Mapping *out = gw_find(gw, req->out_id);
-        if (!out || out->device != gw->device)
-                return dv_gpu_fail(DEVAL_ESYS, "GPU %d: the output arena is not here", gw->device);
-        if (starts[0] != 0 || starts[req->nsegs] > out->size)
-                return dv_gpu_fail(DEVAL_ESYS, "GPU %d: the plan writes past the output",
-                                   gw->device);
-        _cleanup_(freep) DvDevPtr *ptrs = calloc(req->nsrcs ? req->nsrcs : 1, sizeof(*ptrs));
-        _cleanup_(freep) Mapping **ms = calloc(req->nsrcs ? req->nsrcs : 1, sizeof(*ms));
-        if (!ptrs || !ms)
-                return dv_gpu_fail(DEVAL_ENOMEM, "GPU worker: out of memory");
-        size_t staged = 0;
-        for (uint32_t i = 0; i < req->nsrcs; i++) {
-                Mapping *m = ms[i] = gw_find(gw, srcs[i].id);
-                if (!m || srcs[i].off > m->size || srcs[i].bytes > m->size - srcs[i].off)
-                        return dv_gpu_fail(DEVAL_ESYS, "GPU %d: source %u is not mapped here",
-                                           gw->device, i);
-                if (!gw_reads(gw, m))
-                        staged += DV_ALIGN(srcs[i].bytes, 64);
-        }
-        if (staged > gw->stage_size) {
-                api->host_free(gw->stage);
-                gw->stage = NULL;
-                gw->stage_size = 0;
-                int r = api->host_alloc(staged, &gw->stage, &gw->stage_dev);
-                if (r < 0)
-                        return r;
-                gw->stage_size = staged;
-        }
-        size_t at = 0;
-        for (uint32_t i = 0; i < req->nsrcs; i++) {
-                Mapping *m = ms[i];
-                ptrs[i] = m->ptr + srcs[i].off;
-                if (gw_reads(gw, m))
-                        continue;
-                /* no P2P from m's GPU: its bytes come through pinned host memory */
-                int r = api->copy_to_host(m->device, (uint8_t *)gw->stage + at, ptrs[i],
-                                          srcs[i].bytes);
-                if (r < 0)
-                        return r;
-                ptrs[i] = gw->stage_dev + at;
-                at += DV_ALIGN(srcs[i].bytes, 64);
-        }
-        return api->run_plan(gw->device, segs, starts, req->nsegs, out->ptr, ptrs, req->nsrcs);
-}
-
-/* A request devald and this worker disagree on: the worker stops. Not a DEVAL_E* (-1 is
- * DEVAL_EINVAL, which a driver call may return and devald must hear). */
-#define GW_STOP INT_MIN
-
-/* Serve one request; fills rep and *ret_fd (to send). Return: -1 at end of stream. */
-static int gw_serve(Gw *gw, int sock, GwRep *rep, int *ret_fd) {
-        GwReq req;
-        int fd = -1, r;
-        if (recv_all(sock, &req, sizeof(req), &fd, -1) < 0)
-                return -1;
-        *rep = (GwRep){0};
-        dv_gpu_fail(0, "%s", "");
-        switch (req.op) {
-        case GW_ALLOC: {
-                DvDevPtr p;
-                r = gw->api->export_alloc(gw->device, req.size, &p, ret_fd);
-                if (r == 0 && (r = gw_add(gw, (Mapping){req.id, gw->device, p, req.size})) < 0) {
-                        gw->api->unmap(gw->device, p, req.size);
-                        close(*ret_fd);
-                        *ret_fd = -1;
-                }
-                rep->ptr = r == 0 ? p : 0;
-                break;
-        }
-        case GW_IMPORT: {
-                DvDevPtr p;
-                r = fd < 0 ? dv_gpu_fail(DEVAL_ESYS, "GPU %d: import without a descriptor",
-                                         gw->device)
-                           : gw->api->import_fd(req.device, fd, req.size, &p);
-                if (r == 0 && (r = gw_add(gw, (Mapping){req.id, req.device, p, req.size})) < 0)
-                        gw->api->unmap(req.device, p, req.size);
-                break;
-        }
-        case GW_FREE: {
-                Mapping *m = gw_find(gw, req.id);
-                r = 0;
-                if (m) {
-                        r = gw->api->unmap(m->device, m->ptr, m->size);
-                        *m = gw->maps[--gw->nmaps];
-                }
-                break;
-        }
-        case GW_RUN: {
-                if (req.nsegs > GW_MAX_SEGS || req.nsrcs > GW_MAX_SRCS) {
-                        r = GW_STOP;
-                        break;
-                }
-                size_t nseg = req.nsegs, nsrc = req.nsrcs;
-                _cleanup_(freep) DvKernelSeg *segs = malloc((nseg ? nseg : 1) * sizeof(*segs));
-                _cleanup_(freep) uint64_t *starts = malloc((nseg + 1) * sizeof(*starts));
-                _cleanup_(freep) GwSrc *srcs = malloc((nsrc ? nsrc : 1) * sizeof(*srcs));
-                if (!segs || !starts || !srcs ||
-                    recv_all(sock, segs, nseg * sizeof(*segs), NULL, -1) < 0 ||
-                    recv_all(sock, starts, (nseg + 1) * sizeof(*starts), NULL, -1) < 0 ||
-                    recv_all(sock, srcs, nsrc * sizeof(*srcs), NULL, -1) < 0) {
-                        r = GW_STOP;
-                        break;
-                }
-                r = gw_run(gw, &req, segs, starts, srcs);
-                break;
-        }
-        default:
-                r = GW_STOP;
-        }
-        if (fd >= 0)
-                close(fd);
-        if (r == GW_STOP)
-                return -1; /* devald and this worker disagree on the protocol: stop */
-        rep->status = r;
-        rep->sticky = r < 0 && dv_gpu_sticky();
-        if (r < 0)
-                snprintf(rep->err, sizeof(rep->err), "GPU %d: %s%s", gw->device, dv_gpu_error(),
-                         rep->sticky ? " (a sticky error: the GPU's worker process restarts)" : "");
-        return 0;
-}
-
-/**
- * gpuw_main() - the worker process for GPU device, serving devald on sock until devald
- * hangs up; exits after a sticky error (status 3) or a faulting test copy (status 4).
- */
-/* The worker's watch on devald (its pidfd on fd 4): devald gone, the worker goes too,
- * even in the middle of a kernel. */
-static void *parent_watch(void *arg) {
-        struct pollfd p = {.fd = (int)(intptr_t)arg, .events = POLLIN};
-        while (poll(&p, 1, -1) < 0 && errno == EINTR)
-                ;
-        _exit(0);
-}
-
-int gpuw_main(int sock, int device, int no_p2p) {
-        pthread_t watch;
-        struct pollfd probe = {.fd = 4, .events = POLLIN};
-        int ready = poll(&probe, 1, 0); /* POLLNVAL: a kernel without pidfds, no watch */
-        if (ready == 1 && !(probe.revents & POLLNVAL))
-                return 0; /* devald is already gone */
-        if (ready == 0 && pthread_create(&watch, NULL, parent_watch, (void *)(intptr_t)4) == 0)
-                pthread_detach(watch);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        signal(SIGINT, SIG_IGN); /* a ^C to devald's terminal is devald's to handle */
-        signal(SIGPIPE, SIG_IGN);
-        Gw gw = {.api = dv_gpu(), .device = device};
-        GwRep rep = {0};
-        int n = 0;
-
-        rep.status = gw.api->init();
-        if (rep.status == 0)
-                rep.status = gw.api->device_count(&n);
-        if (rep.status == 0 && (device < 0 || device >= n))
-                rep.status = dv_gpu_fail(DEVAL_EINVAL, "no GPU %d (%d visible)", device, n);
-        for (int k = 0; rep.status == 0 && !no_p2p && k < n && k < DV_MAX_GPUS; k++)
-                if (k != device && gw_probe_peer(&gw, k))
-                        gw.p2p |= 1ull << k;
-        if (rep.status < 0)
-                snprintf(rep.err, sizeof(rep.err), "%s", dv_gpu_error());
-        rep.p2p = gw.p2p;
-        struct iovec iov = {.iov_base = &rep, .iov_len = sizeof(rep)};
-        if (send_all(sock, &iov, 1, -1) < 0 || rep.status < 0)
-                return 1;
-        int status = 0;
-        for (;;) {
-                int fd = -1;
-                if (gw_serve(&gw, sock, &rep, &fd) < 0)
-                        break;
-                iov = (struct iovec){.iov_base = &rep, .iov_len = sizeof(rep)};
-                int r = send_all(sock, &iov, 1, fd);
-                if (fd >= 0)
-                        close(fd);
-                if (r < 0)
-                        break;
-                if (rep.sticky) {
-                        status = 3; /* the context is gone: exit without touching it again */
-                        break;
-                }
-        }
-        for (size_t i = 0; status == 0 && i < gw.nmaps; i++)
-                gw.api->unmap(gw.maps[i].device, gw.maps[i].ptr, gw.maps[i].size);
-        free(gw.maps);
-        if (status == 0)
-                gw.api->host_free(gw.stage);
-        return status;
 }

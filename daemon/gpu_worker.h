@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * gpu_worker.h - devald's GPUs, each driven by its own worker process.
+ * gpu_worker.h - devald's GPUs, each driven by its own worker process (gpu_worker.c: devald's
+ * side; gpu_serve.c: the process; gpu_proto.h: what they say to each other).
  *
  * A sticky CUDA error (an illegal address in a kernel, an uncorrectable ECC error) leaves
  * the CUDA context unusable, and the driver's only documented way out is to end the
@@ -58,6 +59,3 @@ void gpuw_free(DevArena *a);
 /* Run a plan on device into out; 0, or a negative DEVAL_E* with dv_gpu_error() set. */
 int gpuw_run(int device, const DvKernelSeg *segs, const uint64_t *starts, uint32_t nsegs,
              const DevArena *out, const GpuwSrc *srcs, uint32_t nsrcs);
-
-/* The worker process's main loop on sock, for GPU device. Return: its exit code. */
-int gpuw_main(int sock, int device, int no_p2p);

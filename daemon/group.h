@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * group.h - a group's lifecycle as the main thread sees it (group.c).
+ * group.h - a group's life as the main thread sees it (group.c): made, found, failed,
+ * expired, stopped and freed. Joining it is group_join.h's; its members' arenas,
+ * group_arena.h's.
  */
 #pragma once
 
@@ -10,15 +12,11 @@
 
 #include "daemon.h"
 
-int group_join(Daemon *d, Conn *c, const DvJoinReq *req, char *msg, size_t msglen);
+Group *group_lookup(Daemon *d, const char *name);
+int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret);
 void group_member_gone(Group *g, int rank, bool left);
 void group_fail(Group *g, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns);
-void group_maybe_free(Group *g);
-int group_grow_input(Group *g, int rank, uint64_t size, Arena *ret, char *msg, size_t msglen);
-int group_output_fd(Group *g, uint64_t *size, uint64_t *gen);
 void group_expire_idle(Daemon *d, uint64_t now, int64_t *next_ns);
-int group_grow_dev_input(Group *g, Conn *c, uint64_t size, char *msg, size_t msglen);
-int group_dev_output_fd(Group *g, int rank, uint64_t *size, uint64_t *gen);
+void group_maybe_free(Group *g);
 void group_stop_all(Daemon *d, int status, const char *why);
-Group *group_lookup(Daemon *d, const char *name);

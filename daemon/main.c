@@ -21,6 +21,7 @@
 #include "control.h"
 #include "daemon.h"
 #include "gpu_jobs.h"
+#include "gpu_serve.h"
 #include "gpu_worker.h"
 #include "group.h"
 #include "log.h"
@@ -100,10 +101,11 @@ static bool exit_when_idle(Daemon *d, uint64_t now, int64_t *next_ns) {
 
 int main(int argc, char **argv) {
         Daemon d = {.epfd = -1, .listen_fd = -1, .signal_fd = -1};
-        /* devald --gpu-worker N [--no-p2p]: one GPU's worker process (gpu_worker.h), on fd 3 */
+        /* devald --gpu-worker N [--no-p2p]: one GPU's worker process (gpu_serve.h), on fd 3 */
         if (argc >= 3 && strcmp(argv[1], "--gpu-worker") == 0) {
                 log_setup(LOG_LEVEL_INFO);
-                return gpuw_main(3, atoi(argv[2]), argc >= 4 && strcmp(argv[3], "--no-p2p") == 0);
+                return gpu_serve_main(3, atoi(argv[2]),
+                                      argc >= 4 && strcmp(argv[3], "--no-p2p") == 0);
         }
         int r = config_parse(&d, argc, argv);
         if (r != 0) /* 2: a usage error, as getopt's tools exit */
