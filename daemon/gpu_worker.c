@@ -33,6 +33,7 @@
 
 #include "gpu_proto.h"
 #include "log.h"
+#include "tunables.h"
 #include "util.h"
 #include "wire.h"
 
@@ -52,12 +53,12 @@ static Worker workers[DV_MAX_GPUS];
 static int nworkers;
 static char self_exe[PATH_MAX];
 static _Atomic uint64_t next_id = 1;
+/* How long a worker may take to answer (a copy of a few GiB takes well under a second):
+ * $DEVAL_GPU_WORKER_TIMEOUT_MS, read when the workers start. */
+static int timeout_ms = 60000;
 
-/* How long a worker may take to answer (a copy of a few GiB takes well under a second). */
 static int worker_timeout_ms(void) {
-        const char *env = getenv("DEVAL_GPU_WORKER_TIMEOUT_MS");
-        int ms = env ? atoi(env) : 0;
-        return ms > 0 ? ms : 60000;
+        return timeout_ms;
 }
 
 static void describe_exit(int status, char *buf, size_t len) {
@@ -201,6 +202,11 @@ static int worker_call(Worker *w, struct iovec *iov, int niov, int fd_out, GwRep
  * Return: 0, or a negative errno with why (which could not start).
  */
 int gpuw_start(int ngpus, char *why, size_t whylen) {
+        bool set;
+        uint64_t ms;
+        if (dv_tunable_read(DV_TUN_GPU_WORKER_TIMEOUT_MS, &set, &ms, why, whylen) < 0)
+                return -EINVAL;
+        timeout_ms = set && ms > 0 ? (int)DV_MIN(ms, (uint64_t)INT32_MAX) : 60000;
         ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
         if (n <= 0) {
                 int e = errno;
