@@ -11,6 +11,7 @@
 
 #include "deval.h"
 
+#include "join_err.h"
 #include "plan.h"
 #include "tunables.h"
 #include "wire.h"
@@ -108,7 +109,6 @@ struct deval_group {
 
 int dv_set_err(deval_group *g, int status, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
-int dv_join_err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int dv_request(deval_group *g, const void *req, size_t len, DvReply *rep, int *fds, int *nfds);
 
 bool dv_daemon_alive(const deval_group *g);

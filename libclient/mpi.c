@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "deval_mpi.h"
+#include "join_err.h"
 
 #define TAG 0x5e7a
 
@@ -106,6 +107,14 @@ static void release(void *ctx) {
         free(e);
 }
 
+/* A join's MPI call failed: DEVAL_ESYS, with MPI's words for deval_errmsg(NULL). */
+static int mpi_join_fail(int err, const char *call) {
+        char s[MPI_MAX_ERROR_STRING] = "";
+        int n = 0;
+        MPI_Error_string(err, s, &n);
+        return dv_join_err(DEVAL_ESYS, "deval_mpi_join: %s failed: %s", call, s);
+}
+
 /**
  * deval_mpi_join() - join a group of comm's ranks, across machines through MPI (deval_mpi.h).
  */
@@ -116,13 +125,16 @@ int deval_mpi_join(MPI_Comm comm, const char *group, const deval_join_opts *opts
 
         if ((err = MPI_Comm_rank(comm, &rank)) != MPI_SUCCESS ||
             (err = MPI_Comm_size(comm, &world)) != MPI_SUCCESS)
-                return DEVAL_ESYS;
+                return mpi_join_fail(err, "MPI_Comm_rank or MPI_Comm_size");
         const char *env = secure_getenv("DEVAL_NODE");
         if (env && *env) {
                 char *end;
                 long v = strtol(env, &end, 10);
                 if (*end || v < 0 || v > 1 << 20)
-                        return DEVAL_EINVAL;
+                        return dv_join_err(DEVAL_EINVAL,
+                                           "deval_mpi_join: $DEVAL_NODE is '%.32s', not a "
+                                           "machine's number (0 to 2^20)",
+                                           env);
                 color = (int)v;
                 err = MPI_Comm_split(comm, color, rank, &node_comm);
         } else {
@@ -130,13 +142,13 @@ int deval_mpi_join(MPI_Comm comm, const char *group, const deval_join_opts *opts
                                           &node_comm);
         }
         if (err != MPI_SUCCESS)
-                return DEVAL_ESYS;
+                return mpi_join_fail(err, env && *env ? "MPI_Comm_split" : "MPI_Comm_split_type");
         MPI_Comm_rank(node_comm, &lrank);
         MPI_Comm_size(node_comm, &lworld);
         Engine *e = calloc(1, sizeof(*e));
         if (!e) {
                 MPI_Comm_free(&node_comm);
-                return DEVAL_ENOMEM;
+                return dv_join_err(DEVAL_ENOMEM, "deval_mpi_join: out of memory");
         }
         e->leaders = MPI_COMM_NULL;
         err = MPI_Comm_split(comm, lrank == 0 ? 0 : MPI_UNDEFINED, rank, &e->leaders);
@@ -154,7 +166,10 @@ int deval_mpi_join(MPI_Comm comm, const char *group, const deval_join_opts *opts
         e->reqs = calloc(2 * (size_t)(e->nodes > 0 ? e->nodes : 1), sizeof(MPI_Request));
         if (err != MPI_SUCCESS || !e->reqs) {
                 release(e);
-                return err != MPI_SUCCESS ? DEVAL_ESYS : DEVAL_ENOMEM;
+                return err != MPI_SUCCESS
+                               ? mpi_join_fail(err, "MPI_Comm_split or MPI_Bcast among the node's "
+                                                    "ranks")
+                               : dv_join_err(DEVAL_ENOMEM, "deval_mpi_join: out of memory");
         }
         for (int i = 0; i < 2 * e->nodes; i++)
                 e->reqs[i] = MPI_REQUEST_NULL;

@@ -100,6 +100,17 @@ def test_mpi_node_that_stops_answering_is_named(tmp_path, nodes):
     assert took < 60, took
 
 
+def test_mpi_join_failure_says_why(tmp_path, nodes):
+    """deval_mpi_join()'s own failures carry a message, as deval_join()'s do."""
+    daemons = nodes(1)
+    p, _ = mpirun(tmp_path, ("x", "x"), daemons + daemons, "timeout-ms", "10000", timeout=60)
+    got = [ln for ln in p.stdout.splitlines() if ": join: " in ln]
+    assert len(got) == 2, p.stdout + p.stderr
+    for ln in got:
+        assert "invalid argument" in ln.lower() or "EINVAL" in ln, ln
+        assert "$DEVAL_NODE is 'x', not a machine's number" in ln, ln
+
+
 # ---- Python: deval.join() over torch.distributed (gloo) ------------------------------------
 
 def env_for(extra):
