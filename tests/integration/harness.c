@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -62,6 +63,17 @@ static void shm_list(char *buf, size_t len) {
                 closedir(d);
 }
 
+/*
+ * A forked child of the test (a rank, a devald) gets sig when the test ends: a test that
+ * fails an assertion never stops what it started, and what it started holds the test's
+ * output open, so that the test runner waits on it until its timeout.
+ */
+void harness_die_with(pid_t parent, int sig) {
+        prctl(PR_SET_PDEATHSIG, sig);
+        if (getppid() != parent) /* it ended before the line above */
+                raise(sig);
+}
+
 void harness_start(Harness *h, const char *const *extra) {
         harness_start_within(h, extra, 5);
 }
@@ -87,9 +99,11 @@ void harness_start_within(Harness *h, const char *const *extra, int seconds) {
         for (int i = 0; extra && extra[i] && n < 30; i++)
                 argv[n++] = extra[i];
         argv[n] = NULL;
+        pid_t parent = getpid();
         h->daemon = fork();
         assert_true(h->daemon >= 0);
         if (h->daemon == 0) {
+                harness_die_with(parent, SIGTERM);
                 execv(devald, (char *const *)argv);
                 _exit(127);
         }
@@ -141,9 +155,11 @@ int harness_run(const Harness *h, int world, RankFn fn, void *arg, int timeout_s
 
         fflush(NULL);
         for (int r = 0; r < world; r++) {
+                pid_t parent = getpid();
                 pids[r] = fork();
                 assert_true(pids[r] >= 0);
                 if (pids[r] == 0) {
+                        harness_die_with(parent, SIGKILL);
                         alarm((unsigned)timeout_s + 5); /* a hung rank must not hang the suite */
                         int rc = fn(h, r, world, arg);
                         fflush(NULL);

@@ -22,6 +22,8 @@ typedef struct {
 
 typedef int (*RankFn)(const Harness *h, int rank, int world, void *arg);
 
+/* In a child forked by the test (pid parent): get sig when the test ends. */
+void harness_die_with(pid_t parent, int sig);
 /* Start devald (its path from $DEVALD) with extra arguments (NULL-terminated, may be NULL). */
 void harness_start(Harness *h, const char *const *extra);
 /* the same, waiting up to seconds for devald to listen (harness_start(): 5) */

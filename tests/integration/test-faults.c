@@ -158,10 +158,12 @@ static void run_case(const Case *c) {
         if (c->phase && strcmp(c->phase, "fast_direct") == 0)
                 setenv("DEVAL_DIRECT_MIN", "0", 1);
         for (int k = 0; k < c->world; k++) {
-                pid_t pid = fork();
+                pid_t parent = getpid(), pid = fork();
                 assert_true(pid >= 0);
-                if (pid == 0)
+                if (pid == 0) {
+                        harness_die_with(parent, SIGKILL);
                         run_rank(c, k);
+                }
                 S->pid[k] = pid;
         }
         unsetenv("DEVAL_SHARE_MIN"); /* the ranks have them */
@@ -292,9 +294,11 @@ static void test_stopped_rank_in_ctl(void **state) {
         char name[64], args[128], out[8192];
         snprintf(name, sizeof(name), "watched-%d", (int)getpid());
         memset(S, 0, sizeof(*S));
-        pid_t runner = fork();
-        if (runner == 0)
+        pid_t parent = getpid(), runner = fork();
+        if (runner == 0) {
+                harness_die_with(parent, SIGKILL);
                 _exit(harness_run(&H, 2, rank_watched, name, 20));
+        }
         /* rank 0 waits for #2 from the first arrival on; look 1.2 s in */
         usleep(1500000);
         snprintf(args, sizeof(args), "group %s", name);
@@ -557,9 +561,11 @@ static void test_aborted_group(void **state) {
         (void)state;
         char name[64], args[128], out[4096];
         snprintf(name, sizeof(name), "aborted-%d", (int)getpid());
-        pid_t runner = fork();
-        if (runner == 0)
+        pid_t parent = getpid(), runner = fork();
+        if (runner == 0) {
+                harness_die_with(parent, SIGKILL);
                 _exit(harness_run(&H, 4, rank_aborted, name, 30));
+        }
         usleep(300000);
         snprintf(args, sizeof(args), "abort %s", name);
         int rc = harness_ctl(&H, args, out, sizeof(out));
@@ -689,13 +695,17 @@ static void test_daemon_restarts(void **state) {
         assert_non_null(mkdtemp(dir));
         snprintf(sock, sizeof(sock), "%s/devald.sock", dir);
         pid_t ranks[RESTART_RANKS];
+        pid_t parent = getpid();
         for (int k = 0; k < RESTART_RANKS; k++)
-                if ((ranks[k] = fork()) == 0)
+                if ((ranks[k] = fork()) == 0) {
+                        harness_die_with(parent, SIGKILL);
                         restart_rank(R, sock, k);
+                }
         double t0 = harness_now();
         for (int c = 1; c <= RESTARTS; c++) {
                 pid_t d = fork();
                 if (d == 0) {
+                        harness_die_with(parent, SIGTERM);
                         execl(getenv("DEVALD"), "devald", "--socket", sock, "--log-level", "err",
                               (char *)NULL);
                         _exit(127);
