@@ -241,13 +241,17 @@ static uint64_t tun_us(const DvTunables *t, DvTun k, uint64_t dflt_ns) {
  * itself, so a spinning rank sees it done at once, and a step of a few hundred KiB is done
  * within 200 us. A step handed to devald is waited for asleep. With more ranks than cores,
  * spinners would take the core the last rank needs: a waiting rank yields its core for 1 ms
- * instead, so that the ranks still to arrive run at once. $DEVAL_SPIN_US and $DEVAL_YIELD_US
- * override.
+ * instead, so that the ranks still to arrive run at once. So it does, too, while other
+ * programs crowd the machine (crowd.h): there, spinning made every small step cost a spin,
+ * 400 us where a quiet machine takes 10. $DEVAL_SPIN_US and $DEVAL_YIELD_US override.
  */
 static void wait_policy(deval_group *g, int world_size) {
         bool own_cores = sysconf(_SC_NPROCESSORS_ONLN) >= world_size;
         g->spin_ns = tun_us(&g->tun, DV_TUN_SPIN_US, own_cores ? 200000 : 0);
         g->yield_ns = tun_us(&g->tun, DV_TUN_YIELD_US, own_cores ? 0 : 1000000);
+        g->crowd_aware = own_cores && !dv_tun_set(&g->tun, DV_TUN_SPIN_US) &&
+                         !dv_tun_set(&g->tun, DV_TUN_YIELD_US);
+        dv_crowd_init(&g->crowd);
         /* a large step the ranks run is copied by all of them where each has a core of its
          * own; $DEVAL_SHARE_MIN (bytes of output) overrides, cores or not */
         g->share_min = dv_tun_or(&g->tun, DV_TUN_SHARE_MIN, own_cores ? 256u << 10 : UINT64_MAX);

@@ -11,6 +11,7 @@
 
 #include "deval.h"
 
+#include "crowd.h"
 #include "join_err.h"
 #include "plan.h"
 #include "tunables.h"
@@ -60,8 +61,10 @@ struct deval_group {
         size_t replay_at; /* where the batch being replayed starts in kept */
         int failed;       /* sticky status once the group is unusable */
         bool debug;
-        uint64_t spin_ns;     /* busy-wait this long before sleeping on the futex */
-        uint64_t yield_ns;    /* then yield the core this long (more ranks than cores) */
+        uint64_t spin_ns;  /* busy-wait this long before sleeping on the futex */
+        uint64_t yield_ns; /* then yield the core this long (more ranks than cores) */
+        bool crowd_aware;  /* no spinning while the machine is crowded (crowd.h) */
+        DvCrowd crowd;
         bool rank_steps;      /* small steps may run on the ranks ($DEVAL_RANK_STEPS=0: never) */
         uint64_t alive_ns;    /* when this rank last saw devald alive, before running a step */
         DvRequest *fast_reqs; /* [world]: the requests of a step this rank runs (fast.c) */

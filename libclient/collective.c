@@ -25,8 +25,9 @@
 #include "ident.h"
 #include "util.h"
 
-#define SLICE_NS      (20 * 1000 * 1000) /* how often a sleeping rank checks devald is alive */
-#define WAIT_GRACE_NS (2000ll * 1000 * 1000)
+#define SLICE_NS         (20 * 1000 * 1000) /* how often a sleeping rank checks devald is alive */
+#define WAIT_GRACE_NS    (2000ll * 1000 * 1000)
+#define CROWDED_YIELD_NS (1000 * 1000) /* a crowded machine: as with more ranks than cores */
 
 static int group_fail_local(deval_group *g, int status, const char *msg) {
         g->failed = status;
@@ -208,6 +209,10 @@ static int coll_arrive(deval_group *g, const char *fn, int *by) {
         uint32_t seq = ++g->seq;
         uint32_t call = slot->req.call = seq - g->restages;
         uint64_t start = dv_now_ns();
+        /* on a crowded machine, waiting ranks leave their cores to the ranks still to come */
+        bool crowded = g->crowd_aware && dv_crowded(&g->crowd, start);
+        uint64_t spin_ns = crowded ? 0 : g->spin_ns;
+        uint64_t yield_ns = crowded ? CROWDED_YIELD_NS : g->yield_ns;
         int64_t limit = g->timeout_ms < 0 ? -1 : (int64_t)g->timeout_ms * 1000000 + WAIT_GRACE_NS;
 
         DV_FAULT("before_arrive", seq);
@@ -239,11 +244,11 @@ static int coll_arrive(deval_group *g, const char *fn, int *by) {
                 uint64_t now = dv_now_ns();
                 /* a step handed to devald needs its worker on a core: no spinning then */
                 bool handed = atomic_load_explicit(&f->handoff_seq, memory_order_relaxed) == seq;
-                if (!handed && now - start < g->spin_ns) {
+                if (!handed && now - start < spin_ns) {
                         dv_cpu_relax();
                         continue;
                 }
-                if (!handed && now - start < g->spin_ns + g->yield_ns) {
+                if (!handed && now - start < spin_ns + yield_ns) {
                         sched_yield(); /* more ranks than cores: let the others arrive */
                         continue;
                 }

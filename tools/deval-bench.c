@@ -11,8 +11,12 @@
  * (what deval-mpi-bench printed just before), next to MPI doing the same: ratios, because
  * the machine is shared and noisy.
  *
+ * With --load N, N processes keep a core busy each for the whole run: the shared machine
+ * of CI or a cluster node, where a rank that spins takes the core another needs (give
+ * deval-mpi-bench the same --load for the MPI column).
+ *
  *   deval-bench [--devald PATH | --socket PATH] [--quick] [--min-world N] [--max-world N]
- *               [--size BYTES] [--zero-copy] [--mpi FILE]
+ *               [--size BYTES] [--zero-copy] [--mpi FILE] [--load N]
  */
 #define _GNU_SOURCE
 #include <getopt.h>
@@ -30,6 +34,7 @@
 
 #include "deval.h"
 
+#include "load.h"
 #include "spawn-devald.h"
 
 #define MAX_ITERS 4000
@@ -42,6 +47,7 @@ static int arg_min_world = 2;
 static int arg_zero_copy;
 static size_t arg_only_size;
 static const char *arg_mpi;
+static int arg_load;
 
 #define MAX_WORLD 8
 
@@ -275,6 +281,7 @@ int main(int argc, char **argv) {
                 {"size", required_argument, NULL, 'z'},
                 {"zero-copy", no_argument, NULL, 'Z'},
                 {"mpi", required_argument, NULL, 'M'},
+                {"load", required_argument, NULL, 'L'},
                 {"help", no_argument, NULL, 'h'},
                 {},
         };
@@ -282,7 +289,7 @@ int main(int argc, char **argv) {
         int c;
         pid_t daemon = 0;
 
-        while ((c = getopt_long(argc, argv, "s:d:qw:m:z:ZM:h", opts, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "s:d:qw:m:z:ZM:L:h", opts, NULL)) >= 0) {
                 switch (c) {
                 case 's':
                         arg_socket = optarg;
@@ -308,10 +315,13 @@ int main(int argc, char **argv) {
                 case 'M':
                         arg_mpi = optarg;
                         break;
+                case 'L':
+                        arg_load = atoi(optarg);
+                        break;
                 case 'h':
                         printf("Usage: deval-bench [--devald PATH | --socket PATH] [--quick] "
                                "[--min-world N] [--max-world N] [--size BYTES] [--zero-copy] "
-                               "[--mpi FILE]\n");
+                               "[--mpi FILE] [--load N]\n");
                         return 0;
                 default:
                         return 2;
@@ -330,6 +340,10 @@ int main(int argc, char **argv) {
                 arg_socket = sock;
         }
 
+        if (arg_load > 0) {
+                printf("beside a competing load: %d processes spinning, one core each\n", arg_load);
+                load_start(arg_load);
+        }
         double *lat = mmap(NULL, sizeof(double) * (MAX_WORLD * MAX_ITERS + 2),
                            PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         double *out_bytes = lat + MAX_WORLD * MAX_ITERS;
@@ -397,6 +411,7 @@ int main(int argc, char **argv) {
                         fflush(stdout);
                 }
         }
+        load_stop();
         if (daemon > 0)
                 stop_devald(daemon, sock);
         return rc;

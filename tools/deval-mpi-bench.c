@@ -15,13 +15,17 @@
  * Accelerate does), MPI_Allgatherv of the padded rows, and the trim (a view, no copy). Every
  * figure is the slowest rank's time in each iteration, p50 and p99 over the iterations.
  *
- *   mpirun -np N deval-mpi-bench [--quick] [--size BYTES]
+ *   mpirun -np N deval-mpi-bench [--quick] [--size BYTES] [--load N]
+ *
+ * --load N: rank 0 starts N processes that keep a core busy each for the run (load.h).
  */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "load.h"
 
 static int cmp_double(const void *a, const void *b) {
         double x = *(const double *)a, y = *(const double *)b;
@@ -146,6 +150,8 @@ int main(int argc, char **argv) {
                         quick = 1;
                 else if (strcmp(argv[i], "--size") == 0 && i + 1 < argc)
                         only = strtoull(argv[++i], NULL, 10);
+                else if (strcmp(argv[i], "--load") == 0 && i + 1 < argc && rank == 0)
+                        load_start(atoi(argv[++i]));
         }
         static const size_t sizes[] = {64, 4 << 10, 256 << 10, 4 << 20, 64 << 20};
         for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
@@ -159,6 +165,7 @@ int main(int argc, char **argv) {
         }
         bench_small(world, 0, quick ? 500 : 4000);
         bench_small(world, 1, quick ? 500 : 4000);
+        load_stop();
         MPI_Finalize();
         return 0;
 }
