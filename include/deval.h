@@ -144,6 +144,9 @@ const char *deval_group_name(const deval_group *g);
 /* 1 when the launcher that started this process says its job runs on more than one machine
  * (what it says in why, when not NULL), else 0; $DEVAL_ONE_MACHINE=1: 0. */
 int deval_job_spans(char *why, size_t why_len);
+/* The machine this process runs on, as a spanning join tells machines apart ($DEVAL_NODE,
+ * the launcher's node, else the host name), into id[len]. 0, or DEVAL_EINVAL. */
+int deval_job_node(char *id, size_t len);
 
 /*
  * A group may span machines: each machine's ranks meet in their own devald, and one rank per

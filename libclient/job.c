@@ -60,6 +60,7 @@ typedef struct {
         const char *keys[5];  /* what makes the job unique, NULL-terminated */
         const char *local;    /* its ranks on this machine, if it says */
         const char *nodes[2]; /* the machines it runs on, if it says: the first set wins */
+        const char *node;     /* which of them this process runs on, if it says */
         bool by_parent;       /* the keys are a user's constants (a MASTER_PORT hard-coded for
                                  mp.spawn): the process that started the ranks tells jobs apart */
 } Launcher;
@@ -71,7 +72,9 @@ static const Launcher launchers[] = {
          "RANK",
          "WORLD_SIZE",
          {"TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"},
-         "LOCAL_WORLD_SIZE"},
+         "LOCAL_WORLD_SIZE",
+         {NULL},
+         "GROUP_RANK"},
         {"torch",
          "MASTER_PORT",
          "RANK",
@@ -79,6 +82,7 @@ static const Launcher launchers[] = {
          {"MASTER_ADDR", "MASTER_PORT"},
          "LOCAL_WORLD_SIZE",
          {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}, /* ranks srun started, or spawned under it */
+         "SLURM_NODEID",
          true},
         {"mpirun",
          "OMPI_COMM_WORLD_SIZE",
@@ -92,7 +96,8 @@ static const Launcher launchers[] = {
          "SLURM_NTASKS",
          {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"},
          NULL,
-         {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}},
+         {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"},
+         "SLURM_NODEID"},
 };
 
 /**
@@ -231,4 +236,30 @@ int deval_job_spans(char *why, size_t why_len) {
         if (why && why_len)
                 snprintf(why, why_len, "%s", says);
         return 1;
+}
+
+/**
+ * deval_job_node() - the machine this process runs on, as a spanning join tells machines
+ * apart: $DEVAL_NODE, else what the launcher that started it says (torchrun's $GROUP_RANK,
+ * srun's $SLURM_NODEID), else the host name. Every rank of a job finds it alike, so two
+ * ranks are on one machine when their ids are equal.
+ * @id: gets the id, NUL-terminated (truncated to len - 1 bytes).
+ * Return: 0; DEVAL_EINVAL when id is NULL or len is 0.
+ */
+int deval_job_node(char *id, size_t len) {
+        if (!id || !len)
+                return DEVAL_EINVAL;
+        const char *v = env("DEVAL_NODE");
+        for (size_t i = 0; !v && i < sizeof(launchers) / sizeof(launchers[0]); i++)
+                if (env(launchers[i].present)) {
+                        v = launchers[i].node ? env(launchers[i].node) : NULL;
+                        break; /* the first launcher found decides, as for the job's name */
+                }
+        char host[256] = "";
+        if (!v) {
+                gethostname(host, sizeof(host) - 1);
+                v = host;
+        }
+        snprintf(id, len, "%s", v);
+        return 0;
 }

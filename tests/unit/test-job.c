@@ -45,7 +45,11 @@ static const char *const all_vars[] = {"DEVAL_LAUNCH_ID",
                                        "LOCAL_WORLD_SIZE",
                                        "OMPI_COMM_WORLD_LOCAL_SIZE",
                                        "SLURM_STEP_NUM_NODES",
-                                       "SLURM_NNODES"};
+                                       "SLURM_NNODES",
+                                       "SLURM_NODEID",
+                                       "GROUP_RANK",
+                                       "DEVAL_NODE",
+                                       "DEVAL_ONE_MACHINE"};
 
 static void clear(void) {
         for (size_t i = 0; i < sizeof(all_vars) / sizeof(all_vars[0]); i++)
@@ -207,6 +211,11 @@ static void test_more_than_one_machine(void **state) {
         assert_non_null(strstr(err, why));
         setenv("DEVAL_ONE_MACHINE", "1", 1);
         assert_int_equal(deval_job_spans(why, sizeof(why)), 0);
+        setenv("DEVAL_ONE_MACHINE", "maybe", 1); /* neither: refused, naming it */
+        assert_int_equal(deval_job_spans(why, sizeof(why)), DEVAL_EINVAL);
+        assert_non_null(strstr(why, "$DEVAL_ONE_MACHINE is 'maybe'"));
+        char bad[160];
+        assert_int_equal(one_machine(bad, sizeof(bad)), DEVAL_EINVAL);
         unsetenv("DEVAL_ONE_MACHINE");
         /* a single-machine torchrun inside a two-node Slurm allocation: torchrun decides */
         setenv("LOCAL_WORLD_SIZE", "4", 1);
@@ -241,6 +250,38 @@ static void test_more_than_one_machine(void **state) {
         assert_non_null(strstr(err, "srun says it runs on 4 machines ($SLURM_NNODES)"));
 }
 
+/* The machine this process runs on: $DEVAL_NODE, else the launcher's word, else the host. */
+static void test_node(void **state) {
+        (void)state;
+        char id[64], host[256] = "";
+        gethostname(host, sizeof(host) - 1);
+        clear();
+        assert_int_equal(deval_job_node(id, sizeof(id)), 0);
+        assert_string_equal(id, host);
+        torchrun("29500", "0", "2");
+        setenv("SLURM_NODEID", "7", 1); /* torchrun inside an allocation: torchrun decides */
+        assert_int_equal(deval_job_node(id, sizeof(id)), 0);
+        assert_string_equal(id, host); /* torchrun --standalone sets no GROUP_RANK */
+        setenv("GROUP_RANK", "1", 1);
+        assert_int_equal(deval_job_node(id, sizeof(id)), 0);
+        assert_string_equal(id, "1");
+        setenv("DEVAL_NODE", "n3", 1);
+        assert_int_equal(deval_job_node(id, sizeof(id)), 0);
+        assert_string_equal(id, "n3");
+        clear();
+        setenv("SLURM_JOB_ID", "77", 1);
+        setenv("SLURM_PROCID", "5", 1);
+        setenv("SLURM_NTASKS", "8", 1);
+        setenv("SLURM_NODEID", "3", 1);
+        assert_int_equal(deval_job_node(id, sizeof(id)), 0);
+        assert_string_equal(id, "3");
+        assert_int_equal(deval_job_node(id, 2), 0); /* truncated, terminated */
+        assert_string_equal(id, "3");
+        assert_int_equal(deval_job_node(NULL, 8), DEVAL_EINVAL);
+        assert_int_equal(deval_job_node(id, 0), DEVAL_EINVAL);
+        clear();
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_torchrun),
@@ -248,6 +289,7 @@ int main(void) {
                 cmocka_unit_test(test_mpirun_srun_launch),
                 cmocka_unit_test(test_nothing_names_the_job),
                 cmocka_unit_test(test_more_than_one_machine),
+                cmocka_unit_test(test_node),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
