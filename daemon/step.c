@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agree.h"
 #include "check.h"
 #include "daemon.h"
 #include "dtype.h"
@@ -51,17 +52,6 @@ static int step_fail(Step *s, int status, const char *fmt, ...) {
 static DvResult *res_of(Step *s, int k) {
         return &s->g->dhdr->res[k];
 }
-
-#define SAME_ON_ALL(s, field, fmtspec, what)                                                       \
-        do {                                                                                       \
-                for (int _k = 1; _k < (s)->g->world; _k++)                                         \
-                        if ((s)->reqs[_k].field != (s)->reqs[0].field)                             \
-                                return step_fail((s), DEVAL_EMISMATCH,                             \
-                                                 "collective #%u (%s): ranks disagree on " what    \
-                                                 ": rank 0 has " fmtspec ", rank %d has " fmtspec, \
-                                                 (s)->call, dv_op_name((s)->reqs[0].op),           \
-                                                 (s)->reqs[0].field, _k, (s)->reqs[_k].field);     \
-        } while (0)
 
 /* Rank k's request has its input in its inline bytes of the control segment (wire.h). */
 static bool in_inline(const Step *s, int k) {
@@ -106,15 +96,6 @@ static int check_desc(Step *s, int k, int i, bool with_data) {
         }
 }
 
-static int check_ntensors(Step *s, uint32_t lo, uint32_t hi) {
-        for (int k = 0; k < s->g->world; k++)
-                if (s->reqs[k].ntensors < lo || s->reqs[k].ntensors > hi)
-                        return step_fail(s, DEVAL_EPROTO,
-                                         "malformed request from rank %d (pid %d): %u tensors", k,
-                                         (int)s->g->members[k].pid, s->reqs[k].ntensors);
-        return 0;
-}
-
 typedef struct {
         Group *g;
         const DvRequest *reqs;
@@ -126,63 +107,16 @@ static const uint8_t *src_of(void *arg, int rank, int tensor) {
         return in_base(c->g, &c->reqs[rank]) + c->reqs[rank].t[c->first_tensor ? 0 : tensor].offset;
 }
 
-static int same_shapes(Step *s, const char *what) {
-        const DvTensorDesc *a = &s->reqs[0].t[0];
-        for (int k = 1; k < s->g->world; k++) {
-                const DvTensorDesc *b = &s->reqs[k].t[0];
-                if (a->dtype != b->dtype)
-                        return step_fail(s, DEVAL_EMISMATCH,
-                                         "%s: ranks disagree on the dtype: rank 0 has %s, rank %d "
-                                         "has %s",
-                                         what, dv_dtype_name(a->dtype), k, dv_dtype_name(b->dtype));
-                if (a->ndim != b->ndim)
-                        return step_fail(s, DEVAL_EMISMATCH,
-                                         "%s: ranks disagree on the ndim: rank 0 has %d, rank %d "
-                                         "has %d",
-                                         what, a->ndim, k, b->ndim);
-                for (int d = 0; d < a->ndim; d++)
-                        if (a->shape[d] != b->shape[d])
-                                return step_fail(s, DEVAL_EMISMATCH,
-                                                 "%s: ranks disagree on the shape: dim %d is %lld "
-                                                 "on rank 0, %lld on rank %d",
-                                                 what, d, (long long)a->shape[d],
-                                                 (long long)b->shape[d], k);
-        }
-        return 0;
-}
-
-static int pad_value_same(Step *s) {
-        for (int k = 1; k < s->g->world; k++)
-                if (memcmp(&s->reqs[k].pad_value, &s->reqs[0].pad_value, sizeof(double)) != 0)
-                        return step_fail(s, DEVAL_EMISMATCH,
-                                         "collective #%u (%s): ranks disagree on pad_value: rank "
-                                         "0 has %g, rank %d has %g",
-                                         s->call, dv_op_name(s->reqs[0].op), s->reqs[0].pad_value,
-                                         k, s->reqs[k].pad_value);
-        return 0;
-}
-
 static int plan_status(Step *s, int r, const DvPlan *p) {
         return step_fail(s, r, "collective #%u (%s): %s", s->call, dv_op_name(s->reqs[0].op),
                          p->err);
-}
-
-/* Which eval-pass stream a request counts in (a call site, tensors or objects); -1: none. */
-static int pass_stream(const Group *g, const DvRequest *q) {
-        if (!g->work.pass.active || q->site >= DV_PASS_SITES)
-                return -1;
-        if (q->op == DV_OP_GATHER_METRICS)
-                return (int)q->site;
-        if (q->op == DV_OP_OBJECTS_METRICS)
-                return DV_PASS_SITES + (int)q->site;
-        return -1;
 }
 
 static void plan_input(Step *s, int n, const DvShape *shapes, const int64_t *valid,
                        DvPlanInput *in) {
         Group *g = s->g;
         const DvRequest *q = &s->reqs[0];
-        int stream = pass_stream(g, q);
+        int stream = dv_pass_stream(g->work.pass.active, q);
 
         *in = (DvPlanInput){.world = g->world,
                             .ntensors = n,
@@ -204,7 +138,7 @@ static void plan_input(Step *s, int n, const DvShape *shapes, const int64_t *val
 
 static void pass_advance(Group *g, const DvRequest *q, const DvPlan *p) {
         EvalPass *ps = &g->work.pass;
-        int stream = pass_stream(g, q);
+        int stream = dv_pass_stream(g->work.pass.active, q);
         if (stream >= 0)
                 dv_pass_advance(stream, g->world, p->contributed, &ps->used, ps->total, ps->most,
                                 ps->rows);
@@ -311,34 +245,6 @@ static int pass_park(Step *s) {
         return 0;
 }
 
-static int check_gather_opts(Step *s) {
-        int r;
-        SAME_ON_ALL(s, pad_first, "%u", "pad_first");
-        SAME_ON_ALL(s, keep_rows, "%" PRId64, "keep_rows");
-        SAME_ON_ALL(s, root, "%d", "root");
-        bool metrics =
-                s->reqs[0].op == DV_OP_GATHER_METRICS || s->reqs[0].op == DV_OP_OBJECTS_METRICS;
-        int bad;
-        if (metrics && s->g->work.pass.active &&
-            (r = dv_pass_sites(s->reqs, s->g->world, &bad)) < 0) {
-                char n0[48], nk[48];
-                snprintf(n0, sizeof(n0), "rank 0 (pid %d)", (int)s->g->members[0].pid);
-                snprintf(nk, sizeof(nk), "rank %d (pid %d)", bad, (int)s->g->members[bad].pid);
-                dv_pass_sites_msg(s->msg, sizeof(s->msg), r, s->reqs, bad, s->call, n0, nk);
-                return r;
-        }
-        if (pass_stream(s->g, &s->reqs[0]) < 0)
-                SAME_ON_ALL(s, order, "%d", "order");
-        if ((r = pad_value_same(s)) < 0)
-                return r;
-        if (s->reqs[0].root < -1 || s->reqs[0].root >= s->g->world)
-                return step_fail(s, DEVAL_EPROTO, "root %d is out of range", s->reqs[0].root);
-        if (pass_stream(s->g, &s->reqs[0]) < 0 && s->reqs[0].order != DEVAL_ORDER_RANK &&
-            s->reqs[0].order != DEVAL_ORDER_STRIDED)
-                return step_fail(s, DEVAL_EPROTO, "order %d is unknown", s->reqs[0].order);
-        return 0;
-}
-
 static void result_root_only(Step *s, int k, DvResult *res) {
         int root = s->reqs[0].root;
         if (root < 0 || k == root)
@@ -389,12 +295,6 @@ static int step_gather(Step *s) {
         Group *g = s->g;
         int W = g->world, r;
 
-        if ((r = check_ntensors(s, 1, DEVAL_MAX_TENSORS)) < 0)
-                return r;
-        SAME_ON_ALL(s, ntensors, "%u", "the number of tensors");
-        if ((r = check_gather_opts(s)) < 0)
-                return r;
-        s->dev = g->device_group;
         int n = (int)s->reqs[0].ntensors;
         _cleanup_(freep) DvShape *shapes =
                 calloc((size_t)(unsigned)W * (size_t)(unsigned)n, sizeof(*shapes));
@@ -402,11 +302,8 @@ static int step_gather(Step *s) {
         if (!shapes || !valid)
                 return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
         for (int k = 0; k < W; k++) {
-                for (int i = 0; i < n; i++) {
-                        if ((r = check_desc(s, k, i, true)) < 0)
-                                return r;
+                for (int i = 0; i < n; i++)
                         shapes[k * n + i] = dv_shape_of(&s->reqs[k].t[i]);
-                }
                 valid[k] = s->reqs[k].valid_rows;
         }
 
@@ -450,10 +347,6 @@ static int step_objects(Step *s) {
         Group *g = s->g;
         int W = g->world, r;
 
-        if ((r = check_ntensors(s, 2, 2)) < 0)
-                return r;
-        if ((r = check_gather_opts(s)) < 0)
-                return r;
         _cleanup_(freep) DvShape *shapes = calloc((size_t)(unsigned)W, sizeof(*shapes));
         _cleanup_(freep) int64_t *valid = calloc((size_t)(unsigned)W, sizeof(*valid));
         _cleanup_(freep) int64_t **prefix = calloc((size_t)(unsigned)W, sizeof(*prefix));
@@ -462,15 +355,6 @@ static int step_objects(Step *s) {
                 return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
         for (int k = 0; k < W; k++) {
                 const DvTensorDesc *lens = &s->reqs[k].t[0], *blob = &s->reqs[k].t[1];
-                if ((r = check_desc(s, k, 0, true)) < 0 || (r = check_desc(s, k, 1, true)) < 0)
-                        goto out;
-                if (lens->dtype != DEVAL_I64 || lens->ndim != 1 || blob->dtype != DEVAL_U8 ||
-                    blob->ndim != 1) {
-                        r = step_fail(s, DEVAL_EPROTO,
-                                      "malformed object request from rank %d (pid %d)", k,
-                                      (int)g->members[k].pid);
-                        goto out;
-                }
                 /* lengths are copied out of the arena once, then checked and used */
                 int64_t n = lens->shape[0];
                 prefix[k] = malloc(((size_t)n + 1) * sizeof(int64_t));
@@ -532,24 +416,11 @@ static int step_pad(Step *s) {
         Group *g = s->g;
         int W = g->world, r;
 
-        if ((r = check_ntensors(s, 1, 1)) < 0)
-                return r;
-        SAME_ON_ALL(s, dim, "%d", "dim");
-        SAME_ON_ALL(s, pad_first, "%u", "pad_first");
-        if ((r = pad_value_same(s)) < 0)
-                return r;
         _cleanup_(freep) DvShape *shapes = calloc((size_t)(unsigned)W, sizeof(*shapes));
         if (!shapes)
                 return step_fail(s, DEVAL_ENOMEM, "devald is out of memory");
-        s->dev = g->device_group;
-        for (int k = 0; k < W; k++) {
-                if ((r = check_desc(s, k, 0, true)) < 0)
-                        return r;
+        for (int k = 0; k < W; k++)
                 shapes[k] = dv_shape_of(&s->reqs[k].t[0]);
-        }
-        SAME_ON_ALL(s, t[0].ndim, "%d", "ndim");
-        if (s->reqs[0].dim < 0 || s->reqs[0].dim >= s->reqs[0].t[0].ndim)
-                return step_fail(s, DEVAL_EPROTO, "dim %d is out of range", s->reqs[0].dim);
 
         DvPlan p;
         dv_plan_init(&p);
@@ -586,21 +457,8 @@ static int step_reduce(Step *s) {
         Group *g = s->g;
         int W = g->world, r;
 
-        if ((r = check_ntensors(s, 1, 1)) < 0)
-                return r;
-        SAME_ON_ALL(s, reduce_op, "%d", "the reduce op");
-        for (int k = 0; k < W; k++)
-                if ((r = check_desc(s, k, 0, true)) < 0)
-                        return r;
-        if ((r = same_shapes(s, "reduce")) < 0)
-                return r;
         const DvTensorDesc *t = &s->reqs[0].t[0];
         int op = s->reqs[0].reduce_op;
-        if (op < DEVAL_SUM || op > DEVAL_PROD)
-                return step_fail(s, DEVAL_EPROTO, "reduce op %d is unknown", op);
-        if (op == DEVAL_MEAN && !dv_dtype_is_float(t->dtype))
-                return step_fail(s, DEVAL_EINVAL, "mean needs a floating dtype, not %s",
-                                 dv_dtype_name(t->dtype));
         if ((r = output_ensure(g, t->nbytes, s->msg, sizeof(s->msg))) < 0)
                 return r;
 
@@ -628,28 +486,11 @@ static int step_reduce(Step *s) {
         return 0;
 }
 
-static int step_broadcast(Step *s, bool bytes) {
+static int step_broadcast(Step *s) {
         Group *g = s->g;
         int W = g->world, r;
 
-        SAME_ON_ALL(s, root, "%d", "root");
         int root = s->reqs[0].root;
-        if (root < 0 || root >= W)
-                return step_fail(s, DEVAL_EPROTO, "root %d is out of range", root);
-        if (bytes) {
-                if (s->reqs[root].ntensors != 1)
-                        return step_fail(s, DEVAL_EPROTO, "malformed request from root %d", root);
-        } else {
-                if ((r = check_ntensors(s, 1, 1)) < 0)
-                        return r;
-                for (int k = 0; k < W; k++)
-                        if ((r = check_desc(s, k, 0, k == root)) < 0)
-                                return r;
-                if ((r = same_shapes(s, "broadcast")) < 0)
-                        return r;
-        }
-        if ((r = check_desc(s, root, 0, true)) < 0)
-                return r;
         const DvTensorDesc *t = &s->reqs[root].t[0];
         if ((r = output_ensure(g, t->nbytes, s->msg, sizeof(s->msg))) < 0)
                 return r;
@@ -692,11 +533,6 @@ static int step_eval(Step *s, bool begin) {
                 pass_reset(ps, g->world);
                 return r;
         }
-        SAME_ON_ALL(s, num_samples, "%" PRId64, "num_samples");
-        SAME_ON_ALL(s, order, "%d", "order");
-        if (s->reqs[0].num_samples < 0 ||
-            (s->reqs[0].order != DEVAL_ORDER_RANK && s->reqs[0].order != DEVAL_ORDER_STRIDED))
-                return step_fail(s, DEVAL_EPROTO, "malformed eval_begin request");
         if (ps->active)
                 return step_fail(s, DEVAL_EINVAL,
                                  "an eval pass is already open on group '%s'; end it with "
@@ -707,6 +543,16 @@ static int step_eval(Step *s, bool begin) {
         ps->order = s->reqs[0].order;
         ps->num_samples = s->reqs[0].num_samples;
         return 0;
+}
+
+/* Rank k in devald's words: its rank and its pid. */
+static void who(const DvAgree *a, int k, char *buf, size_t len) {
+        const Step *s = a->ctx;
+        snprintf(buf, len, "rank %d (pid %d)", k, (int)s->g->members[k].pid);
+}
+
+static int agree_desc(const DvAgree *a, int k, int i, bool with_data) {
+        return check_desc(a->ctx, k, i, with_data);
 }
 
 static int step_dispatch(Step *s) {
@@ -736,30 +582,20 @@ static int step_dispatch(Step *s) {
                 return r;
         if ((r = pass_park(s)) < 0)
                 return r;
-        for (int k = 0; k < s->g->world; k++) {
-                if (q[k].status == 0)
-                        continue;
-                if (!dv_staging_status(q[k].status))
-                        return step_fail(s, DEVAL_EPROTO,
-                                         "malformed request from rank %d (pid %d): status %d", k,
-                                         (int)s->g->members[k].pid, q[k].status);
-                char why[sizeof(q[k].why)];
-                size_t n = dv_printable(why, sizeof(why), q[k].why, sizeof(q[k].why));
-                return step_fail(s, q[k].status,
-                                 "collective #%u (%s): rank %d (pid %d) could not stage its %llu "
-                                 "bytes of input: %s",
-                                 s->call, dv_op_name(q[k].op), k, (int)s->g->members[k].pid,
-                                 (unsigned long long)q[k].staged_bytes,
-                                 n ? why : deval_strerror(q[k].status));
-        }
-        for (int k = 1; k < s->g->world; k++) {
-                uint32_t a = q[0].op, b = q[k].op;
-                if (a != b)
-                        return step_fail(s, DEVAL_EMISMATCH,
-                                         "collective #%u: ranks disagree on the op: rank 0 called "
-                                         "%s, rank %d called %s",
-                                         s->call, dv_op_name(a), k, dv_op_name(b));
-        }
+        /* the contract (agree.c); the tensors' bytes lie in the ranks' arenas, or on GPUs */
+        s->dev = s->g->device_group && (q[0].op == DV_OP_GATHER ||
+                                        q[0].op == DV_OP_GATHER_METRICS || q[0].op == DV_OP_PAD);
+        DvAgree a = {.q = q,
+                     .world = s->g->world,
+                     .call = s->call,
+                     .pass_open = s->g->work.pass.active,
+                     .who = who,
+                     .desc = agree_desc,
+                     .ctx = s,
+                     .msg = s->msg,
+                     .msg_len = sizeof(s->msg)};
+        if ((r = dv_agree(&a)) < 0)
+                return r;
         switch (q[0].op) {
         case DV_OP_GATHER:
         case DV_OP_GATHER_METRICS:
@@ -772,9 +608,9 @@ static int step_dispatch(Step *s) {
         case DV_OP_REDUCE:
                 return step_reduce(s);
         case DV_OP_BROADCAST:
-                return step_broadcast(s, false);
+                return step_broadcast(s);
         case DV_OP_BROADCAST_BYTES:
-                return step_broadcast(s, true);
+                return step_broadcast(s);
         case DV_OP_EVAL_BEGIN:
                 return step_eval(s, true);
         case DV_OP_EVAL_END:

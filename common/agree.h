@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * agree.h - the step's contract: what the ranks' requests for one step must agree on, and the
+ * words that say where they do not (agree.c). Every executor of a step (devald's worker, the
+ * spanning step) checks through dv_agree(), so that a step fails alike, status and message,
+ * wherever it runs; each adapts it with its own words for a rank and its own check of where
+ * a rank's bytes lie.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+typedef struct DvAgree DvAgree;
+
+struct DvAgree {
+        const DvRequest *q; /* [world]: the step's requests, copied out of reach of the ranks */
+        int world;
+        uint32_t call;  /* the collective's number, as the ranks count their calls (wire.h) */
+        bool pass_open; /* an eval pass is open: its gathers for metrics count by stream */
+        /* rank k, in the executor's words, where a message names one rank as the culprit
+         * ("rank 3 (pid 812)", "rank 3 (node 1)") */
+        void (*who)(const DvAgree *a, int k, char *buf, size_t len);
+        /* the executor's check of rank k's tensor i (with_data: its bytes are read): 0, or a
+         * status with its words in msg */
+        int (*desc)(const DvAgree *a, int k, int i, bool with_data);
+        void *ctx; /* the executor's */
+        char *msg; /* why the step fails */
+        size_t msg_len;
+};
+
+int dv_agree(DvAgree *a);
+int dv_agree_fail(DvAgree *a, int status, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+int dv_pass_stream(bool pass_open, const DvRequest *q);
