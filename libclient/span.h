@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * span.h - the state of a group that spans machines, shared by the modules that run it:
+ * span.c (the join, a collective from start to end, the handle's life), span_exchange.c (the
+ * exchange of every rank's part through the node's leader and the engine) and span_step.c
+ * (the step every rank runs over all parts). Each field says which of them writes it. The
+ * bytes themselves are span_wire.h's.
+ */
+#pragma once
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deval.h"
+
+#include "client.h"
+#include "pass.h"
+#include "util.h"
+#include "wire.h"
+
+typedef struct { /* the eval pass, as every rank runs it (span_step.c) */
+        bool active;
+        int32_t order;
+        int64_t num_samples;
+        uint32_t used;
+        int status; /* a step that failed after this rank ended the pass */
+        char msg[DV_MSG_MAX];
+        int64_t total[DV_PASS_STREAMS];
+        int64_t most[DV_PASS_STREAMS];
+        int64_t *rows; /* [stream * world + rank] */
+} SpanPass;
+
+struct DvSpan {
+        /* the join's (span.c) */
+        deval_group *local; /* this rank in its node's group */
+        deval_engine eng;
+        int node, nodes, local_rank, local_world;
+        uint64_t max_out; /* the largest result: the smallest any rank takes, alike on all */
+        DvRequest req;    /* this rank's request: g->req */
+        /* the layout: filled by the join's exchange, read by every later one and the step */
+        int *node_of;    /* [world] */
+        int *node_ranks; /* [world]: each node's ranks in local rank order, node by node */
+        int *node_start; /* [nodes + 1] into node_ranks */
+        bool laid_out;   /* the join's exchange filled them */
+        /* the exchange's (span_exchange.c) */
+        uint8_t *part; /* this rank's part */
+        size_t part_cap;
+        uint8_t *round1; /* a leader's: every node's first round */
+        size_t round1_cap;
+        uint8_t *failure; /* a leader's: a failure it broadcasts to its node */
+        size_t failure_cap;
+        /* every rank's part, by global rank: the exchange writes them, the step reads them
+         * (and empties a parked rank's) */
+        DvRequest *reqs; /* [world] as each rank described its step */
+        const uint8_t **data;
+        uint64_t *dlen;
+        /* the step's (span_step.c) */
+        bool *parked;
+        int64_t **prefix; /* objects */
+        DvShape *shapes;  /* [inputs_cap] */
+        const uint8_t **srcs;
+        size_t inputs_cap;
+        int64_t *valid;
+        SpanPass pass;
+        uint8_t *out;
+        uint64_t out_cap;
+        DvResult res;
+        char msg[DV_MSG_MAX]; /* a failure of the exchange or the step, said in global ranks */
+};
+
+/* Step failures: in the span's message, with the status. */
+static inline int dv_span_fail(DvSpan *sp, int status, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+static inline int dv_span_fail(DvSpan *sp, int status, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(sp->msg, sizeof(sp->msg), fmt, ap);
+        va_end(ap);
+        return status;
+}
+
+/* A failure of the exchange: every later call returns it. */
+static inline int dv_span_broken(deval_group *g, int status, const char *fn, const char *msg) {
+        if (status < DEVAL_ESYS || status >= 0)
+                status = DEVAL_EPROTO;
+        g->failed = status;
+        return dv_set_err(g, status, "%s: %s", fn, msg);
+}
+
+/* *p holds at least need bytes (DV_ARENA_ALIGN aligned, what it held kept), or false. */
+static inline bool dv_span_grow(uint8_t **p, size_t *cap, size_t need) {
+        if (need <= *cap)
+                return true;
+        size_t n = DV_MAX(need, *cap * 2);
+        void *q = NULL;
+        if (posix_memalign(&q, DV_ARENA_ALIGN, DV_MAX(n, (size_t)64)) != 0)
+                return false;
+        if (*p)
+                memcpy(q, *p, *cap);
+        free(*p);
+        *p = q;
+        *cap = n;
+        return true;
+}

@@ -1,0 +1,573 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * span_step.c - the step of a spanning group's collective, run by every rank alike once the
+ * exchange (span_exchange.c) has brought it every rank's part: the same checks as devald's
+ * worker, then devald's planner and reduction over all parts in global ranks, so that each
+ * result is the one a single machine gives, byte for byte. The eval pass is kept here too,
+ * alike on every rank, with ranks that ended it parked as devald parks them.
+ *
+ * Trust: the parts come from the group's own ranks, through the job's engine. Their framing
+ * is checked by span_wire.c; their requests and tensors here, against the bytes each carries
+ * (never a crash), as devald checks what ranks write. Owns the step's part of the state
+ * (span.h): parked ranks, the pass, the planner's inputs, the result.
+ */
+#define _GNU_SOURCE
+#include "span_step.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deval.h"
+
+#include "check.h"
+#include "client.h"
+#include "dtype.h"
+#include "pass.h"
+#include "span.h"
+#include "util.h"
+
+static const char *who(const DvSpan *sp, int k, char *buf, size_t len) {
+        snprintf(buf, len, "rank %d (node %d)", k, sp->node_of[k]);
+        return buf;
+}
+
+#define SAME(sp, W, q, field, fmtspec, what)                                                       \
+        do {                                                                                       \
+                for (int _k = 1; _k < (W); _k++)                                                   \
+                        if ((q)[_k].field != (q)[0].field) {                                       \
+                                char _a[48], _b[48];                                               \
+                                return dv_span_fail((sp), DEVAL_EMISMATCH,                         \
+                                                    "collective #%u (%s): ranks disagree on " what \
+                                                    ": %s has " fmtspec ", %s has " fmtspec,       \
+                                                    (q)[0].seq, dv_op_name((q)[0].op),             \
+                                                    who((sp), 0, _a, sizeof(_a)), (q)[0].field,    \
+                                                    who((sp), _k, _b, sizeof(_b)), (q)[_k].field); \
+                        }                                                                          \
+        } while (0)
+
+static int bad_part(DvSpan *sp, int k, int i) {
+        char a[48];
+        return dv_span_fail(sp, DEVAL_EPROTO, "collective #%u: %s sent a malformed tensor %d",
+                            sp->reqs[k].seq, who(sp, k, a, sizeof(a)), i);
+}
+
+static int check_tensors(DvSpan *sp, int W, uint32_t lo, uint32_t hi, int root) {
+        for (int k = 0; k < W; k++) {
+                if (sp->reqs[k].ntensors < lo || sp->reqs[k].ntensors > hi)
+                        return bad_part(sp, k, -1);
+                for (uint32_t i = 0; i < sp->reqs[k].ntensors; i++)
+                        if (dv_desc_check(&sp->reqs[k].t[i], sp->dlen[k], root < 0 || k == root))
+                                return bad_part(sp, k, (int)i);
+        }
+        return 0;
+}
+
+static int same_shapes(DvSpan *sp, int W, const char *what) {
+        const DvTensorDesc *a = &sp->reqs[0].t[0];
+        char x[48], y[48];
+        for (int k = 1; k < W; k++) {
+                const DvTensorDesc *b = &sp->reqs[k].t[0];
+                if (a->dtype != b->dtype)
+                        return dv_span_fail(sp, DEVAL_EMISMATCH,
+                                            "%s: ranks disagree on the dtype: %s has %s, %s has %s",
+                                            what, who(sp, 0, x, sizeof(x)), dv_dtype_name(a->dtype),
+                                            who(sp, k, y, sizeof(y)), dv_dtype_name(b->dtype));
+                if (a->ndim != b->ndim)
+                        return dv_span_fail(sp, DEVAL_EMISMATCH,
+                                            "%s: ranks disagree on the ndim: %s has %d, %s has %d",
+                                            what, who(sp, 0, x, sizeof(x)), a->ndim,
+                                            who(sp, k, y, sizeof(y)), b->ndim);
+                for (int d = 0; d < a->ndim; d++)
+                        if (a->shape[d] != b->shape[d])
+                                return dv_span_fail(
+                                        sp, DEVAL_EMISMATCH,
+                                        "%s: ranks disagree on the shape: dim %d is %lld on "
+                                        "%s, %lld on %s",
+                                        what, d, (long long)a->shape[d], who(sp, 0, x, sizeof(x)),
+                                        (long long)b->shape[d], who(sp, k, y, sizeof(y)));
+        }
+        return 0;
+}
+
+/* sp->shapes and sp->srcs for n inputs at least, kept from step to step */
+static bool inputs(DvSpan *sp, size_t n) {
+        if (n <= sp->inputs_cap)
+                return true;
+        DvShape *shapes = realloc(sp->shapes, n * sizeof(*shapes));
+        if (shapes)
+                sp->shapes = shapes;
+        const uint8_t **srcs = realloc(sp->srcs, n * sizeof(*srcs));
+        if (srcs)
+                sp->srcs = srcs;
+        if (!shapes || !srcs)
+                return false;
+        sp->inputs_cap = n;
+        return true;
+}
+
+static uint8_t *out_of(DvSpan *sp, uint64_t bytes) {
+        if (!dv_span_grow(&sp->out, (size_t *)&sp->out_cap, (size_t)bytes))
+                return NULL;
+        return sp->out;
+}
+
+static int pass_stream(const DvSpan *sp, const DvRequest *q) {
+        if (!sp->pass.active || q->site >= DV_PASS_SITES)
+                return -1;
+        if (q->op == DV_OP_GATHER_METRICS)
+                return (int)q->site;
+        if (q->op == DV_OP_OBJECTS_METRICS)
+                return DV_PASS_SITES + (int)q->site;
+        return -1;
+}
+
+static int gather_opts(DvSpan *sp, int W) {
+        DvRequest *q = sp->reqs;
+        SAME(sp, W, q, pad_first, "%u", "pad_first");
+        SAME(sp, W, q, keep_rows, "%" PRId64, "keep_rows");
+        SAME(sp, W, q, root, "%d", "root");
+        int bad, r;
+        if ((q[0].op == DV_OP_GATHER_METRICS || q[0].op == DV_OP_OBJECTS_METRICS) &&
+            sp->pass.active && (r = dv_pass_sites(q, W, &bad)) < 0) {
+                char n0[48], nk[48];
+                dv_pass_sites_msg(sp->msg, sizeof(sp->msg), r, q, bad, q[0].seq,
+                                  who(sp, 0, n0, sizeof(n0)), who(sp, bad, nk, sizeof(nk)));
+                return r;
+        }
+        if (pass_stream(sp, q) < 0)
+                SAME(sp, W, q, order, "%d", "order");
+        for (int k = 1; k < W; k++)
+                if (memcmp(&q[k].pad_value, &q[0].pad_value, sizeof(double)) != 0) {
+                        char a[48], b[48];
+                        return dv_span_fail(
+                                sp, DEVAL_EMISMATCH,
+                                "collective #%u (%s): ranks disagree on pad_value: %s has "
+                                "%g, %s has %g",
+                                q[0].seq, dv_op_name(q[0].op), who(sp, 0, a, sizeof(a)),
+                                q[0].pad_value, who(sp, k, b, sizeof(b)), q[k].pad_value);
+                }
+        if (q[0].root < -1 || q[0].root >= W || q[0].site >= DV_PASS_SITES ||
+            (q[0].order != DEVAL_ORDER_RANK && q[0].order != DEVAL_ORDER_STRIDED))
+                return dv_span_fail(sp, DEVAL_EPROTO, "collective #%u: malformed options",
+                                    q[0].seq);
+        return 0;
+}
+
+static void plan_input(DvSpan *sp, int W, int n, DvPlanInput *in) {
+        const DvRequest *q = sp->reqs;
+        int stream = pass_stream(sp, q);
+        *in = (DvPlanInput){.world = W,
+                            .ntensors = n,
+                            .in = sp->shapes,
+                            .valid_rows = sp->valid,
+                            .keep_rows = q->keep_rows,
+                            .order = q->order,
+                            .pad_first = q->pad_first != 0,
+                            .pad_value = q->pad_value,
+                            .max_out = sp->max_out};
+        if (stream >= 0) {
+                in->in_pass = true;
+                in->order = sp->pass.order;
+                in->num_samples = sp->pass.num_samples;
+                in->pass_total = sp->pass.total[stream];
+                in->pass_rows = &sp->pass.rows[stream * W];
+        }
+}
+
+static void pass_advance(DvSpan *sp, int W, const DvPlan *p) {
+        SpanPass *ps = &sp->pass;
+        int stream = pass_stream(sp, sp->reqs);
+        if (stream >= 0)
+                dv_pass_advance(stream, W, p->contributed, &ps->used, ps->total, ps->most,
+                                ps->rows);
+}
+
+static int plan_failed(DvSpan *sp, int r, const DvPlan *p) {
+        return dv_span_fail(sp, r, "collective #%u (%s): %s", sp->reqs[0].seq,
+                            dv_op_name(sp->reqs[0].op), p->err);
+}
+
+static void root_only(deval_group *g, DvResult *res) {
+        int root = g->span->reqs[0].root;
+        for (uint32_t i = 0; root >= 0 && root != g->rank && i < res->ntensors; i++) {
+                res->t[i].shape[0] = 0;
+                res->t[i].nbytes = 0;
+                res->t[i].offset = 0;
+        }
+}
+
+static int step_gather(deval_group *g) {
+        DvSpan *sp = g->span;
+        int W = g->world, r;
+        DvRequest *q = sp->reqs;
+
+        if ((r = check_tensors(sp, W, 1, DEVAL_MAX_TENSORS, -1)) < 0)
+                return r;
+        SAME(sp, W, q, ntensors, "%u", "the number of tensors");
+        if ((r = gather_opts(sp, W)) < 0)
+                return r;
+        int n = (int)q[0].ntensors;
+        if (!inputs(sp, (size_t)W * (size_t)n))
+                return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
+        DvShape *shapes = sp->shapes;
+        const uint8_t **srcs = sp->srcs;
+        for (int k = 0; k < W; k++) {
+                for (int i = 0; i < n; i++) {
+                        shapes[k * n + i] = dv_shape_of(&q[k].t[i]);
+                        srcs[k * n + i] = sp->data[k] ? sp->data[k] + q[k].t[i].offset : NULL;
+                }
+                sp->valid[k] = q[k].valid_rows;
+        }
+        DvPlanInput in;
+        DvPlan *p = &g->plan;
+        plan_input(sp, W, n, &in);
+        dv_plan_reset(p);
+        if ((r = dv_plan_gather(&in, p)) < 0)
+                return plan_failed(sp, r, p);
+        uint8_t *out = out_of(sp, p->out_end);
+        if (!out || dv_plan_run(g, p, n, false, srcs, out) < 0)
+                return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory for a %" PRIu64 "-byte result",
+                                    p->out_end);
+        pass_advance(sp, W, p);
+        sp->res.ntensors = (uint32_t)n;
+        for (int i = 0; i < n; i++)
+                dv_desc_of(&p->out[i], p->out_offset[i], p->out_nbytes[i], &sp->res.t[i]);
+        root_only(g, &sp->res);
+        return 0;
+}
+
+static int step_objects(deval_group *g) {
+        DvSpan *sp = g->span;
+        int W = g->world, r;
+        DvRequest *q = sp->reqs;
+
+        if ((r = check_tensors(sp, W, 2, 2, -1)) < 0 || (r = gather_opts(sp, W)) < 0)
+                return r;
+        for (int k = 0; k < W; k++) {
+                const DvTensorDesc *lens = &q[k].t[0], *blob = &q[k].t[1];
+                if (lens->dtype != DEVAL_I64 || lens->ndim != 1 || blob->dtype != DEVAL_U8 ||
+                    blob->ndim != 1)
+                        return bad_part(sp, k, 0);
+                int64_t *pre = realloc(sp->prefix[k], ((size_t)lens->shape[0] + 1) * 8);
+                if (!pre)
+                        return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
+                sp->prefix[k] = pre;
+                const uint8_t *src = sp->data[k] ? sp->data[k] + lens->offset : NULL;
+                if (lens->shape[0] && !src)
+                        return bad_part(sp, k, 0);
+                if (!dv_objects_prefix(src, lens->shape[0], blob->shape[0], pre))
+                        return bad_part(sp, k, 1);
+        }
+        if (!inputs(sp, (size_t)W))
+                return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
+        DvShape *shapes = sp->shapes;
+        const uint8_t **blobs = sp->srcs;
+        for (int k = 0; k < W; k++) {
+                shapes[k] = dv_shape_of(&q[k].t[0]);
+                sp->valid[k] = q[k].valid_rows;
+                blobs[k] = sp->data[k] ? sp->data[k] + q[k].t[1].offset : NULL;
+        }
+        DvPlanInput in;
+        DvPlan *p = &g->plan;
+        plan_input(sp, W, 1, &in);
+        dv_plan_reset(p);
+        if ((r = dv_plan_gather(&in, p)) < 0)
+                return plan_failed(sp, r, p);
+        uint64_t blob_bytes = dv_objects_bytes(p, sp->prefix);
+        uint64_t lens_bytes = (uint64_t)p->samples * 8;
+        uint64_t blob_off = DV_ALIGN(lens_bytes, DV_ARENA_ALIGN);
+        uint8_t *out = out_of(sp, blob_off + blob_bytes);
+        if (!out)
+                return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
+        dv_objects_copy(p, sp->prefix, blobs, out, blob_off);
+        pass_advance(sp, W, p);
+        DvShape ls = {.dtype = DEVAL_I64, .ndim = 1, .shape = {p->samples}};
+        DvShape bs = {.dtype = DEVAL_U8, .ndim = 1, .shape = {(int64_t)blob_bytes}};
+        sp->res.ntensors = 2;
+        dv_desc_of(&ls, 0, lens_bytes, &sp->res.t[0]);
+        dv_desc_of(&bs, blob_off, blob_bytes, &sp->res.t[1]);
+        root_only(g, &sp->res);
+        return 0;
+}
+
+static int step_pad(deval_group *g) {
+        DvSpan *sp = g->span;
+        int W = g->world, r;
+        DvRequest *q = sp->reqs;
+
+        if ((r = check_tensors(sp, W, 1, 1, -1)) < 0)
+                return r;
+        SAME(sp, W, q, dim, "%d", "dim");
+        SAME(sp, W, q, pad_first, "%u", "pad_first");
+        SAME(sp, W, q, t[0].ndim, "%d", "ndim");
+        if ((r = gather_opts(sp, W)) < 0)
+                return r;
+        if (q[0].dim < 0 || q[0].dim >= q[0].t[0].ndim)
+                return dv_span_fail(sp, DEVAL_EPROTO, "dim %d is out of range", q[0].dim);
+        if (!inputs(sp, (size_t)W))
+                return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
+        DvShape *shapes = sp->shapes;
+        const uint8_t **srcs = sp->srcs;
+        for (int k = 0; k < W; k++) {
+                shapes[k] = dv_shape_of(&q[k].t[0]);
+                srcs[k] = sp->data[k] ? sp->data[k] + q[k].t[0].offset : NULL;
+        }
+        DvPlan *p = &g->plan;
+        dv_plan_reset(p);
+        if ((r = dv_plan_pad(W, shapes, q[0].dim, q[0].pad_first != 0, q[0].pad_value, 0,
+                             sp->max_out, p)) < 0)
+                return plan_failed(sp, r, p);
+        uint8_t *out = out_of(sp, p->out_end);
+        if (!out || dv_plan_run(g, p, 1, true, srcs, out) < 0)
+                return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
+        sp->res.ntensors = 1;
+        dv_desc_of(&p->out[g->rank], p->out_offset[g->rank], p->out_nbytes[g->rank], &sp->res.t[0]);
+        return 0;
+}
+
+#define REDUCE_CHUNK 1024
+
+static int step_reduce(deval_group *g) {
+        DvSpan *sp = g->span;
+        int W = g->world, r;
+        DvRequest *q = sp->reqs;
+
+        if ((r = check_tensors(sp, W, 1, 1, -1)) < 0)
+                return r;
+        SAME(sp, W, q, reduce_op, "%d", "the reduce op");
+        if ((r = same_shapes(sp, W, "reduce")) < 0)
+                return r;
+        const DvTensorDesc *t = &q[0].t[0];
+        int op = q[0].reduce_op;
+        if (op < DEVAL_SUM || op > DEVAL_PROD)
+                return dv_span_fail(sp, DEVAL_EPROTO, "reduce op %d is unknown", op);
+        if (op == DEVAL_MEAN && !dv_dtype_is_float(t->dtype))
+                return dv_span_fail(sp, DEVAL_EINVAL, "mean needs a floating dtype, not %s",
+                                    dv_dtype_name(t->dtype));
+        uint8_t *out = out_of(sp, t->nbytes);
+        if (!out)
+                return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
+        size_t es = dv_dtype_size(t->dtype);
+        uint64_t numel = t->nbytes / es;
+        double acc[REDUCE_CHUNK];                            /* an accumulator is 8 bytes at most */
+        for (uint64_t e = 0; e < numel; e += REDUCE_CHUNK) { /* in global rank order */
+                size_t n = (size_t)DV_MIN((uint64_t)REDUCE_CHUNK, numel - e);
+                dv_reduce_init(t->dtype, acc, sp->data[0] + q[0].t[0].offset + e * es, n);
+                for (int k = 1; k < W; k++)
+                        dv_reduce_accumulate(t->dtype, op, acc,
+                                             sp->data[k] + q[k].t[0].offset + e * es, n);
+                dv_reduce_finish(t->dtype, op, W, acc, out + e * es, n);
+        }
+        sp->res.ntensors = 1;
+        DvShape sh = dv_shape_of(t);
+        dv_desc_of(&sh, 0, t->nbytes, &sp->res.t[0]);
+        return 0;
+}
+
+static int step_broadcast(deval_group *g, bool bytes) {
+        DvSpan *sp = g->span;
+        int W = g->world, r;
+        DvRequest *q = sp->reqs;
+
+        SAME(sp, W, q, root, "%d", "root");
+        int root = q[0].root;
+        if (root < 0 || root >= W)
+                return dv_span_fail(sp, DEVAL_EPROTO, "root %d is out of range", root);
+        if (bytes) {
+                if (q[root].ntensors != 1 || dv_desc_check(&q[root].t[0], sp->dlen[root], true))
+                        return bad_part(sp, root, 0);
+        } else if ((r = check_tensors(sp, W, 1, 1, root)) < 0 ||
+                   (r = same_shapes(sp, W, "broadcast")) < 0) {
+                return r;
+        }
+        const DvTensorDesc *t = &q[root].t[0];
+        uint8_t *out = out_of(sp, t->nbytes);
+        if (!out)
+                return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
+        if (t->nbytes)
+                memcpy(out, sp->data[root] + t->offset, t->nbytes);
+        sp->res.ntensors = 1;
+        DvShape sh = dv_shape_of(t);
+        dv_desc_of(&sh, 0, t->nbytes, &sp->res.t[0]);
+        return 0;
+}
+
+static void pass_reset(DvSpan *sp, int W) {
+        SpanPass *ps = &sp->pass;
+        ps->active = false;
+        ps->used = 0;
+        ps->status = 0;
+        ps->msg[0] = '\0';
+        memset(ps->total, 0, sizeof(ps->total));
+        memset(ps->most, 0, sizeof(ps->most));
+        memset(ps->rows, 0, (size_t)DV_PASS_STREAMS * (size_t)W * sizeof(int64_t));
+        memset(sp->parked, 0, (size_t)W * sizeof(bool));
+}
+
+static int step_eval_begin(deval_group *g) {
+        DvSpan *sp = g->span;
+        int W = g->world;
+        DvRequest *q = sp->reqs;
+
+        SAME(sp, W, q, num_samples, "%" PRId64, "num_samples");
+        SAME(sp, W, q, order, "%d", "order");
+        if (q[0].num_samples < 0 ||
+            (q[0].order != DEVAL_ORDER_RANK && q[0].order != DEVAL_ORDER_STRIDED))
+                return dv_span_fail(sp, DEVAL_EPROTO, "malformed eval_begin");
+        if (sp->pass.active)
+                return dv_span_fail(sp, DEVAL_EINVAL,
+                                    "an eval pass is already open on group '%s'; end it with "
+                                    "deval_eval_end first",
+                                    g->name);
+        pass_reset(sp, W);
+        sp->pass.active = true;
+        sp->pass.order = q[0].order;
+        sp->pass.num_samples = q[0].num_samples;
+        return 0;
+}
+
+/* Every rank ended the pass: close it, and check it when every loader ran out. */
+static int step_eval_end(deval_group *g) {
+        DvSpan *sp = g->span;
+        SpanPass *ps = &sp->pass;
+        int W = g->world, r = 0;
+
+        if (!ps->active)
+                return dv_span_fail(sp, DEVAL_EINVAL, "no eval pass is open on group '%s'",
+                                    g->name);
+        bool exhausted = true;
+        for (int k = 0; k < W; k++)
+                exhausted &= (sp->reqs[k].flags & DV_END_EXHAUSTED) != 0;
+        if (ps->status) {
+                r = dv_span_fail(sp, ps->status, "%s", ps->msg);
+        } else {
+                char msg[DV_MSG_MAX];
+                r = dv_pass_close(msg, sizeof(msg), exhausted, ps->num_samples, ps->order, W,
+                                  ps->used, ps->total, ps->most, ps->rows);
+                if (r < 0)
+                        r = dv_span_fail(sp, r, "%s", msg);
+        }
+        pass_reset(sp, W);
+        return r;
+}
+
+/*
+ * Ranks that called eval_end while others still call are parked: each of their parts stands
+ * for an empty contribution to the others' collective, as devald answers for a parked rank.
+ * Return: the first rank still calling (-1: every rank has ended the pass), or the failure
+ * when the others called something an empty contribution cannot answer.
+ */
+static int park(deval_group *g, int *tmpl) {
+        DvSpan *sp = g->span;
+        int W = g->world;
+        DvRequest *q = sp->reqs;
+        DvPark pk;
+
+        *tmpl = -1;
+        for (int k = 0; k < W && *tmpl < 0; k++)
+                if (q[k].op != DV_OP_EVAL_END)
+                        *tmpl = k;
+        if (*tmpl < 0 || !sp->pass.active)
+                return 0;
+        if (!dv_pass_park(q, W, sp->parked, &pk)) {
+                char a[48], b[48], msg[DV_MSG_MAX];
+                dv_pass_park_msg(msg, sizeof(msg), &pk, q, q[pk.tmpl].seq,
+                                 who(sp, pk.tmpl, a, sizeof(a)),
+                                 who(sp, pk.left >= 0 ? pk.left : pk.first, b, sizeof(b)));
+                return dv_span_fail(sp, DEVAL_EMISMATCH, "%s", msg);
+        }
+        if (pk.first < 0)
+                return 0;
+        DvRequest tm = q[*tmpl];
+        for (int k = 0; k < W; k++)
+                if (sp->parked[k]) {
+                        dv_req_empty(&q[k], &tm, tm.seq);
+                        sp->data[k] = NULL;
+                        sp->dlen[k] = 0;
+                }
+        return 0;
+}
+
+/**
+ * dv_span_step() - run here the step every rank described, over every rank's part (the
+ * state's reqs, data and dlen, as the exchange left them).
+ * @g: a spanning handle
+ * @closed: set: the step was the close of the eval pass (every rank ended it)
+ *
+ * A rank parked in eval_end stands for an empty contribution while others still call; the
+ * result goes to the state's res, its bytes to its out.
+ * Return: 0; or the step's status with its sentence in the state's msg, the same on every
+ * rank: DEVAL_EMISMATCH (ranks disagree), DEVAL_EPROTO (a malformed request), DEVAL_EINVAL,
+ * DEVAL_ENOMEM, a staging rank's status, or the planner's or the pass's.
+ */
+int dv_span_step(deval_group *g, bool *closed) {
+        DvSpan *sp = g->span;
+        int W = g->world, tmpl, r;
+        DvRequest *q = sp->reqs;
+        char a[48], b[48];
+
+        sp->msg[0] = '\0';
+        memset(&sp->res, 0, offsetof(DvResult, t));
+        *closed = false;
+        for (int k = 0; k < W; k++) {
+                if (q[k].seq != q[0].seq)
+                        return dv_span_fail(sp, DEVAL_EPROTO, "%s is at collective #%u, %s at #%u",
+                                            who(sp, 0, a, sizeof(a)), q[0].seq,
+                                            who(sp, k, b, sizeof(b)), q[k].seq);
+                if (q[k].status != 0) {
+                        int s = dv_staging_status(q[k].status);
+                        if (!s)
+                                return dv_span_fail(sp, DEVAL_EPROTO,
+                                                    "malformed request from %s: status %d",
+                                                    who(sp, k, a, sizeof(a)), q[k].status);
+                        char why[sizeof(q[k].why)];
+                        size_t n = dv_printable(why, sizeof(why), q[k].why, sizeof(q[k].why));
+                        return dv_span_fail(
+                                sp, s,
+                                "collective #%u (%s): %s could not stage its %llu bytes of "
+                                "input: %s",
+                                q[k].seq, dv_op_name(q[k].op), who(sp, k, a, sizeof(a)),
+                                (unsigned long long)q[k].staged_bytes, n ? why : deval_strerror(s));
+                }
+        }
+        if ((r = park(g, &tmpl)) < 0)
+                return r;
+        if (tmpl < 0) {
+                *closed = true;
+                return step_eval_end(g);
+        }
+        for (int k = 0; k < W; k++)
+                if (q[k].op != q[0].op)
+                        return dv_span_fail(
+                                sp, DEVAL_EMISMATCH,
+                                "collective #%u: ranks disagree on the op: %s called %s, %s "
+                                "called %s",
+                                q[0].seq, who(sp, 0, a, sizeof(a)), dv_op_name(q[0].op),
+                                who(sp, k, b, sizeof(b)), dv_op_name(q[k].op));
+        sp->res.op = q[tmpl].op;
+        sp->res.site = q[tmpl].site;
+        sp->res.batch = q[tmpl].batch;
+        switch (q[0].op) {
+        case DV_OP_GATHER:
+        case DV_OP_GATHER_METRICS:
+                return step_gather(g);
+        case DV_OP_OBJECTS:
+        case DV_OP_OBJECTS_METRICS:
+                return step_objects(g);
+        case DV_OP_PAD:
+                return step_pad(g);
+        case DV_OP_REDUCE:
+                return step_reduce(g);
+        case DV_OP_BROADCAST:
+                return step_broadcast(g, false);
+        case DV_OP_BROADCAST_BYTES:
+                return step_broadcast(g, true);
+        case DV_OP_EVAL_BEGIN:
+                return step_eval_begin(g);
+        case DV_OP_BARRIER:
+                return 0;
+        }
+        return dv_span_fail(sp, DEVAL_EPROTO, "collective #%u: unknown op %u", q[0].seq, q[0].op);
+}
