@@ -206,6 +206,9 @@ int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]);
  * loop body that often more on empty inputs, each after deval_eval_batch(): its calls return
  * what the others got, with no collective; then deval_eval_replay_done(). */
 int64_t deval_eval_missed(const deval_group *g);
+/* 1 while an eval pass is open on g; 0 once it closed, also when a collective of the pass
+ * failed because a rank left it (the pass is then over on every rank). */
+int deval_eval_open(const deval_group *g);
 int deval_eval_replay_done(deval_group *g);
 int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, double pad_value,
                                bool pad_first, deval_tensor *out);

@@ -23,6 +23,7 @@
 #include "fault.h"
 #include "gpu.h"
 #include "ident.h"
+#include "span_step.h"
 #include "util.h"
 
 #define SLICE_NS         (20 * 1000 * 1000) /* how often a sleeping rank checks devald is alive */
@@ -977,6 +978,22 @@ int deval_eval_complete(deval_group *g) {
  */
 int deval_eval_abandon(deval_group *g) {
         return eval_end(g, "deval_eval_abandon", DV_END_LEFT, false);
+}
+
+/**
+ * deval_eval_open() - is an eval pass open on g, as its last collective left it? A
+ * collective of the pass that fails because a rank left the pass while the others went on
+ * closes it on every rank: this rank must not end it again (its deval_eval_abandon() would
+ * be a collective the others never call).
+ * Return: 1 or 0; DEVAL_EINVAL when g is NULL.
+ */
+int deval_eval_open(const deval_group *g) {
+        if (!g)
+                return DEVAL_EINVAL;
+        if (g->span)
+                return dv_span_pass_open(g);
+        /* acquire pairs with devald's store after its step, published with done_seq */
+        return atomic_load_explicit(&g->pass_sh->open, memory_order_acquire) != 0;
 }
 
 /** deval_barrier() - return once every rank has called it. */

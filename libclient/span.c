@@ -56,6 +56,7 @@ int dv_span_run(deval_group *g, const char *fn, bool pass_end, const DvResult **
         g->in_keep = 0;
         for (;;) {
                 g->req->seq = g->seq + 1;
+                g->req->call = g->req->seq; /* a spanning group restages nothing */
                 if ((r = dv_span_exchange(g, fn, false)) < 0)
                         return r;
                 g->seq++;

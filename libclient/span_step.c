@@ -21,6 +21,7 @@
 
 #include "deval.h"
 
+#include "agree.h"
 #include "check.h"
 #include "client.h"
 #include "dtype.h"
@@ -33,62 +34,10 @@ static const char *who(const DvSpan *sp, int k, char *buf, size_t len) {
         return buf;
 }
 
-#define SAME(sp, W, q, field, fmtspec, what)                                                       \
-        do {                                                                                       \
-                for (int _k = 1; _k < (W); _k++)                                                   \
-                        if ((q)[_k].field != (q)[0].field) {                                       \
-                                char _a[48], _b[48];                                               \
-                                return dv_span_fail((sp), DEVAL_EMISMATCH,                         \
-                                                    "collective #%u (%s): ranks disagree on " what \
-                                                    ": %s has " fmtspec ", %s has " fmtspec,       \
-                                                    (q)[0].seq, dv_op_name((q)[0].op),             \
-                                                    who((sp), 0, _a, sizeof(_a)), (q)[0].field,    \
-                                                    who((sp), _k, _b, sizeof(_b)), (q)[_k].field); \
-                        }                                                                          \
-        } while (0)
-
 static int bad_part(DvSpan *sp, int k, int i) {
         char a[48];
         return dv_span_fail(sp, DEVAL_EPROTO, "collective #%u: %s sent a malformed tensor %d",
-                            sp->reqs[k].seq, who(sp, k, a, sizeof(a)), i);
-}
-
-static int check_tensors(DvSpan *sp, int W, uint32_t lo, uint32_t hi, int root) {
-        for (int k = 0; k < W; k++) {
-                if (sp->reqs[k].ntensors < lo || sp->reqs[k].ntensors > hi)
-                        return bad_part(sp, k, -1);
-                for (uint32_t i = 0; i < sp->reqs[k].ntensors; i++)
-                        if (dv_desc_check(&sp->reqs[k].t[i], sp->dlen[k], root < 0 || k == root))
-                                return bad_part(sp, k, (int)i);
-        }
-        return 0;
-}
-
-static int same_shapes(DvSpan *sp, int W, const char *what) {
-        const DvTensorDesc *a = &sp->reqs[0].t[0];
-        char x[48], y[48];
-        for (int k = 1; k < W; k++) {
-                const DvTensorDesc *b = &sp->reqs[k].t[0];
-                if (a->dtype != b->dtype)
-                        return dv_span_fail(sp, DEVAL_EMISMATCH,
-                                            "%s: ranks disagree on the dtype: %s has %s, %s has %s",
-                                            what, who(sp, 0, x, sizeof(x)), dv_dtype_name(a->dtype),
-                                            who(sp, k, y, sizeof(y)), dv_dtype_name(b->dtype));
-                if (a->ndim != b->ndim)
-                        return dv_span_fail(sp, DEVAL_EMISMATCH,
-                                            "%s: ranks disagree on the ndim: %s has %d, %s has %d",
-                                            what, who(sp, 0, x, sizeof(x)), a->ndim,
-                                            who(sp, k, y, sizeof(y)), b->ndim);
-                for (int d = 0; d < a->ndim; d++)
-                        if (a->shape[d] != b->shape[d])
-                                return dv_span_fail(
-                                        sp, DEVAL_EMISMATCH,
-                                        "%s: ranks disagree on the shape: dim %d is %lld on "
-                                        "%s, %lld on %s",
-                                        what, d, (long long)a->shape[d], who(sp, 0, x, sizeof(x)),
-                                        (long long)b->shape[d], who(sp, k, y, sizeof(y)));
-        }
-        return 0;
+                            sp->reqs[k].call, who(sp, k, a, sizeof(a)), i);
 }
 
 /* sp->shapes and sp->srcs for n inputs at least, kept from step to step */
@@ -113,51 +62,9 @@ static uint8_t *out_of(DvSpan *sp, uint64_t bytes) {
         return sp->out;
 }
 
-static int pass_stream(const DvSpan *sp, const DvRequest *q) {
-        if (!sp->pass.active || q->site >= DV_PASS_SITES)
-                return -1;
-        if (q->op == DV_OP_GATHER_METRICS)
-                return (int)q->site;
-        if (q->op == DV_OP_OBJECTS_METRICS)
-                return DV_PASS_SITES + (int)q->site;
-        return -1;
-}
-
-static int gather_opts(DvSpan *sp, int W) {
-        DvRequest *q = sp->reqs;
-        SAME(sp, W, q, pad_first, "%u", "pad_first");
-        SAME(sp, W, q, keep_rows, "%" PRId64, "keep_rows");
-        SAME(sp, W, q, root, "%d", "root");
-        int bad, r;
-        if ((q[0].op == DV_OP_GATHER_METRICS || q[0].op == DV_OP_OBJECTS_METRICS) &&
-            sp->pass.active && (r = dv_pass_sites(q, W, &bad)) < 0) {
-                char n0[48], nk[48];
-                dv_pass_sites_msg(sp->msg, sizeof(sp->msg), r, q, bad, q[0].seq,
-                                  who(sp, 0, n0, sizeof(n0)), who(sp, bad, nk, sizeof(nk)));
-                return r;
-        }
-        if (pass_stream(sp, q) < 0)
-                SAME(sp, W, q, order, "%d", "order");
-        for (int k = 1; k < W; k++)
-                if (memcmp(&q[k].pad_value, &q[0].pad_value, sizeof(double)) != 0) {
-                        char a[48], b[48];
-                        return dv_span_fail(
-                                sp, DEVAL_EMISMATCH,
-                                "collective #%u (%s): ranks disagree on pad_value: %s has "
-                                "%g, %s has %g",
-                                q[0].seq, dv_op_name(q[0].op), who(sp, 0, a, sizeof(a)),
-                                q[0].pad_value, who(sp, k, b, sizeof(b)), q[k].pad_value);
-                }
-        if (q[0].root < -1 || q[0].root >= W || q[0].site >= DV_PASS_SITES ||
-            (q[0].order != DEVAL_ORDER_RANK && q[0].order != DEVAL_ORDER_STRIDED))
-                return dv_span_fail(sp, DEVAL_EPROTO, "collective #%u: malformed options",
-                                    q[0].seq);
-        return 0;
-}
-
 static void plan_input(DvSpan *sp, int W, int n, DvPlanInput *in) {
         const DvRequest *q = sp->reqs;
-        int stream = pass_stream(sp, q);
+        int stream = dv_pass_stream(sp->pass.active, q);
         *in = (DvPlanInput){.world = W,
                             .ntensors = n,
                             .in = sp->shapes,
@@ -178,14 +85,14 @@ static void plan_input(DvSpan *sp, int W, int n, DvPlanInput *in) {
 
 static void pass_advance(DvSpan *sp, int W, const DvPlan *p) {
         SpanPass *ps = &sp->pass;
-        int stream = pass_stream(sp, sp->reqs);
+        int stream = dv_pass_stream(sp->pass.active, sp->reqs);
         if (stream >= 0)
                 dv_pass_advance(stream, W, p->contributed, &ps->used, ps->total, ps->most,
                                 ps->rows);
 }
 
 static int plan_failed(DvSpan *sp, int r, const DvPlan *p) {
-        return dv_span_fail(sp, r, "collective #%u (%s): %s", sp->reqs[0].seq,
+        return dv_span_fail(sp, r, "collective #%u (%s): %s", sp->reqs[0].call,
                             dv_op_name(sp->reqs[0].op), p->err);
 }
 
@@ -203,11 +110,6 @@ static int step_gather(deval_group *g) {
         int W = g->world, r;
         DvRequest *q = sp->reqs;
 
-        if ((r = check_tensors(sp, W, 1, DEVAL_MAX_TENSORS, -1)) < 0)
-                return r;
-        SAME(sp, W, q, ntensors, "%u", "the number of tensors");
-        if ((r = gather_opts(sp, W)) < 0)
-                return r;
         int n = (int)q[0].ntensors;
         if (!inputs(sp, (size_t)W * (size_t)n))
                 return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
@@ -243,13 +145,8 @@ static int step_objects(deval_group *g) {
         int W = g->world, r;
         DvRequest *q = sp->reqs;
 
-        if ((r = check_tensors(sp, W, 2, 2, -1)) < 0 || (r = gather_opts(sp, W)) < 0)
-                return r;
         for (int k = 0; k < W; k++) {
                 const DvTensorDesc *lens = &q[k].t[0], *blob = &q[k].t[1];
-                if (lens->dtype != DEVAL_I64 || lens->ndim != 1 || blob->dtype != DEVAL_U8 ||
-                    blob->ndim != 1)
-                        return bad_part(sp, k, 0);
                 int64_t *pre = realloc(sp->prefix[k], ((size_t)lens->shape[0] + 1) * 8);
                 if (!pre)
                         return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
@@ -297,15 +194,6 @@ static int step_pad(deval_group *g) {
         int W = g->world, r;
         DvRequest *q = sp->reqs;
 
-        if ((r = check_tensors(sp, W, 1, 1, -1)) < 0)
-                return r;
-        SAME(sp, W, q, dim, "%d", "dim");
-        SAME(sp, W, q, pad_first, "%u", "pad_first");
-        SAME(sp, W, q, t[0].ndim, "%d", "ndim");
-        if ((r = gather_opts(sp, W)) < 0)
-                return r;
-        if (q[0].dim < 0 || q[0].dim >= q[0].t[0].ndim)
-                return dv_span_fail(sp, DEVAL_EPROTO, "dim %d is out of range", q[0].dim);
         if (!inputs(sp, (size_t)W))
                 return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
         DvShape *shapes = sp->shapes;
@@ -331,21 +219,11 @@ static int step_pad(deval_group *g) {
 
 static int step_reduce(deval_group *g) {
         DvSpan *sp = g->span;
-        int W = g->world, r;
+        int W = g->world;
         DvRequest *q = sp->reqs;
 
-        if ((r = check_tensors(sp, W, 1, 1, -1)) < 0)
-                return r;
-        SAME(sp, W, q, reduce_op, "%d", "the reduce op");
-        if ((r = same_shapes(sp, W, "reduce")) < 0)
-                return r;
         const DvTensorDesc *t = &q[0].t[0];
         int op = q[0].reduce_op;
-        if (op < DEVAL_SUM || op > DEVAL_PROD)
-                return dv_span_fail(sp, DEVAL_EPROTO, "reduce op %d is unknown", op);
-        if (op == DEVAL_MEAN && !dv_dtype_is_float(t->dtype))
-                return dv_span_fail(sp, DEVAL_EINVAL, "mean needs a floating dtype, not %s",
-                                    dv_dtype_name(t->dtype));
         uint8_t *out = out_of(sp, t->nbytes);
         if (!out)
                 return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
@@ -366,22 +244,10 @@ static int step_reduce(deval_group *g) {
         return 0;
 }
 
-static int step_broadcast(deval_group *g, bool bytes) {
+static int step_broadcast(deval_group *g) {
         DvSpan *sp = g->span;
-        int W = g->world, r;
         DvRequest *q = sp->reqs;
-
-        SAME(sp, W, q, root, "%d", "root");
         int root = q[0].root;
-        if (root < 0 || root >= W)
-                return dv_span_fail(sp, DEVAL_EPROTO, "root %d is out of range", root);
-        if (bytes) {
-                if (q[root].ntensors != 1 || dv_desc_check(&q[root].t[0], sp->dlen[root], true))
-                        return bad_part(sp, root, 0);
-        } else if ((r = check_tensors(sp, W, 1, 1, root)) < 0 ||
-                   (r = same_shapes(sp, W, "broadcast")) < 0) {
-                return r;
-        }
         const DvTensorDesc *t = &q[root].t[0];
         uint8_t *out = out_of(sp, t->nbytes);
         if (!out)
@@ -411,11 +277,6 @@ static int step_eval_begin(deval_group *g) {
         int W = g->world;
         DvRequest *q = sp->reqs;
 
-        SAME(sp, W, q, num_samples, "%" PRId64, "num_samples");
-        SAME(sp, W, q, order, "%d", "order");
-        if (q[0].num_samples < 0 ||
-            (q[0].order != DEVAL_ORDER_RANK && q[0].order != DEVAL_ORDER_STRIDED))
-                return dv_span_fail(sp, DEVAL_EPROTO, "malformed eval_begin");
         if (sp->pass.active)
                 return dv_span_fail(sp, DEVAL_EINVAL,
                                     "an eval pass is already open on group '%s'; end it with "
@@ -473,7 +334,7 @@ static int park(deval_group *g, int *tmpl) {
                 return 0;
         if (!dv_pass_park(q, W, sp->parked, &pk)) {
                 char a[48], b[48], msg[DV_MSG_MAX];
-                dv_pass_park_msg(msg, sizeof(msg), &pk, q, q[pk.tmpl].seq,
+                dv_pass_park_msg(msg, sizeof(msg), &pk, q, q[pk.tmpl].call,
                                  who(sp, pk.tmpl, a, sizeof(a)),
                                  who(sp, pk.left >= 0 ? pk.left : pk.first, b, sizeof(b)));
                 return dv_span_fail(sp, DEVAL_EMISMATCH, "%s", msg);
@@ -502,7 +363,19 @@ static int park(deval_group *g, int *tmpl) {
  * rank: DEVAL_EMISMATCH (ranks disagree), DEVAL_EPROTO (a malformed request), DEVAL_EINVAL,
  * DEVAL_ENOMEM, a staging rank's status, or the planner's or the pass's.
  */
-int dv_span_step(deval_group *g, bool *closed) {
+static void agree_who(const DvAgree *a, int k, char *buf, size_t len) {
+        who(a->ctx, k, buf, len);
+}
+
+/* A part's tensor: its shape sane and, with data, its bytes within what the part carried. */
+static int agree_desc(const DvAgree *a, int k, int i, bool with_data) {
+        DvSpan *sp = a->ctx;
+        if (dv_desc_check(&sp->reqs[k].t[i], sp->dlen[k], with_data))
+                return bad_part(sp, k, i);
+        return 0;
+}
+
+static int step(deval_group *g, bool *closed) {
         DvSpan *sp = g->span;
         int W = g->world, tmpl, r;
         DvRequest *q = sp->reqs;
@@ -511,41 +384,29 @@ int dv_span_step(deval_group *g, bool *closed) {
         sp->msg[0] = '\0';
         memset(&sp->res, 0, offsetof(DvResult, t));
         *closed = false;
-        for (int k = 0; k < W; k++) {
+        for (int k = 0; k < W; k++)
                 if (q[k].seq != q[0].seq)
                         return dv_span_fail(sp, DEVAL_EPROTO, "%s is at collective #%u, %s at #%u",
                                             who(sp, 0, a, sizeof(a)), q[0].seq,
                                             who(sp, k, b, sizeof(b)), q[k].seq);
-                if (q[k].status != 0) {
-                        int s = dv_staging_status(q[k].status);
-                        if (!s)
-                                return dv_span_fail(sp, DEVAL_EPROTO,
-                                                    "malformed request from %s: status %d",
-                                                    who(sp, k, a, sizeof(a)), q[k].status);
-                        char why[sizeof(q[k].why)];
-                        size_t n = dv_printable(why, sizeof(why), q[k].why, sizeof(q[k].why));
-                        return dv_span_fail(
-                                sp, s,
-                                "collective #%u (%s): %s could not stage its %llu bytes of "
-                                "input: %s",
-                                q[k].seq, dv_op_name(q[k].op), who(sp, k, a, sizeof(a)),
-                                (unsigned long long)q[k].staged_bytes, n ? why : deval_strerror(s));
-                }
-        }
         if ((r = park(g, &tmpl)) < 0)
+                return r;
+        /* the contract (agree.c), over the parts as they came (their bytes in data, dlen) */
+        DvAgree ag = {.q = q,
+                      .world = W,
+                      .call = q[0].call,
+                      .pass_open = sp->pass.active,
+                      .who = agree_who,
+                      .desc = agree_desc,
+                      .ctx = sp,
+                      .msg = sp->msg,
+                      .msg_len = sizeof(sp->msg)};
+        if ((r = dv_agree(&ag)) < 0)
                 return r;
         if (tmpl < 0) {
                 *closed = true;
                 return step_eval_end(g);
         }
-        for (int k = 0; k < W; k++)
-                if (q[k].op != q[0].op)
-                        return dv_span_fail(
-                                sp, DEVAL_EMISMATCH,
-                                "collective #%u: ranks disagree on the op: %s called %s, %s "
-                                "called %s",
-                                q[0].seq, who(sp, 0, a, sizeof(a)), dv_op_name(q[0].op),
-                                who(sp, k, b, sizeof(b)), dv_op_name(q[k].op));
         sp->res.op = q[tmpl].op;
         sp->res.site = q[tmpl].site;
         sp->res.batch = q[tmpl].batch;
@@ -561,13 +422,42 @@ int dv_span_step(deval_group *g, bool *closed) {
         case DV_OP_REDUCE:
                 return step_reduce(g);
         case DV_OP_BROADCAST:
-                return step_broadcast(g, false);
         case DV_OP_BROADCAST_BYTES:
-                return step_broadcast(g, true);
+                return step_broadcast(g);
         case DV_OP_EVAL_BEGIN:
                 return step_eval_begin(g);
         case DV_OP_BARRIER:
                 return 0;
         }
-        return dv_span_fail(sp, DEVAL_EPROTO, "collective #%u: unknown op %u", q[0].seq, q[0].op);
+        return dv_span_fail(sp, DEVAL_EPROTO, "collective #%u: unknown op %u", q[0].call, q[0].op);
+}
+
+/**
+ * dv_span_step() - run here the step every rank described, over every rank's part (the
+ * state's reqs, data and dlen, as the exchange left them).
+ * @g: a spanning handle
+ * @closed: set: the step was the close of the eval pass (every rank ended it)
+ *
+ * A rank parked in eval_end stands for an empty contribution while others still call; the
+ * result goes to the state's res, its bytes to its out. A rank that ended the pass without
+ * being parked (it left its loop while others went on) ends it for every rank, as devald
+ * does: the step fails, and the pass is over.
+ * Return: 0; or the step's status with its sentence in the state's msg, the same on every
+ * rank: DEVAL_EMISMATCH (ranks disagree), DEVAL_EPROTO (a malformed request), DEVAL_EINVAL,
+ * DEVAL_ENOMEM, a staging rank's status, or the planner's or the pass's.
+ */
+int dv_span_step(deval_group *g, bool *closed) {
+        DvSpan *sp = g->span;
+        int r = step(g, closed);
+        bool released = false;
+        for (int k = 0; k < g->world; k++)
+                released |= sp->reqs[k].op == DV_OP_EVAL_END && !sp->parked[k];
+        if (released && sp->pass.active)
+                pass_reset(sp, g->world);
+        return r;
+}
+
+/** dv_span_pass_open() - is an eval pass open on spanning handle g (deval_eval_open())? */
+int dv_span_pass_open(const deval_group *g) {
+        return g->span->pass.active;
 }

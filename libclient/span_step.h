@@ -9,3 +9,4 @@
 #include "deval.h"
 
 int dv_span_step(deval_group *g, bool *closed);
+int dv_span_pass_open(const deval_group *g);
