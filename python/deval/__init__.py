@@ -236,6 +236,7 @@ def _load():
                                  ctypes.POINTER(_Engine), ctypes.POINTER(G)], ctypes.c_int),
         "deval_nodes": ([G, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "deval_job_spans": ([ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int),
+        "deval_dtype_size": ([ctypes.c_int], ctypes.c_size_t),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -255,6 +256,8 @@ def __getattr__(name):
 
 _lib = _load()
 __version__ = _lib.deval_version().decode()
+# one element's bytes by deval dtype (index 0 and unknown codes: 0), libdeval's own table
+_DTYPE_SIZES = tuple(_lib.deval_dtype_size(code) for code in range(11))
 
 
 def _load_speed():
@@ -304,8 +307,6 @@ if _BF16 is not None:
     _NP_TO_DEVAL[_BF16] = 8
 _DEVAL_TO_NP = {v: k for k, v in _NP_TO_DEVAL.items()}
 _DEVAL_TO_NP[8] = np.dtype(np.uint16) if _BF16 is None else _BF16  # raw bits without ml_dtypes
-_FLOATS = {7, 8, 9, 10}
-_SIZES = {1: 1, 2: 1, 3: 1, 4: 2, 5: 4, 6: 8, 7: 2, 8: 2, 9: 4, 10: 8}
 _DEVAL_TO_NP_RAW = dict(_DEVAL_TO_NP)
 _DEVAL_TO_NP_RAW[8] = np.dtype(np.int16)  # bfloat16's bits, for torch to view
 
@@ -334,7 +335,7 @@ def _torch_codes(torch):
 if _speed is not None:
     _speed.configure(np.ndarray, np.empty, _NP_TO_DEVAL,
                      (None,) + tuple(_DEVAL_TO_NP_RAW[c] for c in range(1, 11)), ProtocolError,
-                     _torch_codes)
+                     _torch_codes, _DTYPE_SIZES)
 
 
 class _Fast:
@@ -410,7 +411,7 @@ class _Fast:
                 raise ProtocolError("deval: a malformed result (dtype %d for %d)"
                                     % (code, want), -8)
             shape = f[3:3 + ndim]
-            nbytes = math.prod(shape) * _SIZES[code]
+            nbytes = math.prod(shape) * _DTYPE_SIZES[code]
             fs.append((ptr, shape, nbytes))
             if nbytes and ptr:
                 lo = ptr if lo is None else min(lo, ptr)
