@@ -285,7 +285,7 @@ def _load_speed():
 
 
 _speed = _load_speed()
-# the entry points _speed calls, as addresses: the one libdeval of the process
+# the entry points the fast path calls, as addresses: the one libdeval of the process
 _GATHER = ctypes.cast(_lib.deval_gather, ctypes.c_void_p).value
 _GATHER_FOR_METRICS = ctypes.cast(_lib.deval_gather_for_metrics, ctypes.c_void_p).value
 
@@ -312,6 +312,7 @@ _DEVAL_TO_NP_RAW[8] = np.dtype(np.int16)  # bfloat16's bits, for torch to view
 
 # deval_tensor as bytes: data, dtype, ndim, shape[8], device, reserved (88 bytes)
 _TENSOR = struct.Struct("@Pii8qii")
+assert _TENSOR.size == ctypes.sizeof(_Tensor)
 _MODULES = sys.modules
 _ZEROS = (0,) * 8
 _TORCH_CODES = None  # torch dtype -> deval dtype, once torch is imported
@@ -338,23 +339,54 @@ if _speed is not None:
                      _torch_codes, _DTYPE_SIZES)
 
 
-class _Fast:
-    """The plain gather, without the general path's per-call cost: CPU torch tensors and
-    numpy arrays, C-contiguous, alone or in one flat tuple, list or dict. Its descriptors are
-    packed into ctypes arrays kept for the group, and each result is copied once, from
-    shared memory into a new tensor of the input's kind. Anything else returns None, for
-    the general path (which also names what is wrong with an input)."""
+# deval_gather()'s C type with every pointer an address, for the addresses _Fast is given
+_GATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                              ctypes.c_void_p, ctypes.c_void_p)
+_CALLS = {}  # an entry point's address -> it, callable
 
-    __slots__ = ("ins", "outs", "inb", "outb")
+
+class _Fast:
+    """_speed.gather() in Python, for a group where the extension is not loaded. Its
+    descriptors are packed into ctypes arrays kept for the group, and each result is copied
+    once, from shared memory into a new tensor of the input's kind. It stays beside _speed
+    because the extension is optional (built only where Python's headers are found; off with
+    DEVAL_PYTHON_EXTENSION=0), and the general path is 1.2x to 2x slower on these inputs."""
+
+    __slots__ = ("ins", "outs", "inb", "outb", "in_addr", "out_addr")
 
     def __init__(self):
         self.ins = (_Tensor * MAX_TENSORS)()
         self.outs = (_Tensor * MAX_TENSORS)()
         self.inb = memoryview(self.ins).cast("B")
         self.outb = memoryview(self.outs).cast("B")
+        self.in_addr = ctypes.addressof(self.ins)
+        self.out_addr = ctypes.addressof(self.outs)
+
+    def gather(self, fn, handle, x, opts, per_sample):
+        """As _speed.gather(): the results in x's structure, None (not plain, nothing was
+        sent) or the call's nonzero status."""
+        if not fn or not handle or not opts:
+            return None
+        leaves, how = self.leaves(x)
+        kinds = self.describe(leaves, per_sample)
+        if kinds is None:
+            return None
+        call = _CALLS.get(fn)
+        if call is None:
+            call = _CALLS[fn] = _GATHER_FN(fn)
+        n = len(leaves)
+        r = call(handle, n, self.in_addr, opts, self.out_addr)
+        if r:
+            return r
+        res = self.results(n, kinds)
+        if how is None:
+            return res[0]
+        if type(how) is dict:
+            return dict(zip(how.keys(), res))
+        return how(res)
 
     def leaves(self, x):
-        """The inputs of one call, and how to rebuild its structure; None: not plain."""
+        """The inputs of one call, and how to rebuild its structure."""
         if type(x) in (tuple, list):
             return list(x), type(x)
         if type(x) is dict:
@@ -394,7 +426,7 @@ class _Fast:
                 return None
             if per_sample:
                 rows = shape[0]
-            _TENSOR.pack_into(self.inb, i * 88, ptr if ptr else 0, code, len(shape),
+            _TENSOR.pack_into(self.inb, i * _TENSOR.size, ptr if ptr else 0, code, len(shape),
                               *(shape + _ZEROS[len(shape):]), -1, 0)
         return kinds
 
@@ -404,7 +436,7 @@ class _Fast:
         fs = []
         lo, hi = None, 0
         for i in range(n):
-            f = _TENSOR.unpack_from(self.outb, i * 88)
+            f = _TENSOR.unpack_from(self.outb, i * _TENSOR.size)
             ptr, code, ndim = f[0], f[1], f[2]
             kind, want = kinds[i]
             if code != want:  # a gather keeps the dtype: the sizes below rely on it
@@ -432,6 +464,11 @@ class _Fast:
                     a = a.view(torch.bfloat16)
             out.append(a)
         return out
+
+
+def _fast_path():
+    """What a host group's plain gathers go through: _speed, else a _Fast of the group's."""
+    return _speed if _speed is not None else _Fast()
 
 
 _REDUCTIONS = {"sum": 0, "mean": 1, "max": 2, "min": 3, "prod": 4}
@@ -1002,9 +1039,9 @@ class Group:
         self._pass_ended = False  # a step failed because a rank left the pass: it is over
         self._left = None  # the failure of a pass this rank left, for its next call
         self._batch_ids = ()  # in a pass with keys: what the current batch is made of
-        self._fast = _Fast() if device is None else None
-        # what _speed is given: the handle's address (0 once left), default options
-        self._addr = handle.value if self._fast is not None and _speed is not None else 0
+        self._fast = _fast_path() if device is None else None  # (_Fast.gather's contract)
+        # what the fast path is given: the handle's address (0 once left), default options
+        self._addr = handle.value if self._fast is not None else 0
         self._opts_cache = {}
         self._plain = self._opts()
         self._plain_addr = ctypes.addressof(self._plain)
@@ -1017,7 +1054,7 @@ class Group:
             raise InvalidArgument("deval: group %r is closed" % self.name, -1)
         if self._left is not None:  # the pass this rank left failed the others: say so here
             e, self._left = self._left, None
-            self._addr = self._h.value if self._fast is not None and _speed is not None else 0
+            self._addr = self._h.value if self._fast is not None else 0
             raise e
         return self._h
 
@@ -1057,20 +1094,9 @@ class Group:
     # -- gathers
 
     def _gather(self, fn, x, copy, opts, per_sample=False):
+        """The general path: any structure of any inputs (the plain ones, when the fast path
+        did not take them)."""
         h = self._handle()
-        fast = self._fast
-        if fast is not None and copy:
-            leaves, how = fast.leaves(x)
-            kinds = fast.describe(leaves, per_sample)
-            if kinds is not None:
-                n = len(leaves)
-                self._check(fn(h, n, fast.ins, ctypes.byref(opts), fast.outs))
-                res = fast.results(n, kinds)
-                if how is None:
-                    return res[0]
-                if type(how) is dict:
-                    return dict(zip(how.keys(), res))
-                return how(res)
         leaves = []
         template = _flatten(x, leaves, self.device is not None)
         n = len(leaves)
@@ -1127,15 +1153,21 @@ class Group:
         With copy=False, numpy results are read-only views into shared memory, valid until
         the group's next collective; torch results are always copies.
         """
-        # (an int 0: a float -0.0 equals 0 but pads with other bits)
-        if self._addr and copy and order == "rank" and type(pad_index) is int and \
-                pad_index == 0 and not pad_first and valid_rows is None and keep_rows is None \
-                and root is None:
-            r = _speed.gather(_GATHER, self._addr, x, self._plain_addr, False)
+        if self._addr and copy:
+            # (an int 0: a float -0.0 equals 0 but pads with other bits)
+            if order == "rank" and type(pad_index) is int and pad_index == 0 and \
+                    not pad_first and valid_rows is None and keep_rows is None and root is None:
+                opts, addr = None, self._plain_addr
+            else:
+                opts = self._opts(pad_index, pad_first, valid_rows, keep_rows, order, root)
+                addr = ctypes.addressof(opts)
+            r = self._fast.gather(_GATHER, self._addr, x, addr, False)
             if r is not None:  # (None: not plain, nothing was sent)
                 if type(r) is int:
                     self._check(r)
                 return r
+            if opts is not None:
+                return self._gather(_lib.deval_gather, x, copy, opts)
         return self._gather(_lib.deval_gather, x, copy,
                             self._opts(pad_index, pad_first, valid_rows, keep_rows, order, root))
 
@@ -1160,11 +1192,17 @@ class Group:
         # in a pass with keys, the tensors that are the batch's own data: duplicates repeat
         # them (and libdeval, not this rank, checks rows per sample: k whole rows each)
         mask = _data_mask(x, self._batch_ids) if keyed and self._batch_ids else 0
-        if self._addr and copy and type(pad_index) is int and pad_index == 0 and not pad_first \
-                and not use_gather_object:
-            r = _speed.gather(_GATHER_FOR_METRICS, self._addr, x,
-                              self._masked_addr(mask) if mask else self._plain_addr,
-                              self._in_pass and not keyed)
+        if self._addr and copy and not use_gather_object:
+            if type(pad_index) is int and pad_index == 0 and not pad_first:
+                addr = self._masked_addr(mask) if mask else self._plain_addr
+            else:
+                opts = self._opts(pad_index, pad_first)
+                if mask:
+                    opts = self._make_opts(pad_index, pad_first)
+                    opts.same_rows = mask
+                addr = ctypes.addressof(opts)  # (opts holds it until the call returns)
+            r = self._fast.gather(_GATHER_FOR_METRICS, self._addr, x, addr,
+                                  self._in_pass and not keyed)
             if r is not None:  # (None: not plain, nothing was sent)
                 if type(r) is int:
                     self._check(r)
@@ -1451,7 +1489,7 @@ class _LoopPass:
         left, g._left = g._left, None
         h = g._handle()
         if left is not None:
-            g._addr = h.value if g._fast is not None and _speed is not None else 0
+            g._addr = h.value if g._fast is not None else 0
         if g._in_pass:
             raise InvalidArgument("deval.eval_loop: an eval pass is already open on this group "
                                   "(an eval_loop inside another, inside eval_pass, or one left "
