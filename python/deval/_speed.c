@@ -72,9 +72,9 @@ static struct {
         PyObject *s_dtype, *s_shape, *s_data_ptr, *s_is_contiguous, *s_is_cpu, *s_view;
 } S;
 
-enum {
-        DTYPE_MAX = 10,
-        DTYPE_BFLOAT16 = 8
+enum { /* deval.h's dtype numbers: the last one, and bfloat16 (whose bits numpy lacks) */
+        DTYPE_MAX = DEVAL_F64,
+        DTYPE_BFLOAT16 = DEVAL_BF16
 };
 /* Bytes of one element by deval dtype: libdeval's deval_dtype_size(), given to configure(). */
 static int64_t dtype_size[DTYPE_MAX + 1];
