@@ -86,9 +86,12 @@ def _torch_codes(torch):
 
 
 if _speed is not None:
-    _speed.configure(np.ndarray, np.empty, _NP_TO_DEVAL,
-                     (None,) + tuple(_DEVAL_TO_NP_RAW[c] for c in range(1, 11)), ProtocolError,
-                     _torch_codes, _DTYPE_SIZES)
+    try:
+        _speed.configure(np.ndarray, np.empty, _NP_TO_DEVAL,
+                         (None,) + tuple(_DEVAL_TO_NP_RAW[c] for c in range(1, 11)),
+                         ProtocolError, _torch_codes, _DTYPE_SIZES)
+    except TypeError:  # built from other sources than these (a build not redone): not used
+        _speed = None
 
 # deval_gather()'s C type with every pointer an address, for the addresses _Fast is given
 _GATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
