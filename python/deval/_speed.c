@@ -12,9 +12,10 @@
  * input's kind, as the general path does.
  *
  * It does not link libdeval: the binding hands it the entry points of the libdeval it
- * loaded, so that a process holds one libdeval whatever the paths. It uses only CPython's
- * stable calls and the buffer protocol, not numpy's or torch's C API, and keeps no state
- * but what configure() and configure_torch() set once. The GIL is released while a rank
+ * loaded, so that a process holds one libdeval whatever the paths, and each dtype's size as
+ * that libdeval's deval_dtype_size() tells it. It uses only CPython's stable calls and the
+ * buffer protocol, not numpy's or torch's C API, and keeps no state but what configure() and
+ * configure_torch() set once. The GIL is released while a rank
  * waits for the others; the inputs and the keys of a dict are held until their copy.
  */
 
@@ -71,11 +72,12 @@ static struct {
         PyObject *s_dtype, *s_shape, *s_data_ptr, *s_is_contiguous, *s_is_cpu, *s_view;
 } S;
 
-static const int64_t dtype_size[] = {0, 1, 1, 1, 2, 4, 8, 2, 2, 4, 8};
-enum {
-        DTYPE_MAX = 10,
-        DTYPE_BFLOAT16 = 8
+enum { /* deval.h's dtype numbers: the last one, and bfloat16 (whose bits numpy lacks) */
+        DTYPE_MAX = DEVAL_F64,
+        DTYPE_BFLOAT16 = DEVAL_BF16
 };
+/* Bytes of one element by deval dtype: libdeval's deval_dtype_size(), given to configure(). */
+static int64_t dtype_size[DTYPE_MAX + 1];
 
 /* One input: its descriptor's source and what its result is made as. */
 typedef struct Leaf {
@@ -483,17 +485,33 @@ static PyObject *speed_gather(PyObject *self, PyObject *const *args, Py_ssize_t 
         return r;
 }
 
-/* configure(ndarray, empty, np_codes, np_raw, malformed, torch_setup): once at import. */
+/* configure(ndarray, empty, np_codes, np_raw, malformed, torch_setup, sizes): once at
+ * import; sizes: deval_dtype_size() of each deval dtype, 0 first. */
 static PyObject *speed_configure(PyObject *self, PyObject *args) {
         (void)self;
-        PyObject *ndarray, *empty, *codes, *raw, *bad, *setup;
-        if (!PyArg_ParseTuple(args, "O!OO!O!OO", &PyType_Type, &ndarray, &empty, &PyDict_Type,
-                              &codes, &PyTuple_Type, &raw, &bad, &setup))
+        PyObject *ndarray, *empty, *codes, *raw, *bad, *setup, *sizes;
+        if (!PyArg_ParseTuple(args, "O!OO!O!OOO!", &PyType_Type, &ndarray, &empty, &PyDict_Type,
+                              &codes, &PyTuple_Type, &raw, &bad, &setup, &PyTuple_Type, &sizes))
                 return NULL;
         if (PyTuple_GET_SIZE(raw) != DTYPE_MAX + 1) {
                 PyErr_SetString(PyExc_ValueError, "np_raw: one dtype for each deval dtype");
                 return NULL;
         }
+        if (PyTuple_GET_SIZE(sizes) != DTYPE_MAX + 1) {
+                PyErr_SetString(PyExc_ValueError, "sizes: one size for each deval dtype");
+                return NULL;
+        }
+        int64_t size[DTYPE_MAX + 1];
+        for (int c = 0; c <= DTYPE_MAX; c++) {
+                size[c] = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, c));
+                if (size[c] == -1 && PyErr_Occurred())
+                        return NULL;
+                if (size[c] < 0 || size[c] > 16) {
+                        PyErr_SetString(PyExc_ValueError, "sizes: not a dtype's size");
+                        return NULL;
+                }
+        }
+        memcpy(dtype_size, size, sizeof(size));
         Py_XSETREF(S.ndarray, (Py_INCREF(ndarray), ndarray));
         Py_XSETREF(S.np_empty, (Py_INCREF(empty), empty));
         Py_XSETREF(S.np_codes, (Py_INCREF(codes), codes));
@@ -524,7 +542,7 @@ static PyMethodDef speed_methods[] = {
         {"gather", (PyCFunction)(void (*)(void))speed_gather, METH_FASTCALL,
          "gather(fn, handle, x, opts, per_sample) -> results, None (not plain) or a status"},
         {"configure", speed_configure, METH_VARARGS,
-         "configure(ndarray, empty, np_codes, np_raw, malformed, torch_setup)"},
+         "configure(ndarray, empty, np_codes, np_raw, malformed, torch_setup, sizes)"},
         {"configure_torch", speed_configure_torch, METH_VARARGS,
          "configure_torch(Tensor, codes, from_numpy, bfloat16, from_dlpack)"},
         {NULL, NULL, 0, NULL},

@@ -94,3 +94,12 @@ def test_dtypes_orders_and_reductions(header):
     assert deval._REDUCTIONS == {"sum": header["DEVAL_SUM"], "mean": header["DEVAL_MEAN"],
                                  "max": header["DEVAL_MAX"], "min": header["DEVAL_MIN"],
                                  "prod": header["DEVAL_PROD"]}
+
+
+def test_dtype_sizes_are_libdeval_s():
+    """The binding asks libdeval for each dtype's size (deval_dtype_size()) instead of keeping
+    a table of its own; its numpy dtypes must have those sizes."""
+    sizes = deval._DTYPE_SIZES
+    assert sizes[0] == 0 and len(sizes) == 11
+    for code, dt in deval._DEVAL_TO_NP.items():
+        assert dt.itemsize == sizes[code], dt

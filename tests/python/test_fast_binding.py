@@ -29,9 +29,9 @@ PATHS = ["c", "ctypes"] if deval._speed is not None else ["ctypes"]
 
 def use_path(g, path):
     if path == "ctypes":
-        g._addr = 0  # what a build without the extension does
+        g._fast = deval._Fast()  # what a build without the extension does
     else:
-        assert g._addr, "the C path was expected"
+        assert g._fast is deval._speed, "the C path was expected"
 
 Pair = collections.namedtuple("Pair", "x y")
 

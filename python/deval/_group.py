@@ -1,0 +1,452 @@
+# SPDX-License-Identifier: MIT
+"""A rank's membership of a group (Group) and its collectives: gather, gather_for_metrics,
+eval_pass and eval_loop, pad_across_processes, reduce, broadcast, the object gathers and
+barrier. Each call checks its arguments, builds libdeval's options, sends the plain gathers
+through the fast path (_plain) and everything else through the general one (_nest's
+structures of _tensors' leaves), and turns a failed status into the exception _errors names,
+with devald's message. Joining is _join's, spanning machines _span's.
+"""
+
+import contextlib
+import ctypes
+import math
+import os
+import pickle
+
+import numpy as np
+
+from . import _loop
+from ._errors import _ERRORS, Error, InvalidArgument, Mismatch
+from ._libdeval import _ORDERS, _REDUCTIONS, MAX_TENSORS, _Bytes, _GatherOpts, _lib, _Tensor
+from ._nest import _check_samples, _data_mask, _flatten, _object_items, _rebuild
+from ._pass import _LoopPass
+from ._plain import _GATHER, _GATHER_FOR_METRICS, _fast_path
+from ._tensors import _fill, _is_torch, _result
+
+
+def _order_code(order):
+    """deval_order's number for "rank" or "strided"."""
+    if order not in _ORDERS:
+        raise InvalidArgument("deval: order must be 'rank' or 'strided', not %r" % (order,), -1)
+    return _ORDERS[order]
+
+
+class Group:
+    """One rank's membership of a group. Not to be shared between threads.
+
+    ``device`` is the CUDA ordinal of a device group's GPU, None for a host group.
+    """
+
+    def __init__(self, handle, name, rank, world_size, device=None):
+        self._h = handle
+        self._pid = os.getpid()  # (a forked child holds none of its parent's groups)
+        self.device = device
+        self.name = name
+        self.rank = rank
+        self.world_size = world_size
+        self.num_processes = world_size  # Accelerate's name
+        self.process_index = rank
+        self.nodes, self.node = 1, 0  # the machines the group spans, and this one
+        self._engine = None
+        self._in_pass = False
+        self._keyed = False  # the open pass carries dataset indices (eval_loop)
+        self._replaying = False  # eval_loop hands the body padding, its calls kept answers
+        self._pass_ended = False  # a step failed because a rank left the pass: it is over
+        self._left = None  # the failure of a pass this rank left, for its next call
+        self._batch_ids = ()  # in a pass with keys: what the current batch is made of
+        self._fast = _fast_path() if device is None else None  # (_speed or a _Fast)
+        # what the fast path is given: the handle's address (0 once left), default options
+        self._addr = handle.value if self._fast is not None else 0
+        self._opts_cache = {}
+        self._plain = self._opts()
+        self._plain_addr = ctypes.addressof(self._plain)
+        self._masked = {}  # same_rows -> default options with it (_masked_addr())
+
+    # -- plumbing
+
+    def _handle(self):
+        if not self._h:
+            raise InvalidArgument("deval: group %r is closed" % self.name, -1)
+        if self._left is not None:  # the pass this rank left failed the others: say so here
+            e, self._left = self._left, None
+            self._addr = self._h.value if self._fast is not None else 0
+            raise e
+        return self._h
+
+    def _left_pass(self, e):
+        """This rank left a pass (a break) that failed the other ranks: its next call raises
+        e, so that no rank goes on as if the pass had been whole."""
+        self._left = e
+        self._addr = 0  # (the plain gather's fast path goes through _handle() meanwhile)
+
+    def _check(self, r):
+        if r != 0:
+            msg = _lib.deval_errmsg(self._h).decode(errors="replace")
+            if self._in_pass and r == Mismatch.status and " left the eval pass " in msg:
+                self._pass_ended = True  # (dv_pass_park_msg's words: the pass is over)
+            raise _ERRORS.get(r, Error)(msg, r)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.leave()
+        return False
+
+    def __del__(self):
+        try:
+            self.leave()
+        except Exception:
+            pass
+
+    def leave(self):
+        """Leave the group; the other ranks' next collectives fail with PeerLost."""
+        if self._h:
+            h, self._h = self._h, None
+            self._addr = 0
+            _lib.deval_leave(h)
+
+    # -- gathers
+
+    def _gather(self, fn, x, copy, opts, per_sample=False):
+        """The general path: any structure of any inputs (the plain ones, when the fast path
+        did not take them)."""
+        h = self._handle()
+        leaves = []
+        template = _flatten(x, leaves, self.device is not None)
+        n = len(leaves)
+        if n == 0:
+            raise InvalidArgument("deval: nothing to gather", -1)
+        if per_sample:
+            _check_samples(leaves, template)
+        if n > MAX_TENSORS:
+            raise InvalidArgument("deval: %d tensors in one call, at most %d"
+                                  % (n, MAX_TENSORS), -1)
+        ins = (_Tensor * n)()
+        outs = (_Tensor * n)()
+        for leaf, t in zip(leaves, ins):
+            leaf.fill(t, self.device)
+        self._check(fn(h, n, ins, ctypes.byref(opts), outs))
+        results = [_result(leaf, t, copy) for leaf, t in zip(leaves, outs)]
+        return _rebuild(template, results)
+
+    def _opts(self, pad_value=0.0, pad_first=False, valid_rows=None, keep_rows=None,
+              order="rank", root=None):
+        try:  # (the sign apart: -0.0 equals 0.0, and pads with other bits)
+            key = (pad_value, math.copysign(1.0, pad_value), pad_first, valid_rows, keep_rows,
+                   order, root)
+            o = self._opts_cache.get(key)
+        except TypeError:  # an argument that is not hashable or not a number: checked below
+            key, o = None, None
+        if o is not None:
+            return o
+        o = self._make_opts(pad_value, pad_first, valid_rows, keep_rows, order, root)
+        if key is not None and len(self._opts_cache) < 64:
+            try:
+                self._opts_cache[key] = o
+            except TypeError:
+                pass
+        return o
+
+    @staticmethod
+    def _make_opts(pad_value=0.0, pad_first=False, valid_rows=None, keep_rows=None,
+                   order="rank", root=None):
+        order = _order_code(order)
+        o = _GatherOpts()
+        o.pad_value = float(pad_value)
+        o.pad_first = bool(pad_first)
+        o.valid_rows = -1 if valid_rows is None else int(valid_rows)
+        o.keep_rows = -1 if keep_rows is None else int(keep_rows)
+        o.order = order
+        o.root = -1 if root is None else int(root)
+        return o
+
+    def gather(self, x, copy=True, pad_index=0, pad_first=False, order="rank", valid_rows=None,
+               keep_rows=None, root=None):
+        """Gather x from every rank: dim 0 concatenated, other ragged dims padded.
+
+        With copy=False, numpy results are read-only views into shared memory, valid until
+        the group's next collective; torch results are always copies.
+        """
+        if self._addr and copy:
+            # (an int 0: a float -0.0 equals 0 but pads with other bits)
+            if order == "rank" and type(pad_index) is int and pad_index == 0 and \
+                    not pad_first and valid_rows is None and keep_rows is None and root is None:
+                opts, addr = None, self._plain_addr
+            else:
+                opts = self._opts(pad_index, pad_first, valid_rows, keep_rows, order, root)
+                addr = ctypes.addressof(opts)
+            r = self._fast.gather(_GATHER, self._addr, x, addr, False)
+            if r is not None:  # (None: not plain, nothing was sent)
+                if type(r) is int:
+                    self._check(r)
+                return r
+            if opts is not None:
+                return self._gather(_lib.deval_gather, x, copy, opts)
+        return self._gather(_lib.deval_gather, x, copy,
+                            self._opts(pad_index, pad_first, valid_rows, keep_rows, order, root))
+
+    def gather_for_metrics(self, x, copy=True, use_gather_object=False, pad_index=0,
+                           pad_first=False):
+        out = self._gather_for_metrics(x, copy, use_gather_object, pad_index, pad_first)
+        if _loop.ACTIVE:  # (a metric updated with it takes every rank's rows as they are)
+            _loop.ACTIVE[-1].gathered.append(out)
+        return out
+
+    def _gather_for_metrics(self, x, copy=True, use_gather_object=False, pad_index=0,
+                            pad_first=False):
+        """Gather x and, inside an eval pass, drop the samples past the dataset's end.
+
+        Inside a pass, every tensor of one call is per sample: dim 0 is the sample dim and
+        all tensors of the call have the same rows; a 0-d tensor, or rows that differ, raise
+        InvalidArgument naming the tensor (nothing is sent). Lists of non-tensors (decoded
+        text, say) go through gather_object's path, as in Accelerate;
+        ``use_gather_object=True`` forces it.
+        """
+        keyed = self._keyed
+        # in a pass with keys, the tensors that are the batch's own data: duplicates repeat
+        # them (and libdeval, not this rank, checks rows per sample: k whole rows each)
+        mask = _data_mask(x, self._batch_ids) if keyed and self._batch_ids else 0
+        if self._addr and copy and not use_gather_object:
+            if type(pad_index) is int and pad_index == 0 and not pad_first:
+                addr = self._masked_addr(mask) if mask else self._plain_addr
+            else:
+                opts = self._opts(pad_index, pad_first)
+                if mask:
+                    opts = self._make_opts(pad_index, pad_first)
+                    opts.same_rows = mask
+                addr = ctypes.addressof(opts)  # (opts holds it until the call returns)
+            r = self._fast.gather(_GATHER_FOR_METRICS, self._addr, x, addr,
+                                  self._in_pass and not keyed)
+            if r is not None:  # (None: not plain, nothing was sent)
+                if type(r) is int:
+                    self._check(r)
+                return r
+        # a list holding no tensor (an empty one included: a rank with no batch left) is a
+        # list of objects, so that every rank makes the same call
+        objects = use_gather_object or (isinstance(x, list) and not any(
+            isinstance(v, np.ndarray) or _is_torch(v) for v in x))
+        opts = self._opts(pad_index, pad_first)
+        if objects and keyed:
+            mask = int(id(x) in self._batch_ids)
+        if mask:
+            opts = self._make_opts(pad_index, pad_first)
+            opts.same_rows = mask
+        if objects:
+            return self._objects(_lib.deval_gather_objects_for_metrics, _object_items(x), opts)
+        # (with keys, libdeval checks rows per sample: k whole rows each)
+        return self._gather(_lib.deval_gather_for_metrics, x, copy, opts,
+                            per_sample=self._in_pass and not keyed)
+
+    def _masked_addr(self, mask):
+        """The address of default options with same_rows = mask, kept for the group."""
+        o = self._masked.get(mask)
+        if o is None:
+            if len(self._masked) > 64:
+                self._masked.clear()
+            o = self._masked[mask] = self._make_opts()
+            o.same_rows = mask
+        return ctypes.addressof(o)
+
+    @staticmethod
+    def _pass_args(num_samples, order):
+        order = _order_code(order)
+        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) \
+                or num_samples < 0:
+            raise InvalidArgument("deval: num_samples must be an int >= 0, not %r"
+                                  % (num_samples,), -1)
+        return int(num_samples), order
+
+    @contextlib.contextmanager
+    def eval_pass(self, num_samples, order="rank"):
+        """Inside it, gather_for_metrics returns each of num_samples samples exactly once.
+
+        ONE gather_for_metrics call per batch (a tuple or dict of tensors is one call): every
+        call's rows count as the next samples of the dataset. For several calls per batch use
+        eval_loop(loader), which knows where batches begin. A rank whose loader runs out
+        first may leave the block early (devald answers the others' gathers for it), but its
+        results then lack their last batches, so it raises Mismatch: use eval_loop to have
+        them replayed. (eval_loop also checks that the pass returned all num_samples
+        samples; here a sampler with drop_last may legitimately return fewer.)
+        """
+        h = self._handle()
+        n, o = self._pass_args(num_samples, order)
+        self._check(_lib.deval_eval_begin(h, n, o))
+        self._in_pass = True
+        try:
+            yield self
+        except BaseException:
+            self._in_pass = False
+            with contextlib.suppress(Error):  # the group may be what failed
+                self._check(_lib.deval_eval_abandon(self._handle()))
+            raise
+        self._in_pass = False
+        self._check(_lib.deval_eval_end(self._handle()))
+        missed = _lib.deval_eval_missed(self._h)
+        if missed > 0:
+            _lib.deval_eval_replay_done(self._h)
+            raise Mismatch("deval.eval_pass: this rank left the pass %d batches before the "
+                           "others, so its results lack theirs; use eval_loop(loader), which "
+                           "replays them, or run as many batches on every rank" % missed, -2)
+
+    def eval_loop(self, loader, num_samples=None, order=None):
+        """Iterate over loader inside an eval pass: ``for batch in g.eval_loop(loader):``.
+
+        The pass opens at the first batch and closes after the last. Any number of
+        gather_for_metrics calls per batch are exact: each call of a batch (the first, the
+        second, ...) counts its own samples, objects too. num_samples defaults to what the
+        loader's shards hold together and order to its sampler's: torch's DistributedSampler
+        is "strided" (drop_last honoured), Accelerate's prepared loaders are "rank"; for any
+        other loader pass both (over a map-style dataset num_samples is enough: there each
+        batch's dataset indices travel with its gathers, rows k per sample: where the sharding
+        is known, results in the order one process reads them, each draw of the sampler once,
+        else in dataset-index order, each index once).
+
+        A rank whose loader runs out first waits at the end of its loop while devald answers
+        the others' gathers for it; then the loop body runs again, once per batch it missed,
+        on a batch of one padding sample in the batch's own structure (real_rows() all
+        False), and each deval call in them returns what the others got there without a
+        collective. So every rank ends with every sample. The body must make the same deval
+        calls on every rank. real_rows() tells a batch's real samples from padding.
+        """
+        if not self._h:
+            self._handle()  # (closed; a pass this rank left says so when this one opens)
+        wrapper, loader = loader, _loop.unwrapped(loader)  # (iterate the progress bar, if any)
+        try:
+            n, o = _loop.pass_params(loader, self.world_size)
+        except ValueError as e:
+            base, num_keys = _loop.map_loader(loader) if self.device is None else (None, None)
+            if isinstance(e, _loop.Unsized) and num_samples is not None:
+                order = order or e.order  # a sharding it knows, of a dataset with no len()
+            # a loader it does not know: the caller's word. Over a map-style dataset each
+            # batch's indices say where its samples go, so the order is not needed; how many
+            # the ranks hold together is (a shard of its own on each rank reads indices that
+            # collide, which only the count reveals)
+            if isinstance(e, _loop.ShardedTwice) or num_samples is None or (
+                    base is None and order is None):
+                raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
+            n, o = num_samples, order or "rank"
+        # a loader it knows contradicted: wrong rows, or samples lost, without a word
+        if order is not None and order != o:
+            raise InvalidArgument("deval.eval_loop: this loader's sampler gathers in %r order, "
+                                  "not %r; leave order out" % (o, order), -1)
+        if num_samples is not None and num_samples != n:
+            raise InvalidArgument("deval.eval_loop: this loader's shards hold %d samples "
+                                  "together, not %r; leave num_samples out" % (n, num_samples),
+                                  -1)
+        num_samples, order = n, o
+        self._pass_args(num_samples, order)  # bad arguments raise here, not at the loop
+        return self._run_loop(lambda: iter(wrapper), num_samples, order, loader)
+
+    def _run_loop(self, make_iter, num_samples, order, loader=None):
+        """The generator behind eval_loop: a pass over the loader, open from its first batch."""
+        lp = _LoopPass(self, num_samples, order, loader)
+        lp.open_now = True
+        return lp.run(make_iter)
+
+    def pad_across_processes(self, x, dim=0, pad_index=0, pad_first=False, copy=True):
+        """Pad every tensor in x along dim to the largest size any rank has there."""
+        h = self._handle()
+        leaves = []
+        template = _flatten(x, leaves, self.device is not None)
+        results = []
+        for leaf in leaves:
+            nd = leaf.ndim
+            if dim >= nd or dim < -nd:  # Accelerate returns such a tensor as it is
+                if leaf.array is None:
+                    results.append(leaf.keep.clone() if leaf.kind == "torch-cuda" else leaf.keep)
+                else:
+                    results.append(leaf.wrap(leaf.array.copy() if copy else leaf.array))
+                continue
+            t, out = _Tensor(), _Tensor()
+            leaf.fill(t, self.device)
+            self._check(_lib.deval_pad_across_processes(h, ctypes.byref(t), int(dim),
+                                                        float(pad_index), bool(pad_first),
+                                                        ctypes.byref(out)))
+            if self._replaying and leaf.array is not None:
+                # the answer kept for this rank is its empty part; the body's padding sample
+                # is padded as the others were, to go on through the body
+                d = dim % nd
+                a, width = leaf.array, out.shape[d]
+                extra = max(0, width - a.shape[d])
+                spec = [(0, 0)] * nd
+                spec[d] = (extra, 0) if pad_first else (0, extra)
+                results.append(leaf.wrap(np.pad(a, spec, constant_values=pad_index)))
+                continue
+            results.append(_result(leaf, out, copy))
+        return _rebuild(template, results)
+
+    def reduce(self, x, reduction="sum", scale=1.0):
+        """Element-wise reduction over ranks, in rank order; returns new tensors."""
+        h = self._handle()
+        if reduction not in _REDUCTIONS:
+            raise InvalidArgument("deval: reduction must be one of %s, not %r"
+                                  % (", ".join(_REDUCTIONS), reduction), -1)
+        leaves = []
+        template = _flatten(x, leaves)
+        results = []
+        for leaf in leaves:
+            a = leaf.array.copy()
+            t = _Tensor()
+            _fill(a, leaf.dtype, t)
+            self._check(_lib.deval_reduce(h, ctypes.byref(t), _REDUCTIONS[reduction]))
+            if scale != 1.0:
+                a = a * scale
+            results.append(leaf.wrap(a))
+        return _rebuild(template, results)
+
+    def broadcast(self, x, from_process=0):
+        """Every rank gets from_process's tensors (same dtypes and shapes on every rank)."""
+        h = self._handle()
+        leaves = []
+        template = _flatten(x, leaves)
+        results = []
+        for leaf in leaves:
+            a = leaf.array.copy()
+            t = _Tensor()
+            _fill(a, leaf.dtype, t)
+            self._check(_lib.deval_broadcast(h, ctypes.byref(t), int(from_process)))
+            results.append(leaf.wrap(a))
+        return _rebuild(template, results)
+
+    # -- objects
+
+    def _objects(self, fn, items, opts=None):
+        h = self._handle()
+        blobs = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in items]
+        arr = (_Bytes * max(1, len(blobs)))()
+        keep = []
+        for b, slot in zip(blobs, arr):
+            buf = ctypes.create_string_buffer(b, len(b))
+            keep.append(buf)
+            slot.data = ctypes.addressof(buf)
+            slot.len = len(b)
+        n = ctypes.c_size_t()
+        out = ctypes.POINTER(_Bytes)()
+        opts = opts if opts is not None else self._opts()
+        self._check(fn(h, len(blobs), arr, ctypes.byref(opts), ctypes.byref(n),
+                       ctypes.byref(out)))
+        return [pickle.loads(ctypes.string_at(out[i].data, out[i].len)) for i in range(n.value)]
+
+    def gather_object(self, items):
+        """All ranks' lists, concatenated in rank order (objects are pickled). As in
+        Accelerate, a tensor or array counts as the list of its rows; any other object as a
+        list of one."""
+        return self._objects(_lib.deval_gather_objects, _object_items(items))
+
+    def broadcast_object(self, obj, from_process=0):
+        """from_process's object, on every rank."""
+        h = self._handle()
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if \
+            self.rank == from_process else b""
+        buf = ctypes.create_string_buffer(data, len(data))
+        out = _Bytes()
+        self._check(_lib.deval_broadcast_bytes(h, buf, len(data), int(from_process),
+                                               ctypes.byref(out)))
+        return pickle.loads(ctypes.string_at(out.data, out.len))
+
+    def barrier(self):
+        """Return once every rank has called it."""
+        self._check(_lib.deval_barrier(self._handle()))
+
+    wait_for_everyone = barrier  # Accelerate's name

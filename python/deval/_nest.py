@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: MIT
+"""The structure of a call's argument: a tensor alone, or tuples, lists, namedtuples, dicts
+and other mappings (a ModelOutput) of them, nested. _flatten splits one into its leaves
+(_tensors' _Leaf, in a fixed order) and a template that _rebuild fills with the results, so
+that a call with many tensors is one collective and answers in the caller's structure;
+_paths names a leaf's place for error messages, _check_samples checks what an eval pass needs
+of a call's tensors, _data_mask marks the leaves that are a batch's own data, and
+_object_items says what gather_object gathers of a value.
+"""
+
+import collections.abc
+
+import numpy as np
+
+from ._errors import InvalidArgument
+from ._tensors import _is_torch, _Leaf
+
+
+def _flatten(x, leaves, on_device=False):
+    """Split a nested structure into leaves and a template to rebuild it."""
+    if isinstance(x, collections.abc.Mapping):  # a ModelOutput, say: rebuilt as its type
+        return (dict, [(k, _flatten(v, leaves, on_device)) for k, v in x.items()],
+                None if type(x) is dict else type(x))
+    if isinstance(x, (list, tuple)):
+        return (type(x), [_flatten(v, leaves, on_device) for v in x])
+    leaves.append(_Leaf(x, on_device))
+    return (None, len(leaves) - 1)
+
+
+def _data_mask(x, ids):
+    """Bit i: leaf i of x (in _flatten's order) is one of ids."""
+    mask, i, todo = 0, 0, [x]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, collections.abc.Mapping):
+            todo.extend(reversed(list(v.values())))
+        elif isinstance(v, (list, tuple)):
+            todo.extend(reversed(v))
+        else:
+            if id(v) in ids and i < 64:
+                mask |= 1 << i
+            i += 1
+    return mask
+
+
+def _paths(template, prefix=""):
+    """Where each leaf of template sits in the caller's structure: "['loss']", "[1]", ..."""
+    kind, body = template[0], template[1]
+    if kind is None:
+        return [(body, prefix or "the input")]
+    if kind is dict:
+        return [p for k, v in body for p in _paths(v, "%s[%r]" % (prefix, k))]
+    return [p for i, v in enumerate(body) for p in _paths(v, "%s[%d]" % (prefix, i))]
+
+
+def _check_samples(leaves, template):
+    """In an eval pass every tensor of a gather_for_metrics call is per sample: at least one
+    dim, and the same rows as the others, so that dropping a duplicate sample drops its row
+    from every tensor."""
+    rows = [None if leaf.ndim == 0 else (leaf.array.shape[0] if leaf.array is not None
+                                         else leaf.shape[0]) for leaf in leaves]
+    if all(r is not None for r in rows) and len(set(rows)) <= 1:
+        return
+    where = dict(_paths(template))
+    for i, r in enumerate(rows):
+        if r is None:
+            raise InvalidArgument(
+                "deval.gather_for_metrics: %s is a 0-d tensor, which has no samples to drop "
+                "duplicates from; gather it with gather() or reduce(), or give it one row per "
+                "sample (loss.repeat(batch_size))" % where[i], -1)
+    first = rows[0]
+    for i, r in enumerate(rows):
+        if r != first:
+            raise InvalidArgument(
+                "deval.gather_for_metrics: %s has %d rows but %s has %d; every tensor of one "
+                "call needs one row per sample (reshape [batch*k, ...] to [batch, k, ...], or "
+                "gather it in a call of its own)" % (where[i], r, where[0], first), -1)
+
+
+def _rebuild(template, results):
+    kind, body = template[0], template[1]
+    if kind is None:
+        return results[body]
+    if kind is dict:
+        d = {k: _rebuild(v, results) for k, v in body}
+        cls = template[2]
+        if cls is None:
+            return d
+        for make in (lambda: cls(**d), lambda: cls(d)):
+            try:
+                return make()
+            except Exception:
+                pass
+        return d
+    items = [_rebuild(v, results) for v in body]
+    if kind is list:
+        return items
+    if kind is tuple:
+        return tuple(items)
+    try:
+        return kind(*items)  # a namedtuple
+    except TypeError:
+        return kind(items)
+
+
+def _object_items(x):
+    """What gather_object gathers of x: a list's items, a tensor's rows, else x alone."""
+    if isinstance(x, (list, tuple)) or ((isinstance(x, np.ndarray) or _is_torch(x))
+                                        and x.ndim > 0):
+        return list(x)
+    return [x]

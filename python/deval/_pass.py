@@ -1,0 +1,258 @@
+# SPDX-License-Identifier: MIT
+"""An eval pass that follows a loader's iteration (_LoopPass): Group.eval_loop's, open from the
+first batch, and deval.accelerate's hooked loaders', open at the first gather_for_metrics of
+an iteration. It tells libdeval where each batch begins (with the batch's dataset indices
+where the loader has them), closes the pass after the last batch, and replays the batches a
+rank missed; real_rows() reads which samples of the current batch are real. What a loader is
+made of (its dataset, sampler, sharding) is _loop's to find out; this module is the glue
+between that and a group's calls.
+"""
+
+import contextlib
+import ctypes
+
+import numpy as np
+
+from . import _loop
+from ._errors import Error, InvalidArgument, Mismatch
+from ._libdeval import _lib
+
+_END = object()
+
+
+class _LoopPass:
+    """One iteration of a loader as an eval pass: eval_loop's (open from the first batch) or
+    a loader deval.accelerate hooked (open at the first gather_for_metrics of the iteration,
+    so that a loader iterated without one, a training loader, opens nothing). Over a
+    map-style DataLoader each batch's dataset indices travel with its gathers (a pass with
+    keys): results in dataset order, each sample once, whatever shifted."""
+
+    def __init__(self, group, num_samples, order, loader=None):
+        self.g = group
+        self.n, self.o = group._pass_args(num_samples, order)
+        base, self.num_keys = _loop.map_loader(loader) if loader is not None and \
+            group.device is None else (None, None)
+        draws = _loop.draws(loader, base) if base is not None else None
+        if draws is not None:
+            self.num_keys = draws.n  # a sample is a draw of the sampler the ranks share
+        if loader is not None:
+            try:
+                _loop.check_loader(loader, draws is not None)
+            except ValueError as e:
+                raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
+        if base is not None and self.n > self.num_keys:
+            raise InvalidArgument("deval.eval_loop: num_samples is %d, but this rank's dataset "
+                                  "holds %d samples: its indices name the samples, so every "
+                                  "rank must read the whole dataset (a shard or Subset of its "
+                                  "own on each rank makes them collide); give every rank the "
+                                  "whole dataset behind a DistributedSampler"
+                                  % (self.n, self.num_keys), -1)
+        self.keys = _loop.Keys(base, getattr(loader, "skip_batches", 0), draws) \
+            if base is not None else None
+        # where the rows of an iterable Accelerate shards stand, to tell its padding
+        self.rows = _loop.shard_rows(loader) if loader is not None and self.keys is None \
+            else None
+        self.dealt = 0  # samples of the iterable so far
+        self.real = None  # the current batch's real samples (a bool array), when known
+        self.samples = None  # how many samples the current batch holds, when known
+        self.gathered = []  # what the current batch's gathers for metrics returned
+        self.seq = None  # which of this process's loops it is
+        self.open_now = False  # eval_loop: the pass opens before the first batch
+        self.opened = False
+        self.batches = 0  # batches yielded so far
+        self.cur = None  # the current batch's keys
+
+    def open(self):
+        """Open the pass now (at the current batch), once."""
+        if self.opened:
+            return
+        g = self.g
+        # a pass this rank left failed the others (_left_pass): say so on this rank, but in
+        # step with them, who open this pass now; leaving it at once fails theirs too
+        left, g._left = g._left, None
+        h = g._handle()
+        if left is not None:
+            g._addr = h.value if g._fast is not None else 0
+        if g._in_pass:
+            raise InvalidArgument("deval.eval_loop: an eval pass is already open on this group "
+                                  "(an eval_loop inside another, inside eval_pass, or one left "
+                                  "with break whose iterator is still referenced: close it with "
+                                  "its .close()); a group runs one pass at a time", -1)
+        if self.keys is None and self.batches > 1:
+            raise InvalidArgument(
+                "deval: the first gather_for_metrics of this loader's iteration came at its "
+                "batch %d; its batches carry no dataset indices, so the samples of the batches "
+                "before cannot be told apart from the rest: gather from its first batch on"
+                % self.batches, -1)
+        if self.keys is not None:
+            g._check(_lib.deval_eval_begin_keys(h, self.n, self.num_keys))
+        else:
+            g._check(_lib.deval_eval_begin(h, self.n, self.o))
+        if left is not None:
+            with contextlib.suppress(Error):
+                g._check(_lib.deval_eval_abandon(h))
+            raise left
+        self.opened = True
+        g._in_pass, g._keyed = True, self.keys is not None
+        if self.batches:
+            self._declare()
+
+    def _declare(self):
+        h = self.g._handle()
+        if self.keys is None:
+            self.g._check(_lib.deval_eval_batch(h))
+            return
+        ks = self.cur or ()
+        arr = (ctypes.c_int64 * max(1, len(ks)))(*ks)
+        self.g._check(_lib.deval_eval_batch_keys(h, len(ks), arr))
+
+    def _batch(self, batch):
+        self.real = None
+        self.gathered = []
+        if self.keys is not None:
+            try:
+                self.cur = self.keys.next(batch)
+            except ValueError as e:
+                raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
+            self.g._batch_ids = _loop.data_ids(batch)
+            self.samples = len(self.cur)
+            if self.keys.real is not None:
+                self.real = np.array(self.keys.real, dtype=bool)
+        else:
+            self.samples = b = _loop.batch_samples(batch)
+            if self.rows is not None and b is None:
+                self.rows = None  # (rows it cannot count: from here on, unknown)
+            elif self.rows is not None:
+                n, at = self.rows
+                self.real = np.array([at(self.dealt + m) < n for m in range(b)], dtype=bool)
+                self.dealt += b
+        self.batches += 1
+        if self.opened:
+            self._declare()
+
+    def run(self, make_iter):
+        _loop.LOOPS[0] += 1
+        self.seq = _loop.LOOPS[0]
+        _loop.ACTIVE.append(self)
+        try:
+            yield from self._run(make_iter)
+        finally:
+            _loop.ACTIVE.remove(self)
+
+    def _run(self, make_iter):
+        g = self.g
+        h = g._h or g._handle()  # (a pass this rank left says so when this one opens)
+        done, last = False, None
+        with self.keys if self.keys is not None else contextlib.nullcontext():
+            with self.keys.drawing() if self.keys is not None else contextlib.nullcontext():
+                it = make_iter()
+                batch = next(it, _END)  # (a generator's loader starts its iterator here)
+            if self.open_now:
+                self.open()
+            g._pass_ended = False
+            try:
+                while batch is not _END:
+                    self._batch(batch)
+                    last = batch
+                    yield batch
+                    batch = next(it, _END)
+                done = True
+            finally:
+                if self.opened:
+                    g._in_pass = False
+                # a break, or an exception: the others must hear, unless a step of the pass
+                # failed because a rank left it, which ended it for every rank (devald's too)
+                if self.opened and not done and not g._pass_ended:
+                    try:
+                        g._check(_lib.deval_eval_abandon(g._handle()))
+                    except Mismatch as e:  # they went on: they fail, and so will this rank
+                        g._left_pass(e)
+                    except Error:
+                        pass  # the group is what failed: its next call says so
+                    g._keyed = False
+        if not self.opened:
+            return
+        keyed, g._keyed = g._keyed, False
+        g._check(_lib.deval_eval_complete(h))
+        missed = _lib.deval_eval_missed(h)
+        if missed <= 0:
+            return
+        pad = self._padding(last)
+        if pad is _END:
+            _lib.deval_eval_replay_done(h)
+            raise Mismatch("deval.eval_loop: this rank's loader had no batch, so it cannot "
+                           "replay the %d batches the other ranks gathered; use fewer "
+                           "processes than batches (or even_batches=True)" % missed, -2)
+        g._in_pass, g._keyed, g._replaying = True, keyed, True
+        g._batch_ids = _loop.data_ids(pad)
+        self.real, self.samples = np.zeros(1, dtype=bool), 1
+        try:
+            for _ in range(missed):
+                self.batches += 1
+                self._declare()
+                yield pad
+        except GeneratorExit:
+            _lib.deval_eval_replay_done(h)
+            raise
+        finally:
+            g._in_pass = g._keyed = g._replaying = False
+        g._check(_lib.deval_eval_replay_done(h))
+
+    def holds_gathered(self, args, kwargs):
+        """Do the values args and kwargs hold (a metric's update) come from what a gather for
+        metrics of the current batch returned (every rank's rows, not this rank's): the
+        results themselves, views of them, or values with as many rows as a result and not
+        one per sample of the batch?"""
+        if not self.gathered:
+            return False
+        ids, ptrs, rows = set(), set(), set()
+        todo = list(self.gathered)
+        while todo:
+            v = todo.pop()
+            ids.add(id(v))
+            if isinstance(v, (tuple, list)):
+                todo.extend(v)
+            elif isinstance(v, dict):
+                todo.extend(v.values())
+            elif hasattr(v, "shape") and len(v.shape):
+                rows.add(v.shape[0])
+                if hasattr(v, "untyped_storage"):
+                    ptrs.add(v.untyped_storage().data_ptr())
+        todo = list(args) + list(kwargs.values())
+        while todo:
+            v = todo.pop()
+            if id(v) in ids:
+                return True
+            if isinstance(v, dict):
+                todo.extend(v.values())
+            elif hasattr(v, "shape") and len(v.shape):
+                if hasattr(v, "untyped_storage") and v.untyped_storage().data_ptr() in ptrs:
+                    return True
+                if v.shape[0] in rows and v.shape[0] != self.samples:
+                    return True
+        return False
+
+    def _padding(self, last):
+        """The batch the replay hands the body: one padding sample in the loader's own
+        structure, read again from the dataset where its indices are known (self.cur its key),
+        else cut from the rank's last batch; _END when there is none."""
+        if self.keys is not None:
+            if last is None:
+                self.keys.indices = [0]  # no batch of its own: the dataset's first sample
+            self.cur = self.cur[:1] if self.cur else [0]
+            try:
+                return self.keys.padding()
+            except Exception:  # (a dataset that cannot be read again here)
+                pass
+        return _END if last is None else _loop.head(last)
+
+
+def real_rows():
+    """Which samples of the current batch are real, a bool numpy array, one per sample: False
+    for the padding a sharding adds to even out the ranks' last batches (DistributedSampler's,
+    Accelerate's even_batches) and for the batches a rank replays (see eval_loop). For the
+    innermost loop deval runs (eval_loop, or a loader deval.accelerate hooked); None outside
+    one, or where deval cannot tell which samples are padding. A running sum or count a rank
+    keeps of its own is exact when it takes only these rows; attached torchmetrics metrics
+    take only these rows by themselves."""
+    return _loop.ACTIVE[-1].real if _loop.ACTIVE else None
