@@ -86,7 +86,7 @@ int dv_span_run(deval_group *g, const char *fn, bool pass_end, const DvResult **
 
 /**
  * dv_span_reserve() - dv_reserve_input() for a spanning handle: its input is memory of its
- * own, grown with what it held kept.
+ * own (inside its part's buffer, see dv_span_input_grow()), grown with what it held kept.
  * @g: a spanning handle
  * @size: the bytes of input it needs
  * Return: 0; DEVAL_ENOMEM (with its message in g) past 2^46 bytes or out of memory.
@@ -96,17 +96,15 @@ int dv_span_reserve(deval_group *g, uint64_t size) {
                 return 0;
         if (size > (1ull << 46))
                 return dv_set_err(g, DEVAL_ENOMEM, "an input of %" PRIu64 " bytes", size);
-        size_t cap = g->in_size;
         /* what deval_input_buffer() handed out moves along, as dv_span_grow() keeps the bytes */
-        if (!dv_span_grow(&g->in, &cap, size))
+        if (!dv_span_input_grow(g, size))
                 return dv_set_err(g, DEVAL_ENOMEM, "out of memory for %" PRIu64 " bytes", size);
-        g->in_size = cap;
         return 0;
 }
 
 /**
  * dv_span_free() - leave the node's group, release the engine (once the join laid the group
- * out) and free the spanning state and the handle's input; g itself stays.
+ * out) and free the spanning state with the handle's input; g itself stays.
  * @g: a handle; nothing happens where it does not span machines
  */
 void dv_span_free(deval_group *g) {
@@ -135,8 +133,7 @@ void dv_span_free(deval_group *g) {
         free(sp->srcs);
         free(sp->pass.rows);
         free(sp->out);
-        free(g->in);
-        g->in = NULL;
+        g->in = NULL; /* inside the part */
         g->out = NULL;
         free(sp);
         g->span = NULL;

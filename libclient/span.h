@@ -19,6 +19,7 @@
 
 #include "client.h"
 #include "pass.h"
+#include "span_wire.h"
 #include "util.h"
 #include "wire.h"
 
@@ -47,7 +48,7 @@ struct DvSpan {
         int *node_start; /* [nodes + 1] into node_ranks */
         bool laid_out;   /* the join's exchange filled them */
         /* the exchange's (span_exchange.c) */
-        uint8_t *part; /* this rank's part */
+        uint8_t *part; /* this rank's part, around its input: g->in is at DV_SPAN_PART_HEAD_MAX */
         size_t part_cap;
         uint8_t *round1; /* a leader's: every node's first round */
         size_t round1_cap;
@@ -104,5 +105,22 @@ static inline bool dv_span_grow(uint8_t **p, size_t *cap, size_t need) {
         free(*p);
         *p = q;
         *cap = n;
+        return true;
+}
+
+/*
+ * A rank's input (g->in) lies DV_SPAN_PART_HEAD_MAX bytes into the buffer of its part, so that
+ * the exchange writes the part's head right in front of the staged input and sends the part
+ * without copying the input. Make room for size bytes of input, what it held kept; false when
+ * out of memory.
+ */
+static inline bool dv_span_input_grow(deval_group *g, uint64_t size) {
+        DvSpan *sp = g->span;
+        if (sp->part && size <= g->in_size)
+                return true;
+        if (!dv_span_grow(&sp->part, &sp->part_cap, DV_SPAN_PART_HEAD_MAX + size))
+                return false;
+        g->in = sp->part + DV_SPAN_PART_HEAD_MAX;
+        g->in_size = sp->part_cap - DV_SPAN_PART_HEAD_MAX;
         return true;
 }

@@ -13,7 +13,8 @@
  * says in its local ranks is said again here in global ones.
  *
  * What each byte means is span_wire.c's, which checks what arrives before it is used; this
- * file moves the bytes, and owns the part, round1 and failure buffers of the state (span.h).
+ * file moves the bytes, and owns the round1 and failure buffers of the state (span.h), and
+ * the part's buffer with span.c, which stages the rank's input in it.
  */
 #define _GNU_SOURCE
 #include "span_exchange.h"
@@ -116,21 +117,28 @@ static int leader_swap(deval_group *g, int status, const char *why, const deval_
         return 0;
 }
 
-/* This rank's part: its request and the bytes it staged (in g->in, up to the last tensor). */
-static int make_part(deval_group *g, const DvRequest *q, size_t *len) {
+/*
+ * This rank's part: its request and the bytes it staged in g->in, up to its last tensor. The
+ * head goes right in front of them (span.h: dv_span_input_grow()), so the part is whole
+ * without a copy of the input; *ret points into the part's buffer.
+ */
+static int make_part(deval_group *g, const DvRequest *q, const uint8_t **ret, size_t *len) {
         DvSpan *sp = g->span;
-        uint64_t part_len = dv_span_wire_part_len(q);
+        uint64_t data, head = dv_span_wire_part_head(q, &data);
         DvSpanWho who = {.rank = g->rank,
                          .node = sp->node,
                          .world = g->world,
                          .nodes = sp->nodes,
                          .local_rank = sp->local_rank,
                          .local_world = sp->local_world};
-        if (!dv_span_grow(&sp->part, &sp->part_cap, part_len))
+        /* staged already (a part that carries no input still needs the room for its head) */
+        if (data > (1ull << 46) || !dv_span_input_grow(g, data))
                 return dv_set_err(g, DEVAL_ENOMEM, "out of memory for a %" PRIu64 "-byte part",
-                                  part_len);
-        dv_span_wire_part_write(sp->part, &who, q, g->in);
-        *len = part_len;
+                                  head + data);
+        uint8_t *dst = g->in - head;
+        dv_span_wire_part_write_head(dst, &who, q);
+        *ret = dst;
+        *len = head + data;
         return 0;
 }
 
@@ -150,12 +158,13 @@ static int make_part(deval_group *g, const DvRequest *q, size_t *len) {
 int dv_span_exchange(deval_group *g, const char *fn, bool hello) {
         DvSpan *sp = g->span;
         deval_group *L = sp->local;
+        const uint8_t *part = NULL;
         size_t part_len = 0;
         int r;
 
-        if ((r = make_part(g, g->req, &part_len)) < 0)
+        if ((r = make_part(g, g->req, &part, &part_len)) < 0)
                 return r;
-        deval_bytes item = {sp->part, part_len}, view;
+        deval_bytes item = {part, part_len}, view;
         const deval_bytes *items = NULL;
         size_t n = 0;
         deval_gather_opts to_leader = DEVAL_GATHER_OPTS_INIT;

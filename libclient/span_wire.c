@@ -30,6 +30,7 @@ _Static_assert(sizeof(DvSpanGlobalHdr) == 24, "wire layout");
 _Static_assert(sizeof(DvSpanRound1) == DV_SPAN_ROUND1, "wire layout");
 _Static_assert(sizeof(DvSpanHello) == 64, "wire layout");
 _Static_assert(HEAD_MAX == sizeof(DvRequest), "a part's request fits in a DvRequest");
+_Static_assert(DV_SPAN_PART_HEAD_MAX % DV_ARENA_ALIGN == 0, "a part's input stays aligned");
 
 static int say(char *msg, size_t len, int status, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
@@ -62,28 +63,29 @@ static uint64_t part_at(uint32_t head) {
 }
 
 /**
- * dv_span_wire_part_len() - the length of the part that carries q.
+ * dv_span_wire_part_head() - the shape of the part that carries q: its head (a header, the
+ * request's fields and the tensors it has, up to the next 64-byte boundary), then its input,
+ * up to the end of its last tensor.
  * @q: this rank's request, checked by the collective that made it (its offsets and sizes
  *     do not overflow)
- * Return: the bytes dv_span_wire_part_write() writes for q.
+ * @ret_data: the input's bytes
+ * Return: the head's bytes, a multiple of DV_ARENA_ALIGN, at most DV_SPAN_PART_HEAD_MAX.
  */
-uint64_t dv_span_wire_part_len(const DvRequest *q) {
-        uint64_t data;
-        uint32_t nt = part_tensors(q, &data);
-        return part_at((uint32_t)(HEAD_MIN + nt * sizeof(DvTensorDesc))) + data;
+uint64_t dv_span_wire_part_head(const DvRequest *q, uint64_t *ret_data) {
+        uint32_t nt = part_tensors(q, ret_data);
+        return part_at((uint32_t)(HEAD_MIN + nt * sizeof(DvTensorDesc)));
 }
 
 /**
- * dv_span_wire_part_write() - a rank's part: a header saying who it is, its request (the
- * fields and the tensors it has), then, at the next 64-byte boundary, its input bytes up to
- * the end of its last tensor.
- * @dst: dv_span_wire_part_len(q) bytes
+ * dv_span_wire_part_write_head() - a rank's part but its input: a header saying who it is and
+ * how long its input is, its request (a count of tensors past DEVAL_MAX_TENSORS, a failed
+ * stage, goes as none), zeros to the input.
+ * @dst: dv_span_wire_part_head(q) bytes; the input follows them, the caller's to write (a rank
+ *       stages it there, so that its part is whole without a copy)
  * @who: the rank's place in the group
- * @q: its request; a count of tensors past DEVAL_MAX_TENSORS (a failed stage) goes as none
- * @in: its staged input, read up to the end of q's last tensor
+ * @q: its request
  */
-void dv_span_wire_part_write(uint8_t *dst, const DvSpanWho *who, const DvRequest *q,
-                             const uint8_t *in) {
+void dv_span_wire_part_write_head(uint8_t *dst, const DvSpanWho *who, const DvRequest *q) {
         uint64_t data;
         uint32_t nt = part_tensors(q, &data);
         DvSpanPartHdr h = {.magic = DV_SPAN_PART_MAGIC,
@@ -95,15 +97,13 @@ void dv_span_wire_part_write(uint8_t *dst, const DvSpanWho *who, const DvRequest
                            .local_world = who->local_world,
                            .head = (uint32_t)(HEAD_MIN + nt * sizeof(DvTensorDesc)),
                            .data = data};
-        uint64_t at = part_at(h.head);
         memcpy(dst, &h, sizeof(h));
         memcpy(dst + sizeof(h), q, h.head);
         if (nt != q->ntensors) { /* a failed stage: no tensors */
                 uint32_t none = 0;
                 memcpy(dst + sizeof(h) + offsetof(DvRequest, ntensors), &none, sizeof(none));
         }
-        if (data)
-                memcpy(dst + at, in, data);
+        memset(dst + sizeof(h) + h.head, 0, part_at(h.head) - sizeof(h) - h.head);
 }
 
 /**

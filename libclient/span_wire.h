@@ -77,9 +77,14 @@ typedef struct {
         uint64_t *dlen;       /* [world] out: its length */
 } DvSpanParts;
 
-uint64_t dv_span_wire_part_len(const DvRequest *q);
-void dv_span_wire_part_write(uint8_t *dst, const DvSpanWho *who, const DvRequest *q,
-                             const uint8_t *in);
+/* the most bytes a part's head (its header, its request, up to its input) takes: a rank that
+ * stages its input this far into a buffer can write any part's head in front of it */
+#define DV_SPAN_PART_HEAD_MAX                                                                \
+        ((sizeof(DvSpanPartHdr) + sizeof(DvRequest) + DV_ARENA_ALIGN - 1) / DV_ARENA_ALIGN * \
+         DV_ARENA_ALIGN)
+
+uint64_t dv_span_wire_part_head(const DvRequest *q, uint64_t *ret_data);
+void dv_span_wire_part_write_head(uint8_t *dst, const DvSpanWho *who, const DvRequest *q);
 
 uint64_t dv_span_wire_node_len(const deval_bytes *items, size_t n);
 void dv_span_wire_node_write(uint8_t *dst, const deval_bytes *items, size_t n);

@@ -197,7 +197,10 @@ static void round_trip(Parts *ps, const uint8_t *in, size_t len, uint8_t big) {
                         in++;
                         len--;
                 }
-                uint64_t plen = dv_span_wire_part_len(&q[k]);
+                uint64_t pdata, phead = dv_span_wire_part_head(&q[k], &pdata);
+                uint64_t plen = phead + pdata;
+                if (phead % DV_ARENA_ALIGN || phead > DV_SPAN_PART_HEAD_MAX || pdata > at)
+                        abort();
                 part[k] = malloc(plen);
                 if (!part[k])
                         goto out;
@@ -208,7 +211,8 @@ static void round_trip(Parts *ps, const uint8_t *in, size_t len, uint8_t big) {
                                  .nodes = N,
                                  .local_rank = k - ps->node_start[n],
                                  .local_world = ps->node_start[n + 1] - ps->node_start[n]};
-                dv_span_wire_part_write(part[k], &who, &q[k], stage[k]);
+                dv_span_wire_part_write_head(part[k], &who, &q[k]);
+                memcpy(part[k] + phead, stage[k], pdata);
                 items[k] = (deval_bytes){part[k], plen};
         }
         /* the leaders: a first round each, then the global bytes */
@@ -242,10 +246,8 @@ static void round_trip(Parts *ps, const uint8_t *in, size_t len, uint8_t big) {
                 if (parse(ps, b, glen, msg) != 0)
                         abort();
                 for (int k = 0; k < W; k++) {
-                        uint64_t want = dv_span_wire_part_len(&q[k]) -
-                                        DV_ALIGN(sizeof(DvSpanPartHdr) + offsetof(DvRequest, t) +
-                                                         q[k].ntensors * sizeof(DvTensorDesc),
-                                                 DV_ARENA_ALIGN);
+                        uint64_t want;
+                        dv_span_wire_part_head(&q[k], &want);
                         if (memcmp(&ps->reqs[k], &q[k],
                                    offsetof(DvRequest, t) + q[k].ntensors * sizeof(DvTensorDesc)) ||
                             ps->dlen[k] != want || memcmp(ps->data[k], stage[k], want))
