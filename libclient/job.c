@@ -60,7 +60,7 @@ typedef struct {
         const char *keys[5];  /* what makes the job unique, NULL-terminated */
         const char *local;    /* its ranks on this machine, if it says */
         const char *nodes[2]; /* the machines it runs on, if it says: the first set wins */
-        const char *node;     /* which of them this process runs on, if it says */
+        const char *node[2];  /* which of them this process runs on, if it says: the first set */
         bool by_parent;       /* the keys are a user's constants (a MASTER_PORT hard-coded for
                                  mp.spawn): the process that started the ranks tells jobs apart */
 } Launcher;
@@ -74,7 +74,7 @@ static const Launcher launchers[] = {
          {"TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"},
          "LOCAL_WORLD_SIZE",
          {NULL},
-         "GROUP_RANK"},
+         {"GROUP_RANK"}},
         {"torch",
          "MASTER_PORT",
          "RANK",
@@ -82,7 +82,7 @@ static const Launcher launchers[] = {
          {"MASTER_ADDR", "MASTER_PORT"},
          "LOCAL_WORLD_SIZE",
          {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}, /* ranks srun started, or spawned under it */
-         "SLURM_NODEID",
+         {"GROUP_RANK", "SLURM_NODEID"},           /* a torchrun agent's, or srun's */
          true},
         {"mpirun",
          "OMPI_COMM_WORLD_SIZE",
@@ -97,7 +97,7 @@ static const Launcher launchers[] = {
          {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"},
          NULL,
          {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"},
-         "SLURM_NODEID"},
+         {"SLURM_NODEID"}},
 };
 
 /**
@@ -241,7 +241,7 @@ int deval_job_spans(char *why, size_t why_len) {
 /**
  * deval_job_node() - the machine this process runs on, as a spanning join tells machines
  * apart: $DEVAL_NODE, else what the launcher that started it says (torchrun's $GROUP_RANK,
- * srun's $SLURM_NODEID), else the host name. Every rank of a job finds it alike, so two
+ * srun's $SLURM_NODEID; ranks with $MASTER_PORT alone, either), else the host name. Every rank of a job finds it alike, so two
  * ranks are on one machine when their ids are equal.
  * @id: gets the id, NUL-terminated (truncated to len - 1 bytes).
  * Return: 0; DEVAL_EINVAL when id is NULL or len is 0.
@@ -252,7 +252,8 @@ int deval_job_node(char *id, size_t len) {
         const char *v = env("DEVAL_NODE");
         for (size_t i = 0; !v && i < sizeof(launchers) / sizeof(launchers[0]); i++)
                 if (env(launchers[i].present)) {
-                        v = launchers[i].node ? env(launchers[i].node) : NULL;
+                        for (int k = 0; k < 2 && !v && launchers[i].node[k]; k++)
+                                v = env(launchers[i].node[k]);
                         break; /* the first launcher found decides, as for the job's name */
                 }
         char host[256] = "";

@@ -82,8 +82,9 @@ class Group:
     def _check(self, r):
         if r != 0:
             msg = _lib.deval_errmsg(self._h).decode(errors="replace")
-            if self._in_pass and r == Mismatch.status and " left the eval pass " in msg:
-                self._pass_ended = True  # (dv_pass_park_msg's words: the pass is over)
+            # a rank left the pass while the others went on: the pass is over on every rank
+            if self._in_pass and r == Mismatch.status and _lib.deval_eval_open(self._h) == 0:
+                self._pass_ended = True
             raise _ERRORS.get(r, Error)(msg, r)
 
     def __enter__(self):

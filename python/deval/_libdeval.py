@@ -142,6 +142,8 @@ def _load():
                                  ctypes.POINTER(_Engine), ctypes.POINTER(G)], ctypes.c_int),
         "deval_nodes": ([G, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         "deval_job_spans": ([ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int),
+        "deval_job_node": ([ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int),
+        "deval_eval_open": ([G], ctypes.c_int),
         "deval_dtype_size": ([ctypes.c_int], ctypes.c_size_t),
     }
     for name, (args, res) in sigs.items():

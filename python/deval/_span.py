@@ -8,7 +8,6 @@ torch.distributed, which libdeval calls back through deval_engine.
 
 import contextlib
 import ctypes
-import os
 
 from ._errors import _ERRORS, Error, NotSupported
 from ._group import Group
@@ -100,8 +99,9 @@ def _join_spanning(group, said, opts):
             "torch.distributed.init_process_group() (or create the Accelerator) before "
             "deval.join(). Set DEVAL_ONE_MACHINE=1 if every rank does run here" % said, -10)
     rank, world = dist.get_rank(), dist.get_world_size()
-    node_id = (os.environ.get("DEVAL_NODE") or os.environ.get("GROUP_RANK") or
-               os.environ.get("SLURM_NODEID") or __import__("socket").gethostname())
+    node = ctypes.create_string_buffer(256)  # libdeval's launcher table names the machine
+    _lib.deval_job_node(node, len(node))
+    node_id = node.value.decode(errors="replace")
     # deval's own gloo groups, whatever the job's backend (NCCL's would move these bytes
     # through GPUs the ranks may not have chosen yet); every rank takes part in making them
     everyone = dist.new_group(backend="gloo")

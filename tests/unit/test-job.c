@@ -277,6 +277,15 @@ static void test_node(void **state) {
         assert_string_equal(id, "3");
         assert_int_equal(deval_job_node(id, 2), 0); /* truncated, terminated */
         assert_string_equal(id, "3");
+        clear(); /* ranks started with $MASTER_PORT by a torchrun agent's hand, or by srun */
+        setenv("MASTER_PORT", "29500", 1);
+        setenv("GROUP_RANK", "2", 1);
+        assert_int_equal(deval_job_node(id, sizeof(id)), 0);
+        assert_string_equal(id, "2");
+        unsetenv("GROUP_RANK");
+        setenv("SLURM_NODEID", "4", 1);
+        assert_int_equal(deval_job_node(id, sizeof(id)), 0);
+        assert_string_equal(id, "4");
         assert_int_equal(deval_job_node(NULL, 8), DEVAL_EINVAL);
         assert_int_equal(deval_job_node(id, 0), DEVAL_EINVAL);
         clear();
