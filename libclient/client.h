@@ -49,6 +49,7 @@ struct deval_group {
         uint64_t dout_gen;
         uint32_t seq;
         uint32_t restages;   /* steps posted again under a new seq: seq - restages is the call */
+        uint32_t call_as;    /* a spanning group's node group: the user's call its steps serve */
         DvTunables tun;      /* the environment's tunables, read once, at the join */
         bool batch;          /* deval_eval_batch() was called in this pass: calls count per site */
         uint32_t site[2];    /* the next gather_for_metrics call of the batch: tensors, objects */

@@ -208,7 +208,7 @@ static int coll_arrive(deval_group *g, const char *fn, int *by) {
         const DvDoneHeader *d = g->done;
         DvSlot *slot = &h->slots[g->rank];
         uint32_t seq = ++g->seq;
-        uint32_t call = slot->req.call = seq - g->restages;
+        uint32_t call = slot->req.call = g->call_as ? g->call_as : seq - g->restages;
         uint64_t start = dv_now_ns();
         /* on a crowded machine, waiting ranks leave their cores to the ranks still to come */
         bool crowded = g->crowd_aware && dv_crowded(&g->crowd, start);

@@ -84,11 +84,30 @@ static inline int dv_span_fail(DvSpan *sp, int status, const char *fmt, ...) {
         return status;
 }
 
-/* A failure of the exchange: every later call returns it. */
+/* Does a failure end the group (a rank or a devald gone, a node silent, bytes that broke the
+ * protocol), or the step alone (ranks that disagree, a quota, an argument)? */
+static inline bool dv_span_sticks(int status) {
+        return status == DEVAL_EPEER || status == DEVAL_EDAEMON || status == DEVAL_ETIMEDOUT ||
+               status == DEVAL_EABORTED || status == DEVAL_EPROTO || status < DEVAL_ESYS ||
+               status >= 0;
+}
+
+/* A failure of the exchange: every later call returns it. fn, the user's call, is named
+ * unless NULL: a failure of the group (a rank gone, a node silent) is the group's, as a group
+ * of one machine says it. */
 static inline int dv_span_broken(deval_group *g, int status, const char *fn, const char *msg) {
         if (status < DEVAL_ESYS || status >= 0)
                 status = DEVAL_EPROTO;
         g->failed = status;
+        return fn ? dv_set_err(g, status, "%s: %s", fn, msg) : dv_set_err(g, status, "%s", msg);
+}
+
+/* The step of call fn failed on every rank, for the reason msg says: the group goes on, as
+ * on one machine, unless the failure is one that ends it (dv_span_sticks()). */
+static inline int dv_span_step_failed(deval_group *g, int status, const char *fn, const char *msg) {
+        if (dv_span_sticks(status))
+                return dv_span_broken(g, status, NULL, msg);
+        g->seq++; /* the step is over: the next call is the next one */
         return dv_set_err(g, status, "%s: %s", fn, msg);
 }
 

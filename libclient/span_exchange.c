@@ -32,17 +32,31 @@
 #include "span_wire.h"
 #include "util.h"
 
-/* The node's group said msg in its local ranks: say it in global ranks, naming the node. */
-static void say_global(const DvSpan *sp, const char *msg, char *out, size_t len) {
-        size_t o = (size_t)snprintf(out, len, "node %d: ", sp->node);
+/*
+ * The node's group said msg about one of its steps: say it as a group of one machine says it
+ * of the user's call (op, its number in the node's requests' call, wire.h), each rank by its
+ * global rank, with its node beside its pid: "rank 3 (node 1, pid 812)".
+ */
+static void say_global(const DvSpan *sp, uint32_t op, const char *msg, char *out, size_t len) {
+        size_t o = 0;
         const int *ranks = sp->laid_out ? sp->node_ranks + sp->node_start[sp->node] : NULL;
         const char *colon = strstr(msg, ": ");
         if (strncmp(msg, "deval_", 6) == 0 && colon && colon - msg < 40)
                 msg = colon + 2; /* which of the node's calls it was is span.c's business */
+        out[0] = '\0';
         for (const char *m = msg; *m && o + 1 < len;) {
-                if (strncmp(m, "collective #", 12) == 0) { /* the node's steps, not the user's */
-                        o += (size_t)snprintf(out + o, len - o, "node step #");
-                        m += 12;
+                if (strncmp(m, "collective #", 12) == 0 && isdigit((unsigned char)m[12])) {
+                        const char *d = m + 12, *e = d;
+                        while (isdigit((unsigned char)*e))
+                                e++;
+                        o += (size_t)snprintf(out + o, len - o, "collective #%.*s", (int)(e - d),
+                                              d);
+                        m = e;
+                        const char *close = strncmp(m, " (", 2) == 0 ? strchr(m, ')') : NULL;
+                        if (close && close - m < 32) { /* the node's op: the user's */
+                                o += (size_t)snprintf(out + o, len - o, " (%s)", dv_op_name(op));
+                                m = close + 1;
+                        }
                         continue;
                 }
                 if (ranks && strncmp(m, "rank ", 5) == 0 && isdigit((unsigned char)m[5]) &&
@@ -50,8 +64,10 @@ static void say_global(const DvSpan *sp, const char *msg, char *out, size_t len)
                         char *end;
                         long k = strtol(m + 5, &end, 10);
                         if (k >= 0 && k < sp->local_world) {
-                                o += (size_t)snprintf(out + o, len - o, "rank %d", ranks[k]);
-                                m = end;
+                                bool pid = strncmp(end, " (pid ", 6) == 0;
+                                o += (size_t)snprintf(out + o, len - o, "rank %d (node %d%s",
+                                                      ranks[k], sp->node, pid ? ", " : ")");
+                                m = pid ? end + 2 : end;
                                 continue;
                         }
                 }
@@ -60,11 +76,15 @@ static void say_global(const DvSpan *sp, const char *msg, char *out, size_t len)
         out[DV_MIN(o, len - 1)] = '\0';
 }
 
+/* The node's group failed this rank's call: the group, when the node's group failed (it
+ * sticks), else the step alone, as on one machine. */
 static int local_failed(deval_group *g, const char *fn, int status) {
         DvSpan *sp = g->span;
         char msg[DV_MSG_MAX];
-        say_global(sp, deval_errmsg(sp->local), msg, sizeof(msg));
-        return dv_span_broken(g, status, fn, msg);
+        say_global(sp, g->req->op, deval_errmsg(sp->local), msg, sizeof(msg));
+        if (sp->local->failed)
+                return dv_span_broken(g, status, NULL, msg);
+        return dv_span_step_failed(g, status, fn, msg);
 }
 
 static int engine_failed(DvSpan *sp, int r, const char *why) {
@@ -147,7 +167,7 @@ static int make_part(deval_group *g, const DvRequest *q, const uint8_t **ret, si
  * g->in) goes out, every rank's comes back into the state's reqs, data and dlen, by global
  * rank; data points into the node group's output, valid until its next collective.
  * @g: a spanning handle; its node's group is used, and a leader's engine
- * @fn: the user's call, to name in a failure
+ * @fn: the user's call, to name in the failure of its step
  * @hello: the join's exchange: lay out node_of, node_ranks and node_start from the parts;
  *         else check each node's parts against them
  * Return: 0, or the failure of the group (it sticks: g->failed), with its message in g:
@@ -164,6 +184,7 @@ int dv_span_exchange(deval_group *g, const char *fn, bool hello) {
 
         if ((r = make_part(g, g->req, &part, &part_len)) < 0)
                 return r;
+        L->call_as = g->req->call; /* the node's steps serve this call (wire.h) */
         deval_bytes item = {part, part_len}, view;
         const deval_bytes *items = NULL;
         size_t n = 0;
@@ -178,10 +199,11 @@ int dv_span_exchange(deval_group *g, const char *fn, bool hello) {
                 uint8_t *global = NULL;
                 uint64_t len = 0;
                 if (r < 0)
-                        say_global(sp, deval_errmsg(L), why, sizeof(why));
+                        say_global(sp, g->req->op, deval_errmsg(L), why, sizeof(why));
                 int s = leader_swap(g, r, why, items, n, &global, &len);
                 if (r < 0) /* the node's ranks know; the others know from the engine */
-                        return dv_span_broken(g, r, fn, why);
+                        return L->failed ? dv_span_broken(g, r, NULL, why)
+                                         : dv_span_step_failed(g, r, fn, why);
                 if (s < 0) {
                         if (!dv_span_grow(&sp->failure, &sp->failure_cap, DV_SPAN_FAILURE_MAX))
                                 len = 0;
@@ -203,6 +225,6 @@ int dv_span_exchange(deval_group *g, const char *fn, bool hello) {
                              .data = sp->data,
                              .dlen = sp->dlen};
         if ((r = dv_span_wire_parse(&parts, view.data, view.len, sp->msg, sizeof(sp->msg))) < 0)
-                return dv_span_broken(g, r, fn, sp->msg);
+                return dv_span_step_failed(g, r, fn, sp->msg); /* (another node's, said) */
         return 0;
 }

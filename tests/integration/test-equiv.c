@@ -35,6 +35,9 @@ typedef struct {
         const char *name;
         const char *env[3]; /* NAME=VALUE, set in each rank before it joins */
         bool span;
+        /* cases whose failures this executor says in words of its own (statuses and results
+         * are still compared), and cases it does not run; each with the reason in the table */
+        const char *own_words[2], *skip[2];
 } Executor;
 
 static const Executor executors[] = {
@@ -43,8 +46,21 @@ static const Executor executors[] = {
         {"mirror", {NULL}, false},
         {"shared", {"DEVAL_SHARE_MIN=0", "DEVAL_DIRECT_MIN=18446744073709551615"}, false},
         {"direct", {"DEVAL_DIRECT_MIN=0"}, false},
-        {"span", {NULL}, true},
+        /* Across machines, each machine's devald counts its own group's bytes against the
+         * quota: the parts' framing, and on a leader every node's parts, so the numbers a
+         * quota failure gives are the machine's. A node that stalls is named by the engine,
+         * which cannot see which of its ranks is late, and a node whose late rank comes within
+         * the node group's grace finishes a step the other nodes already failed: that case is
+         * a known difference (docs/architecture.md), not run here. */
+        {"span", {NULL}, true, {"quota"}, {"rank-stalls"}},
 };
+
+static bool listed(const char *const *list, const char *name) {
+        for (int i = 0; i < 2 && list[i]; i++)
+                if (strcmp(list[i], name) == 0)
+                        return true;
+        return false;
+}
 
 static char logdir[64];
 
@@ -90,6 +106,8 @@ static void run_all(const Executor *ex) {
         Harness h;
         harness_start(&h, extra);
         for (int i = 0; i < eq_ncases; i++) {
+                if (listed(ex->skip, eq_cases[i].name))
+                        continue;
                 Run run = {ex, &eq_cases[i]};
                 span_engine_reset();
                 int failed = harness_run(&h, EQ_WORLD, rank_case, &run, 60);
@@ -116,11 +134,21 @@ static char *slurp(const char *path) {
         return buf;
 }
 
+/* The length of line (n bytes) up to its message, when words are the executor's own: a
+ * failure's line is "N what: STATUS: message". */
+static size_t up_to_message(const char *line, size_t n, bool own_words) {
+        const char *p = own_words ? memmem(line, n, ": ", 2) : NULL;
+        p = p ? memmem(p + 2, n - (size_t)(p + 2 - line), ": ", 2) : NULL;
+        return p ? (size_t)(p - line) : n;
+}
+
 /* Print where ref and got first differ; the lines compared, in *lines. */
-static bool same(const char *what, const char *ex, const char *ref, const char *got, int *lines) {
+static bool same(const char *what, const char *ex, const char *ref, const char *got, bool own_words,
+                 int *lines) {
         for (int line = 1;; line++) {
                 size_t a = strcspn(ref, "\n"), b = strcspn(got, "\n");
-                if (a != b || memcmp(ref, got, a) != 0) {
+                size_t ca = up_to_message(ref, a, own_words), cb = up_to_message(got, b, own_words);
+                if (ca != cb || memcmp(ref, got, ca) != 0) {
                         fprintf(stderr, "%s, line %d:\n  devald: %.*s\n  %6s: %.*s\n", what, line,
                                 (int)a, *ref ? ref : "(nothing)", ex, (int)b,
                                 *got ? got : "(nothing)");
@@ -137,14 +165,15 @@ static bool same(const char *what, const char *ex, const char *ref, const char *
 static void compare(const Executor *ex) {
         int differ = 0, lines = 0;
         for (int i = 0; i < eq_ncases; i++)
-                for (int r = 0; r < EQ_WORLD; r++) {
+                for (int r = 0; r < EQ_WORLD && !listed(ex->skip, eq_cases[i].name); r++) {
                         char pa[256], pb[256], what[96];
                         log_path(pa, sizeof(pa), "devald", &eq_cases[i], r);
                         log_path(pb, sizeof(pb), ex->name, &eq_cases[i], r);
                         char *a = slurp(pa), *b = slurp(pb);
                         snprintf(what, sizeof(what), "%s: case %s, rank %d", ex->name,
                                  eq_cases[i].name, r);
-                        differ += !same(what, ex->name, a, b, &lines);
+                        differ += !same(what, ex->name, a, b,
+                                        listed(ex->own_words, eq_cases[i].name), &lines);
                         free(a);
                         free(b);
                 }
@@ -200,7 +229,7 @@ static void test_reference(void **state) {
 int main(void) {
 #define EX(i) cmocka_unit_test_prestate(test_executor, (void *)&executors[i])
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_reference), EX(1), EX(2), EX(3), EX(4),
+                cmocka_unit_test(test_reference), EX(1), EX(2), EX(3), EX(4), EX(5),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
