@@ -321,7 +321,9 @@ static int cu_export_alloc(int device, size_t bytes, DvDevPtr *ret, int *ret_fd)
         int r, fd = -1;
         if ((r = cu_use(device)) < 0)
                 return r;
-        if (dv_legacy_forced("DEVAL_CUDA_LEGACY_IPC"))
+        if ((r = dv_legacy_forced("DEVAL_CUDA_LEGACY_IPC")) < 0)
+                return r;
+        if (r)
                 return cu_export_legacy(bytes, ret, ret_fd);
         if ((r = cu_can_export(device)) == DEVAL_ENOTSUP)
                 return cu_export_legacy(bytes, ret, ret_fd);

@@ -42,7 +42,7 @@ enum {
 };
 
 /* $env set to something other than "" or "0". */
-bool dv_legacy_forced(const char *env);
+int dv_legacy_forced(const char *env);
 /* Remember how p was made (LEGACY_OWN, LEGACY_OPENED), with the fake's backing fd; 0 or
  * DEVAL_ENOMEM when too many are held. */
 int dv_legacy_note(DvDevPtr p, int kind, int fd);

@@ -22,6 +22,7 @@
 
 #include "cuda_abi.h"
 #include "gpu_impl.h"
+#include "tunables.h"
 #include "util.h"
 #include "wire.h"
 
@@ -35,8 +36,21 @@ static struct {
         } m[1024];
 } legacy = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-bool dv_legacy_forced(const char *env) {
-        const char *v = secure_getenv(env);
+/**
+ * dv_legacy_forced() - does the environment ask for CUDA's legacy IPC handles
+ * ($DEVAL_CUDA_LEGACY_IPC, tunables.h; the fake's own switch when env names it)?
+ * Return: 1 or 0; DEVAL_EINVAL, with the GPU table's error set, for a value not a switch.
+ */
+int dv_legacy_forced(const char *env) {
+        if (strcmp(env, "DEVAL_CUDA_LEGACY_IPC") == 0) {
+                bool set;
+                uint64_t v;
+                char why[160];
+                if (dv_tunable_read(DV_TUN_CUDA_LEGACY_IPC, &set, &v, why, sizeof(why)) < 0)
+                        return gpu_fail(DEVAL_EINVAL, "%s", why);
+                return set && v;
+        }
+        const char *v = secure_getenv(env); /* the tests' fake's */
         return v && *v && strcmp(v, "0") != 0;
 }
 

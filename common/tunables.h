@@ -23,19 +23,20 @@ enum {
 };
 
 /* name, kind, what a number counts (for messages) */
-#define DV_TUNABLES(X)                                                   \
-        X(AUTOSTART, "DEVAL_AUTOSTART", DV_TUN_BOOL, NULL)               \
-        X(IDLE_EXIT, "DEVAL_IDLE_EXIT", DV_TUN_COUNT, "seconds")         \
-        X(DEBUG, "DEVAL_DEBUG", DV_TUN_FLAG, NULL)                       \
-        X(ONE_MACHINE, "DEVAL_ONE_MACHINE", DV_TUN_BOOL, NULL)           \
-        X(SPIN_US, "DEVAL_SPIN_US", DV_TUN_COUNT, "microseconds")        \
-        X(YIELD_US, "DEVAL_YIELD_US", DV_TUN_COUNT, "microseconds")      \
-        X(RANK_STEPS, "DEVAL_RANK_STEPS", DV_TUN_BOOL, NULL)             \
-        X(MIRROR, "DEVAL_MIRROR", DV_TUN_BOOL, NULL)                     \
-        X(SHARE_MIN, "DEVAL_SHARE_MIN", DV_TUN_COUNT, "bytes")           \
-        X(DIRECT_MIN, "DEVAL_DIRECT_MIN", DV_TUN_COUNT, "bytes")         \
-        X(SPAN_MAX_BYTES, "DEVAL_SPAN_MAX_BYTES", DV_TUN_COUNT, "bytes") \
-        X(GPU_WORKER_TIMEOUT_MS, "DEVAL_GPU_WORKER_TIMEOUT_MS", DV_TUN_COUNT, "milliseconds")
+#define DV_TUNABLES(X)                                                                        \
+        X(AUTOSTART, "DEVAL_AUTOSTART", DV_TUN_BOOL, NULL)                                    \
+        X(IDLE_EXIT, "DEVAL_IDLE_EXIT", DV_TUN_COUNT, "seconds")                              \
+        X(DEBUG, "DEVAL_DEBUG", DV_TUN_FLAG, NULL)                                            \
+        X(ONE_MACHINE, "DEVAL_ONE_MACHINE", DV_TUN_BOOL, NULL)                                \
+        X(SPIN_US, "DEVAL_SPIN_US", DV_TUN_COUNT, "microseconds")                             \
+        X(YIELD_US, "DEVAL_YIELD_US", DV_TUN_COUNT, "microseconds")                           \
+        X(RANK_STEPS, "DEVAL_RANK_STEPS", DV_TUN_BOOL, NULL)                                  \
+        X(MIRROR, "DEVAL_MIRROR", DV_TUN_BOOL, NULL)                                          \
+        X(SHARE_MIN, "DEVAL_SHARE_MIN", DV_TUN_COUNT, "bytes")                                \
+        X(DIRECT_MIN, "DEVAL_DIRECT_MIN", DV_TUN_COUNT, "bytes")                              \
+        X(SPAN_MAX_BYTES, "DEVAL_SPAN_MAX_BYTES", DV_TUN_COUNT, "bytes")                      \
+        X(GPU_WORKER_TIMEOUT_MS, "DEVAL_GPU_WORKER_TIMEOUT_MS", DV_TUN_COUNT, "milliseconds") \
+        X(CUDA_LEGACY_IPC, "DEVAL_CUDA_LEGACY_IPC", DV_TUN_BOOL, NULL)
 
 #define DV_TUN_ENUM_(id, name, kind, unit) DV_TUN_##id,
 typedef enum {

@@ -157,11 +157,11 @@ static int join_fail(deval_group *g, int status, const char *fmt, ...) {
         return dv_join_err(status, "%s", msg);
 }
 
-/* The largest result this rank takes: $DEVAL_SPAN_MAX_BYTES, else a quarter of memory. */
-static uint64_t max_result(void) {
-        const char *env = secure_getenv("DEVAL_SPAN_MAX_BYTES");
-        if (env && *env)
-                return strtoull(env, NULL, 10);
+/* The largest result this rank takes: $DEVAL_SPAN_MAX_BYTES (read with the node group's
+ * tunables, tunables.h), else a quarter of memory. */
+static uint64_t max_result(const DvTunables *t) {
+        if (dv_tun_set(t, DV_TUN_SPAN_MAX_BYTES))
+                return dv_tun_or(t, DV_TUN_SPAN_MAX_BYTES, 0);
         long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
         if (pages <= 0 || size <= 0)
                 return 1ull << 32;
@@ -178,7 +178,7 @@ static int hello(deval_group *g, const char *fn) {
 
         if ((r = dv_span_reserve(g, sizeof(DvSpanHello))) < 0)
                 return r;
-        DvSpanHello mine = {.max_out = max_result()};
+        DvSpanHello mine = {.max_out = max_result(&sp->local->tun)};
         gethostname(mine.host, DV_SPAN_HOST_MAX - 1);
         dv_span_wire_hello_write(&sp->req, g->in, &mine);
         if ((r = dv_span_exchange(g, fn, true)) < 0)
@@ -312,10 +312,12 @@ int deval_join_spanning(const char *group, int rank, int world_size, int local_r
         /* the node's ranks wait on the engine at every step, for longer than a spin pays
          * for: they sleep at once, leaving the cores to the leader's exchange, unless told
          * otherwise ($DEVAL_SPIN_US, $DEVAL_YIELD_US) */
-        if (!secure_getenv("DEVAL_SPIN_US"))
+        const DvTunables *tun = &sp->local->tun;
+        if (!dv_tun_set(tun, DV_TUN_SPIN_US))
                 sp->local->spin_ns = 0;
-        if (!secure_getenv("DEVAL_YIELD_US"))
+        if (!dv_tun_set(tun, DV_TUN_YIELD_US))
                 sp->local->yield_ns = 0;
+        sp->local->crowd_aware = false; /* it sleeps at once, crowded or not */
         if ((r = hello(g, fn)) < 0)
                 return join_fail(g, r, "%s", deval_errmsg(g));
         *out = g;
