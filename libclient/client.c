@@ -103,6 +103,8 @@ const char *deval_group_name(const deval_group *g) {
         return g ? g->name : NULL;
 }
 
+static int vset_err(char *buf, size_t len, bool debug, int status, const char *fmt, va_list ap)
+        __attribute__((format(printf, 5, 0)));
 static int vset_err(char *buf, size_t len, bool debug, int status, const char *fmt, va_list ap) {
         vsnprintf(buf, len, fmt, ap);
         if (debug)
