@@ -35,7 +35,8 @@
 /*
  * The node's group said msg about one of its steps: say it as a group of one machine says it
  * of the user's call (op, its number in the node's requests' call, wire.h), each rank by its
- * global rank, with its node beside its pid: "rank 3 (node 1, pid 812)".
+ * global rank, with its node beside its pid: "rank 3 (node 1, pid 812)". A message that names
+ * no rank (the node's devald is gone) names the node before it: "node 1: devald at ...".
  */
 static void say_global(const DvSpan *sp, uint32_t op, const char *msg, char *out, size_t len) {
         size_t o = 0;
@@ -74,6 +75,16 @@ static void say_global(const DvSpan *sp, uint32_t op, const char *msg, char *out
                 out[o++] = *m++;
         }
         out[DV_MIN(o, len - 1)] = '\0';
+        char node[16];
+        snprintf(node, sizeof(node), "(node %d", sp->node);
+        if (!strstr(out, node)) {
+                size_t n = strlen(out),
+                       p = (size_t)snprintf(node, sizeof(node), "node %d: ", sp->node);
+                if (n + p < len) {
+                        memmove(out + p, out, n + 1);
+                        memcpy(out, node, p);
+                }
+        }
 }
 
 /* The node's group failed this rank's call: the group, when the node's group failed (it
