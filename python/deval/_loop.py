@@ -12,6 +12,7 @@ raises InvalidArgument asking for num_samples and order.
 import collections
 import contextlib
 import sys
+import weakref
 
 
 class ShardedTwice(ValueError):
@@ -212,6 +213,27 @@ def _cut(x, b):
 
 ACTIVE = []  # the _LoopPass of each loop running, innermost last
 LOOPS = [0]  # loops this process started: each one's number, which ranks agree on
+_NUMBERED = weakref.WeakKeyDictionary()  # loader -> its number
+_LOADERS = [0]  # loaders this process iterated (a count, whatever was collected since)
+
+
+def loader_number(loader):
+    """Which loader a loop iterates: its number in the order this process first iterated
+    it, which every rank finds alike when every rank iterates the same loaders in the same
+    order (a batch peeked on one rank from a loader the others iterate next counts once).
+    How often it was iterated is not compared: a peek on one rank is an iteration the others
+    do not make. None for a loader that cannot be told apart (none, or not weakly
+    referable)."""
+    if loader is None:
+        return None
+    try:
+        n = _NUMBERED.get(loader)
+        if n is None:
+            _LOADERS[0] += 1
+            n = _NUMBERED[loader] = _LOADERS[0]
+    except TypeError:
+        return None
+    return n
 
 _DRAWING = {}  # id(DataLoader) -> where its next iterator notes the batches it draws
 _INDEX_SAMPLER = None  # torch's DataLoader._index_sampler, while a loop may tap it

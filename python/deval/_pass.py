@@ -15,7 +15,8 @@ import numpy as np
 
 from . import _loop
 from ._errors import Error, InvalidArgument, Mismatch
-from ._libdeval import _lib
+from ._libdeval import _REDUCTIONS, _lib, _Tensor
+from ._tensors import _NP_TO_DEVAL
 
 _END = object()
 
@@ -57,6 +58,8 @@ class _LoopPass:
         self.samples = None  # how many samples the current batch holds, when known
         self.gathered = []  # what the current batch's gathers for metrics returned
         self.seq = None  # which of this process's loops it is
+        self.loader = loader
+        self.ident = None  # which loader (_loop.loader_number())
         self.open_now = False  # eval_loop: the pass opens before the first batch
         self.opened = False
         self.batches = 0  # batches yielded so far
@@ -84,6 +87,7 @@ class _LoopPass:
                 "batch %d; its batches carry no dataset indices, so the samples of the batches "
                 "before cannot be told apart from the rest: gather from its first batch on"
                 % self.batches, -1)
+        self._same_loop(h)
         if self.keys is not None:
             g._check(_lib.deval_eval_begin_keys(h, self.n, self.num_keys))
         else:
@@ -96,6 +100,28 @@ class _LoopPass:
         g._in_pass, g._keyed = True, self.keys is not None
         if self.batches:
             self._declare()
+
+    def _same_loop(self, h):
+        """Every rank opens the pass of the same loader: a rank that left a loop before it
+        opened its pass (a break at its first batch, a shard with no batch) would otherwise
+        meet the others' pass with its next loader's, and each would get the other's samples.
+        One reduce per pass, before it opens; every rank raises alike."""
+        a = self.ident or 0
+        v = np.array([a, -a], dtype=np.int64)
+        t = _Tensor(data=v.ctypes.data, dtype=_NP_TO_DEVAL[v.dtype], ndim=1, device=-1)
+        t.shape[0] = 2
+        self.g._check(_lib.deval_reduce(h, ctypes.byref(t), _REDUCTIONS["max"]))
+        if v[0] == -v[1]:
+            return
+        raise Mismatch(
+            "deval: the ranks opened the eval passes of different loaders: this rank's is "
+            "loader #%d, another rank's loader #%d (numbered in the order each process first "
+            "iterated them). A rank left a loop before its first gather_for_metrics (a break "
+            "at its first batch, or a shard with no batch: even_batches=False), or iterated a "
+            "loader the others did not, so its next loop met the others' pass. Leave every "
+            "loop at the same batch on all ranks, give every rank a batch, or use "
+            "Group.eval_loop, whose pass opens before the first batch"
+            % (a, v[0] if v[0] != a else -v[1]), Mismatch.status)
 
     def _declare(self):
         h = self.g._handle()
@@ -133,6 +159,7 @@ class _LoopPass:
     def run(self, make_iter):
         _loop.LOOPS[0] += 1
         self.seq = _loop.LOOPS[0]
+        self.ident = _loop.loader_number(self.loader)
         _loop.ACTIVE.append(self)
         try:
             yield from self._run(make_iter)

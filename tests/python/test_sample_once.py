@@ -572,3 +572,50 @@ def test_the_replay_batch_keeps_the_batch_structure():
     samples = [("a", 1), ("b", 2), ("c", 3)]
     assert _loop.head(samples) == [("a", 1)]  # collate_fn=lambda b: b
     assert _loop.head(tuple(zip(*samples))) == (("a",), (1,))  # zip(*b)
+
+
+def loops_rank(rank, world, port, name, sock, case):
+    """Under enable() a pass opens at a loader's first gather_for_metrics: a rank that left
+    its loop before that (case "break": at its first batch; "empty": its shard has no batch)
+    met the others' pass with its next loop's, and both got the other's samples, no error.
+    Every rank now raises Mismatch, naming the loaders."""
+    from test_accelerate_real import set_env
+    set_env(rank, world, port)
+    import os
+    os.environ["DEVAL_SOCKET"] = sock
+    import deval.accelerate
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader, TensorDataset
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        even_batches=case != "empty"))
+    deval.accelerate.enable(acc, group=name)
+    n = 12 if case == "break" else 4  # "empty": val has 2 batches of 2 for 3 ranks
+    val = acc.prepare(DataLoader(TensorDataset(torch.arange(n)), batch_size=2))
+    test = acc.prepare(DataLoader(TensorDataset(100 + torch.arange(12)), batch_size=2))
+    got = []
+    for ld in (val, test):
+        try:
+            rows = []
+            for i, (x,) in enumerate(ld):
+                if case == "break" and ld is val and rank == 1 and i == 0:
+                    break
+                rows += acc.gather_for_metrics(x).tolist()
+            got.append(rows)
+        except deval.Mismatch as e:
+            got.append(str(e))
+            break
+    return got
+
+
+@pytest.mark.parametrize("case", ["break", "empty"])
+def test_a_loop_left_before_its_pass_opened_mixes_no_loops(daemon, case):
+    pytest.importorskip("accelerate")
+    from test_accelerate_real import free_port
+    res = run_ranks(3, loops_rank, free_port(), group_name("loops"), daemon.socket, case,
+                    timeout=120)
+    val = list(range(12 if case == "break" else 4))
+    for rank, got in enumerate(res):
+        for rows in got:  # whatever a rank got is one loader's samples, whole, or an error
+            assert isinstance(rows, str) or rows in ([], val, list(range(100, 112))), got
+        said = [r for r in got if isinstance(r, str)]
+        assert said and "different loaders" in said[0], (rank, got)
