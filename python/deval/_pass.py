@@ -197,6 +197,12 @@ class _LoopPass:
                     except Error:
                         pass  # the group is what failed: its next call says so
                     g._keyed = False
+        if done and not self.opened and not self.batches and self.n > 0 and \
+                self.loader is not None:
+            # a shard with no batch (even_batches=False) of a loader the others gather: this
+            # rank takes part in their pass, as a rank whose loader ran out first does (a
+            # training loader's empty shard would stall its DDP anyway)
+            self.open()
         if not self.opened:
             return
         keyed, g._keyed = g._keyed, False
