@@ -18,6 +18,7 @@ methods); nothing is stored on the Accelerator, which still pickles and copies.
 deval.accelerate.disable() undoes it.
 """
 
+import os
 import sys
 
 from . import InvalidArgument, _LoopPass, _loop, _spans_machines, join
@@ -278,6 +279,13 @@ def enable(obj, group=None, socket=None, timeout=None):
     if _spans_machines() is not None:
         g = join(group, socket=socket, timeout=timeout)
     else:
+        said = os.environ.get("WORLD_SIZE", "")
+        if accelerator.num_processes == 1 and said.isdigit() and int(said) > 1:
+            raise InvalidArgument(
+                "deval.accelerate.enable: the launcher started %s processes ($WORLD_SIZE), "
+                "but this Accelerator runs alone (num_processes 1): it did not set up "
+                "distributed evaluation, so every rank would take part as rank 0. On CPU, make "
+                "it with Accelerator(cpu=True) or set ACCELERATE_USE_CPU=true" % said, -1)
         g = join(group, accelerator.process_index, accelerator.num_processes, socket=socket,
                  timeout=timeout)
     st = _State(accelerator, g)

@@ -623,3 +623,18 @@ def test_a_loop_left_before_its_pass_opened_mixes_no_loops(daemon, case):
                                                      list(range(100, 112))), got
         said = [r for r in got if isinstance(r, str)]
         assert said and "different loaders" in said[0], (rank, got)
+
+
+def test_enable_says_when_the_accelerator_runs_alone(monkeypatch):
+    """Under torchrun on CPU an Accelerator made without cpu=True runs alone on every rank:
+    enable() said that rank 0 was already joined; it now says what happened and what to do."""
+    pytest.importorskip("accelerate")
+    import deval.accelerate
+    from accelerate import Accelerator
+    for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
+    acc = Accelerator(cpu=True)
+    assert acc.num_processes == 1
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(deval.InvalidArgument, match="runs alone.*cpu=True"):
+        deval.accelerate.enable(acc)
