@@ -68,7 +68,7 @@ struct DvSpan {
         int64_t *valid;
         SpanPass pass;
         uint8_t *out;
-        uint64_t out_cap;
+        size_t out_cap;
         DvResult res;
         char msg[DV_MSG_MAX]; /* a failure of the exchange or the step, said in global ranks */
 };

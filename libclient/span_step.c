@@ -57,7 +57,7 @@ static bool inputs(DvSpan *sp, size_t n) {
 }
 
 static uint8_t *out_of(DvSpan *sp, uint64_t bytes) {
-        if (!dv_span_grow(&sp->out, (size_t *)&sp->out_cap, (size_t)bytes))
+        if (!dv_span_grow(&sp->out, &sp->out_cap, (size_t)bytes))
                 return NULL;
         return sp->out;
 }

@@ -19,6 +19,7 @@
 
 #include "deval.h"
 
+#include "check.h"
 #include "util.h"
 
 /* the most request bytes a part may carry: the request's fields and every tensor */
@@ -42,8 +43,10 @@ static int say(char *msg, size_t len, int status, const char *fmt, ...) {
         return status;
 }
 
-/* A failure's status as a peer sent it: one of ours, else DEVAL_EPROTO. */
-static int peer_status(int32_t status) {
+/* A failure another machine sent: its status (one of ours, else DEVAL_EPROTO) and its
+ * sentence, each byte outside printable ASCII replaced, as devald treats a rank's words. */
+static int peer_failure(char *msg, size_t len, int32_t status, const char *text, size_t n) {
+        dv_printable(msg, len, text, n);
         return status < DEVAL_ESYS ? DEVAL_EPROTO : status;
 }
 
@@ -180,9 +183,12 @@ int dv_span_wire_round1_check(const uint8_t *all, int nodes, uint64_t *ret_most,
                 memcpy(&status, r + offsetof(DvSpanRound1, status), sizeof(status));
                 memcpy(&len, r + offsetof(DvSpanRound1, len), sizeof(len));
                 if (status < 0)
-                        return say(msg, msg_len, peer_status(status), "%.*s",
-                                   (int)sizeof(((DvSpanRound1 *)0)->bytes),
-                                   (const char *)r + offsetof(DvSpanRound1, bytes));
+                        return peer_failure(msg, msg_len, status,
+                                            (const char *)r + offsetof(DvSpanRound1, bytes),
+                                            sizeof(((DvSpanRound1 *)0)->bytes));
+                if (status > 0)
+                        return say(msg, msg_len, DEVAL_EPROTO, "node %d sent a malformed status",
+                                   k);
                 if (len < 8 || len > DV_SPAN_LEN_MAX)
                         return say(msg, msg_len, DEVAL_EPROTO, "node %d sent a malformed length",
                                    k);
@@ -339,11 +345,11 @@ int dv_span_wire_parse(const DvSpanParts *p, const uint8_t *b, uint64_t len, cha
         memcpy(&gh, b, sizeof(gh));
         if (gh.magic != DV_SPAN_GLOBAL_MAGIC)
                 goto malformed;
-        if (gh.status < 0) {
-                uint64_t n = DV_MIN(len - sizeof(gh), (uint64_t)msg_len - 1);
-                return say(msg, msg_len, peer_status(gh.status), "%.*s", (int)n,
-                           (const char *)b + sizeof(gh));
-        }
+        if (gh.status < 0)
+                return peer_failure(msg, msg_len, gh.status, (const char *)b + sizeof(gh),
+                                    (size_t)DV_MIN(len - sizeof(gh), (uint64_t)msg_len - 1));
+        if (gh.status > 0)
+                goto malformed;
         uint64_t head = dv_span_wire_global_head(N);
         if (gh.nodes != (uint32_t)N || len < head || gh.stride > (len - head) / (uint64_t)N)
                 return say(msg, msg_len, DEVAL_EPROTO,

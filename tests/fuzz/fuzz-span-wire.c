@@ -61,9 +61,14 @@ static void parts_init(Parts *ps, int world, int nodes, bool hello) {
                               .dlen = ps->dlen};
 }
 
+/* A failure: one of deval's statuses, and a terminated sentence of printable ASCII (another
+ * machine's words are filtered, as a rank's are on one machine) */
 static void check_msg(int r, const char *msg, size_t len) {
         if (r < DEVAL_ESYS || r >= 0 || !memchr(msg, 0, len))
                 abort();
+        for (const char *p = msg; *p; p++)
+                if (*p < 0x20 || *p > 0x7e)
+                        abort();
 }
 
 /* Parse len bytes at b (their own allocation, so a read past them is caught) and check what
