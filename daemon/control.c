@@ -196,6 +196,10 @@ static void handle_abort(Daemon *d, Conn *c, const DvNameReq *req) {
                 group_flight_dump(g, why);
                 group_fail(g, DEVAL_EABORTED, "group '%s' was aborted by uid %u (deval-ctl abort)",
                            g->name, (unsigned)c->uid);
+                if (!group_fail_published(g, 1000))
+                        log_info("group '%s': its worker has not yet told the ranks of the abort "
+                                 "(a step runs still)",
+                                 g->name);
         }
         conn_reply(c, 0, "");
 }

@@ -231,6 +231,26 @@ void group_fail(Group *g, int status, const char *fmt, ...) {
         }
 }
 
+/**
+ * group_fail_published() - wait until the group's worker has published its failure to the
+ * ranks (it writes the completion segment alone), at most wait_ms: a step it is running ends
+ * first. So an abort reaches the ranks before deval-ctl returns, and a call its user makes
+ * next fails rather than completes among ranks that had not heard.
+ * Return: true when published (or when no worker runs), false when wait_ms passed.
+ */
+bool group_fail_published(Group *g, int wait_ms) {
+        if (!g->loop.worker_started)
+                return true;
+        for (int i = 0; i < wait_ms * 5; i++) {
+                /* acquire pairs with worker_publish_abort()'s release */
+                if (atomic_load_explicit(&g->dhdr->abort_status, memory_order_acquire))
+                        return true;
+                struct timespec ts = {0, 200 * 1000};
+                nanosleep(&ts, NULL);
+        }
+        return false;
+}
+
 /*
  * What the group is doing now, for messages: "during collective #7 (gather)". The ranks run
  * steps devald never sees: the latest step any rank arrived at says where the group is, and

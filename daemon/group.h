@@ -16,6 +16,7 @@ Group *group_lookup(Daemon *d, const char *name);
 int group_new(Daemon *d, const DvJoinReq *req, Usage *usage, Group **ret);
 void group_member_gone(Group *g, int rank, bool left);
 void group_fail(Group *g, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+bool group_fail_published(Group *g, int wait_ms);
 void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns);
 void group_expire_idle(Daemon *d, uint64_t now, int64_t *next_ns);
 void group_maybe_free(Group *g);
