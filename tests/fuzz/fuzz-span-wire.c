@@ -22,6 +22,7 @@
 
 #include "deval.h"
 
+#include "check.h"
 #include "span_wire.h"
 #include "util.h"
 
@@ -272,10 +273,11 @@ out:
 static void failure(Parts *ps, const uint8_t *in, size_t len, uint8_t code) {
         int N = ps->p.nodes, status = -1 - code % 16; /* some none of ours */
         int want = status < DEVAL_ESYS ? DEVAL_EPROTO : status;
-        char why[DV_MSG_MAX], msg[DV_MSG_MAX];
+        char why[DV_MSG_MAX], msg[DV_MSG_MAX], said[DV_MSG_MAX];
         size_t n = DV_MIN(len, sizeof(why) - 1);
         memcpy(why, in, n);
         why[n] = '\0';
+        dv_printable(said, sizeof(said), why, n); /* what the others read of it */
         DvSpanRound1 *all = calloc((size_t)N, sizeof(DvSpanRound1));
         uint8_t *b = malloc(DV_SPAN_FAILURE_MAX);
         uint64_t most;
@@ -284,10 +286,10 @@ static void failure(Parts *ps, const uint8_t *in, size_t len, uint8_t code) {
         for (int k = 0; k < N; k++)
                 dv_span_wire_round1_init(&all[k], k == N - 1 ? status : 0, why, NULL, 0);
         if (dv_span_wire_round1_check((const uint8_t *)all, N, &most, msg, sizeof(msg)) != want ||
-            strcmp(msg, why) != 0)
+            strcmp(msg, said) != 0)
                 abort();
         size_t blen = dv_span_wire_global_failure(b, want, msg);
-        if (blen > DV_SPAN_FAILURE_MAX || parse_copy(ps, b, blen, msg) != want || strcmp(msg, why))
+        if (blen > DV_SPAN_FAILURE_MAX || parse_copy(ps, b, blen, msg) != want || strcmp(msg, said))
                 abort();
 out:
         free(all);
