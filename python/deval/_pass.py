@@ -16,7 +16,7 @@ import numpy as np
 from . import _loop
 from ._errors import Error, InvalidArgument, Mismatch
 from ._libdeval import _REDUCTIONS, _lib, _Tensor
-from ._tensors import _NP_TO_DEVAL
+from ._tensors import _NP_TO_DEVAL, _fill
 
 _END = object()
 
@@ -108,8 +108,8 @@ class _LoopPass:
         One reduce per pass, before it opens; every rank raises alike."""
         a = self.ident or 0
         v = np.array([a, -a], dtype=np.int64)
-        t = _Tensor(data=v.ctypes.data, dtype=_NP_TO_DEVAL[v.dtype], ndim=1, device=-1)
-        t.shape[0] = 2
+        t = _Tensor()
+        _fill(v, _NP_TO_DEVAL[v.dtype], t)
         self.g._check(_lib.deval_reduce(h, ctypes.byref(t), _REDUCTIONS["max"]))
         if v[0] == -v[1]:
             return
