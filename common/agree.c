@@ -19,6 +19,8 @@
 
 /** dv_agree_fail() - the step fails with status, for the reason fmt says. Return: status. */
 int dv_agree_fail(DvAgree *a, int status, const char *fmt, ...) {
+        if (!a->msg)
+                return status;
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(a->msg, a->msg_len, fmt, ap);
@@ -52,9 +54,17 @@ int dv_pass_stream(bool pass_open, const DvRequest *q) {
                                         (a)->q[_k].field);                                        \
         } while (0)
 
+/* rank k in the executor's words, or "" in the try mode */
+static void who(const DvAgree *a, int k, char *w, size_t len) {
+        if (a->msg)
+                a->who(a, k, w, len);
+        else
+                w[0] = '\0';
+}
+
 static int malformed(DvAgree *a, int k, const char *what) {
         char w[64];
-        a->who(a, k, w, sizeof(w));
+        who(a, k, w, sizeof(w));
         return dv_agree_fail(a, DEVAL_EPROTO, "malformed %s from %s", what, w);
 }
 
@@ -62,7 +72,7 @@ static int ntensors(DvAgree *a, uint32_t lo, uint32_t hi) {
         for (int k = 0; k < a->world; k++)
                 if (a->q[k].ntensors < lo || a->q[k].ntensors > hi) {
                         char w[64];
-                        a->who(a, k, w, sizeof(w));
+                        who(a, k, w, sizeof(w));
                         return dv_agree_fail(a, DEVAL_EPROTO,
                                              "malformed request from %s: %u tensors", w,
                                              a->q[k].ntensors);
@@ -117,9 +127,10 @@ static int gather_opts(DvAgree *a) {
         int bad;
         if (metrics && a->pass_open && (r = dv_pass_sites(q, a->world, &bad)) < 0) {
                 char n0[64], nk[64];
-                a->who(a, 0, n0, sizeof(n0));
-                a->who(a, bad, nk, sizeof(nk));
-                dv_pass_sites_msg(a->msg, a->msg_len, r, q, bad, a->call, n0, nk);
+                who(a, 0, n0, sizeof(n0));
+                who(a, bad, nk, sizeof(nk));
+                if (a->msg)
+                        dv_pass_sites_msg(a->msg, a->msg_len, r, q, bad, a->call, n0, nk);
                 return r;
         }
         bool stream = dv_pass_stream(a->pass_open, &q[0]) >= 0;
@@ -244,7 +255,7 @@ int dv_agree(DvAgree *a) {
                 if (q[k].status == 0)
                         continue;
                 char w[64];
-                a->who(a, k, w, sizeof(w));
+                who(a, k, w, sizeof(w));
                 if (!dv_staging_status(q[k].status))
                         return dv_agree_fail(a, DEVAL_EPROTO,
                                              "malformed request from %s: status %d", w,

@@ -28,7 +28,9 @@ struct DvAgree {
          * status with its words in msg */
         int (*desc)(const DvAgree *a, int k, int i, bool with_data);
         void *ctx; /* the executor's */
-        char *msg; /* why the step fails */
+        /* why the step fails; NULL asks for the try mode: a fast path that declines what does
+         * not agree, for an executor that names it, pays for no words (who is never called) */
+        char *msg;
         size_t msg_len;
 };
 

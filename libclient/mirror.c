@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <string.h>
 
+#include "agree.h"
 #include "client.h"
 #include "dtype.h"
 #include "fault.h"
@@ -120,34 +121,52 @@ bool dv_mirror_post(deval_group *g, uint32_t seq, uint64_t now) {
         return on;
 }
 
-/* Does rank k's record (a copy) describe the same step as this rank's own, one to mirror? */
-static bool same_step(const DvMirror *own, const DvMirror *m) {
-        if (m->op != own->op)
-                return false;
-        switch (own->op) {
-        case DV_OP_BARRIER:
-                return true;
-        case DV_OP_REDUCE: /* the same tensor on every rank */
-                return m->dtype == own->dtype && m->reduce_op == own->reduce_op &&
-                       m->ndim == own->ndim && m->nbytes == own->nbytes &&
-                       memcmp(m->shape, own->shape, (size_t)own->ndim * sizeof(own->shape[0])) == 0;
-        case DV_OP_GATHER:
-        case DV_OP_GATHER_METRICS: /* tensors of any shape, padded; the same options */
-                return m->dtype == own->dtype && m->ndim == own->ndim &&
-                       m->keep_rows == own->keep_rows && m->order == own->order &&
-                       m->pad_first == own->pad_first &&
-                       memcmp(&m->pad_value, &own->pad_value, sizeof(double)) == 0 &&
-                       tensor_ok(m->dtype, m->ndim, m->shape, m->nbytes);
-        default:
-                return false;
-        }
+/* For dv_agree(): rank k's tensor, as its record describes it. */
+static int mirror_desc(const DvAgree *a, int k, int i, bool with_data) {
+        (void)with_data; /* a record holds its data */
+        const DvTensorDesc *t = &a->q[k].t[i];
+        return tensor_ok(t->dtype, t->ndim, t->shape, t->nbytes) ? 0 : DEVAL_EPROTO;
+}
+
+/* The request record m describes, as dv_agree() reads one of these ops with no pass open:
+ * its op's options and its one tensor. Field by field, not cleared first: clearing the two
+ * structures cost more than the whole check. */
+static void record_request(const DvMirror *m, uint32_t call, DvRequest *q) {
+        q->status = 0;
+        q->op = m->op;
+        q->call = call;
+        q->ntensors = m->op == DV_OP_BARRIER ? 0 : 1;
+        q->reduce_op = m->reduce_op;
+        q->valid_rows = m->valid_rows;
+        q->keep_rows = m->keep_rows;
+        q->pad_value = m->pad_value;
+        q->order = m->order;
+        q->pad_first = m->pad_first;
+        q->root = -1;
+        DvTensorDesc *t = &q->t[0];
+        t->dtype = m->dtype;
+        t->ndim = m->ndim;
+        memcpy(t->shape, m->shape, sizeof(t->shape));
+        t->offset = 0;
+        t->nbytes = m->nbytes;
+}
+
+/* Do the records (copies, this rank's own among them: every rank decides from the same
+ * records) describe one step to mirror, as devald would check it? The try mode of
+ * dv_agree(): what does not agree goes on as any step, whose runner or devald names it. */
+static bool same_step(deval_group *g, const DvMirror *recs) {
+        DvRequest *q = g->fast_reqs; /* the runner's, free while this step is mirrored */
+        for (int k = 0; k < g->world; k++)
+                record_request(&recs[k], g->mirror_req.call, &q[k]);
+        DvAgree a = {.q = q, .world = g->world, .desc = mirror_desc};
+        return dv_agree(&a) == 0;
 }
 
 /* Gather the tensors the records describe (copies in recs) into g->mirror_out. Return: 0, or
  * the planner's status: the records alone decide it, but for memory this rank lacks. */
 static int mirror_gather(deval_group *g, const DvMirror *recs, const DvSlot *slots, int p) {
         int W = g->world;
-        const DvMirror *own = &g->mirror_own;
+        const DvMirror *own = &recs[0]; /* the options, which every record agrees on */
         DvShape *shapes = g->mirror_shapes;
         int64_t *valid = g->mirror_valid;
         const uint8_t **srcs = g->mirror_srcs;
@@ -197,23 +216,23 @@ int dv_mirror_run(deval_group *g, uint32_t seq) {
                                          memory_order_acquire) != seq)
                         return 0;
         DV_FAULT("mirror_run", seq);
-        /* each record is copied once, then checked against this rank's own description: a
-         * rank may rewrite its record at any time */
-        const DvMirror *own = &g->mirror_own;
+        /* each record is copied once, then checked: a rank may rewrite its record at any
+         * time */
         DvMirror *recs = g->mirror_recs;
         uint64_t first = UINT64_MAX, lastt = 0;
         int last = 0;
         size_t head = offsetof(DvMirror, data);
         for (int k = 0; k < g->world; k++) {
                 memcpy(&recs[k], &slots[k].mirror[p], head);
-                if (!same_step(own, &recs[k]))
-                        return -1;
                 first = DV_MIN(first, recs[k].arrived_ns);
                 if (recs[k].arrived_ns > lastt) {
                         lastt = recs[k].arrived_ns;
                         last = k;
                 }
         }
+        if (!same_step(g, recs))
+                return -1;
+        const DvMirror *own = &recs[0]; /* the step, which every record agrees on */
         DvResult *res = &g->mirror_res;
         memset(res, 0, offsetof(DvResult, t));
         res->op = own->op;
