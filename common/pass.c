@@ -13,8 +13,8 @@
 
 #include <inttypes.h>
 #include <stdio.h>
-
-#include "plan.h"
+#include <stdlib.h>
+#include <string.h>
 
 /*
  * Only a collective that counts samples is answered truly by a rank with none left: a plain
@@ -34,13 +34,15 @@ static bool empty_answers(uint32_t op) {
 }
 
 /**
- * dv_pass_park() - park the ranks of step q[world] that end an open pass while another still
- * calls. @parked: [world], the ranks parked before this step; the newly parked are added,
- * never a rank that left early. @pk: filled in any case.
+ * dv_pass_park() - park the ranks of step q[world] that end the open pass ps while another
+ * still calls. Ranks parked before stay parked; the newly parked are added, never a rank that
+ * left early. @pk: filled in any case.
  * Return: true when the step goes on; false when it must fail (pk->left >= 0: a rank left its
  * loop early; else tmpl's op cannot be answered for the parked ranks).
  */
-bool dv_pass_park(const DvRequest *q, int world, bool *parked, DvPark *pk) {
+bool dv_pass_park(DvPass *ps, const DvRequest *q, DvPark *pk) {
+        int world = ps->world;
+        bool *parked = ps->parked;
         *pk = (DvPark){.tmpl = -1, .first = -1, .left = -1, .can_answer = true};
         for (int k = 0; k < world && pk->tmpl < 0; k++)
                 if (!parked[k] && q[k].op != DV_OP_EVAL_END)
@@ -57,9 +59,12 @@ bool dv_pass_park(const DvRequest *q, int world, bool *parked, DvPark *pk) {
                 }
                 parked[k] = true;
         }
-        for (int k = 0; k < world && pk->first < 0; k++)
-                if (parked[k])
+        ps->nparked = 0;
+        for (int k = 0; k < world; k++) {
+                ps->nparked += parked[k];
+                if (parked[k] && pk->first < 0)
                         pk->first = k;
+        }
         if (pk->left >= 0)
                 return false;
         if (pk->first < 0)
@@ -92,43 +97,66 @@ void dv_pass_park_msg(char *buf, size_t len, const DvPark *pk, const DvRequest *
 }
 
 /** dv_pass_advance() - see pass.h. */
-void dv_pass_advance(int stream, int world, const int64_t *contributed, uint32_t *used,
-                     int64_t *total, int64_t *most, int64_t *rows) {
+void dv_pass_advance(int stream, int world, const int64_t *contributed, DvPassCounts *c,
+                     int64_t *rows) {
         int64_t call = 0;
-        *used |= 1u << stream;
+        c->used |= 1u << stream;
         for (int k = 0; k < world; k++) {
                 rows[stream * world + k] += contributed[k];
                 call += contributed[k];
         }
-        total[stream] += call;
-        if (call > most[stream])
-                most[stream] = call;
+        c->total[stream] += call;
+        if (call > c->most[stream])
+                c->most[stream] = call;
 }
 
-/**
- * dv_pass_close() - see pass.h. Counting by position, a row is a sample only while every call
- * of the stream is one batch's: a second call per batch, or a loader that yields its samples
- * twice, gathers past the end far more than a sampler pads, and is caught here.
+/* dv_pass_plan() - see pass.h. */
+void dv_pass_plan(const DvPassCounts *c, const int64_t *rows, int world, int stream,
+                  DvPlanInput *in) {
+        in->in_pass = true;
+        in->order = c->order;
+        in->num_samples = c->num_samples;
+        in->pass_total = c->total[stream];
+        in->pass_rows = &rows[stream * world];
+}
+
+/* dv_pass_counts_valid() - see pass.h. */
+bool dv_pass_counts_valid(const DvPassCounts *c, const int64_t *rows, int world) {
+        for (int st = 0; st < DV_PASS_STREAMS; st++)
+                if (!dv_pass_counts_ok(&rows[st * world], world, c->total[st]) ||
+                    (c->total[st] && !(c->used & (1u << st))) || c->most[st] < 0 ||
+                    c->most[st] > c->total[st])
+                        return false;
+        return true;
+}
+
+/*
+ * The close of a pass: no stream dropped more rows past the end than one round of batches
+ * can pad, and when every rank's loader ran out (exhausted), every stream returned all
+ * num_samples samples. Counting by position, a row is a sample only while every call of the
+ * stream is one batch's: a second call per batch, or a loader that yields its samples twice,
+ * gathers past the end far more than a sampler pads, and is caught here.
+ * Return: 0, or DEVAL_EMISMATCH with why in buf.
  */
-int dv_pass_close(char *buf, size_t len, bool exhausted, int64_t num_samples, int order, int world,
-                  uint32_t used, const int64_t *total, const int64_t *most, const int64_t *rows) {
+static int pass_close(const DvPass *ps, bool exhausted, char *buf, size_t len) {
+        const DvPassCounts *c = &ps->c;
         for (int st = 0; st < DV_PASS_STREAMS; st++) {
-                if (!(used & (1u << st)))
+                if (!(c->used & (1u << st)))
                         continue;
-                int64_t kept =
-                        dv_pass_kept(num_samples, order, total[st], &rows[st * world], world);
+                int64_t kept = dv_pass_kept(c->num_samples, c->order, c->total[st],
+                                            &ps->rows[st * ps->world], ps->world);
                 const char *kind = st < DV_PASS_SITES ? "tensors" : "objects";
-                if (exhausted && kept < num_samples) {
+                if (exhausted && kept < c->num_samples) {
                         snprintf(buf, len,
                                  "the eval pass returned %" PRId64 " of its %" PRId64
                                  " samples from call %d of each batch (%s), though every rank's "
                                  "loader ran out: num_samples is larger than what the loaders "
                                  "hold (a sampler that drops the last batch?), or some batches "
                                  "skipped that call",
-                                 kept, num_samples, st % DV_PASS_SITES + 1, kind);
+                                 kept, c->num_samples, st % DV_PASS_SITES + 1, kind);
                         return DEVAL_EMISMATCH;
                 }
-                if (total[st] - kept > most[st]) {
+                if (c->total[st] - kept > c->most[st]) {
                         snprintf(buf, len,
                                  "call %d of each batch (%s) gathered %" PRId64
                                  " rows for a pass of %" PRId64 " samples: the %" PRId64
@@ -137,12 +165,86 @@ int dv_pass_close(char *buf, size_t len, bool exhausted, int64_t num_samples, in
                                  "samples. Make one call per batch (eval_pass; eval_loop counts "
                                  "each call apart), give num_samples as all the loaders hold, "
                                  "and shard an IterableDataset by DataLoader worker too",
-                                 st % DV_PASS_SITES + 1, kind, total[st], num_samples,
-                                 total[st] - kept, most[st]);
+                                 st % DV_PASS_SITES + 1, kind, c->total[st], c->num_samples,
+                                 c->total[st] - kept, c->most[st]);
                         return DEVAL_EMISMATCH;
                 }
         }
         return 0;
+}
+
+/* dv_pass_init() - see pass.h. */
+int dv_pass_init(DvPass *ps, int world) {
+        *ps = (DvPass){.world = world};
+        ps->rows = calloc((size_t)DV_PASS_STREAMS * (size_t)world, sizeof(int64_t));
+        ps->parked = calloc((size_t)world, sizeof(bool));
+        if (!ps->rows || !ps->parked) {
+                dv_pass_deinit(ps);
+                return DEVAL_ENOMEM;
+        }
+        return 0;
+}
+
+void dv_pass_deinit(DvPass *ps) {
+        free(ps->rows);
+        free(ps->parked);
+        ps->rows = NULL;
+        ps->parked = NULL;
+}
+
+/* dv_pass_reset() - see pass.h. */
+void dv_pass_reset(DvPass *ps) {
+        ps->open = false;
+        memset(&ps->c, 0, sizeof(ps->c));
+        memset(ps->rows, 0, (size_t)DV_PASS_STREAMS * (size_t)ps->world * sizeof(int64_t));
+        memset(ps->parked, 0, (size_t)ps->world * sizeof(bool));
+        ps->nparked = 0;
+        ps->status = 0;
+        ps->msg[0] = '\0';
+}
+
+/* dv_pass_begin() - see pass.h. */
+int dv_pass_begin(DvPass *ps, const DvRequest *q, const char *group, char *buf, size_t len) {
+        if (ps->open) {
+                snprintf(buf, len,
+                         "an eval pass is already open on group '%s'; end it with "
+                         "deval_eval_end first",
+                         group);
+                return DEVAL_EINVAL;
+        }
+        dv_pass_reset(ps);
+        ps->open = true;
+        ps->c.order = q[0].order;
+        ps->c.num_samples = q[0].num_samples;
+        return 0;
+}
+
+/* dv_pass_end() - see pass.h. */
+int dv_pass_end(DvPass *ps, const DvRequest *q, const char *group, char *buf, size_t len) {
+        if (!ps->open) {
+                snprintf(buf, len, "no eval pass is open on group '%s'", group);
+                return DEVAL_EINVAL;
+        }
+        bool exhausted = true; /* parked ranks, too, arrive with their eval_end */
+        for (int k = 0; k < ps->world; k++)
+                exhausted &= (q[k].flags & DV_END_EXHAUSTED) != 0;
+        int r = ps->status;
+        if (r)
+                snprintf(buf, len, "%s", ps->msg);
+        else
+                r = pass_close(ps, exhausted, buf, len);
+        dv_pass_reset(ps);
+        return r;
+}
+
+/* dv_pass_failed() - see pass.h. */
+void dv_pass_failed(DvPass *ps, int status, uint32_t call, uint32_t op, const char *msg) {
+        if (ps->status || !ps->open || !ps->nparked)
+                return;
+        ps->status = status;
+        snprintf(ps->msg, sizeof(ps->msg),
+                 "collective #%u (%s) failed after this rank ended the pass: %.*s", call,
+                 dv_op_name(op), DV_MSG_MAX - 96, msg);
 }
 
 int dv_pass_sites(const DvRequest *q, int world, int *bad) {

@@ -1,16 +1,70 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pass.h - what an eval pass makes of ranks that end it while others still call: which are
- * parked (their loader ran out), which left their loop early, and the words that say why a
- * step cannot go on. One definition for every executor that runs a pass's steps (devald's
- * worker, the spanning step); each names the ranks in its own words.
+ * pass.h - the eval pass: its state (DvPass), its begin and end, its counters of the samples
+ * each call site gathered, and what it makes of ranks that end it while others still call
+ * (which are parked, their loader ran out; which left their loop early), with the words that
+ * say why a step cannot go on. One definition for every executor that runs a pass's steps
+ * (devald's worker, the spanning step, a rank that runs a gather for metrics); each names the
+ * ranks in its own words.
  */
 #pragma once
 
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "plan.h"
 #include "wire.h"
+
+/* An eval pass, as the executor that runs its steps keeps it. */
+typedef struct {
+        bool open;
+        int world;
+        DvPassCounts c;
+        int64_t *rows; /* [stream * world + rank]: the samples each rank gave so far */
+        bool *parked;  /* [world]: ended its pass while others had not (dv_pass_park()) */
+        int nparked;
+        /* the first failure of a step that answered for parked ranks: theirs at the close */
+        int status;
+        char msg[DV_MSG_MAX];
+} DvPass;
+
+/* A closed pass for world ranks. Return: 0, or DEVAL_ENOMEM. */
+int dv_pass_init(DvPass *ps, int world);
+void dv_pass_deinit(DvPass *ps);
+/* Close it, forgetting what it counted. */
+void dv_pass_reset(DvPass *ps);
+
+/*
+ * Every rank called eval_begin (q[world], which agree): open the pass. Return: 0, or
+ * DEVAL_EINVAL (one is open) with why in buf; group is the group's name, for the words.
+ */
+int dv_pass_begin(DvPass *ps, const DvRequest *q, const char *group, char *buf, size_t len);
+
+/*
+ * Every rank ended the pass (q[world], eval_end): close it, and check it when every loader
+ * ran out (dv_pass_close()). Return: 0; DEVAL_EINVAL (none is open); a step's failure the
+ * parked ranks had not been told of; DEVAL_EMISMATCH: the counts are wrong. Why in buf.
+ */
+int dv_pass_end(DvPass *ps, const DvRequest *q, const char *group, char *buf, size_t len);
+
+/*
+ * Step call (op) failed with status and msg while ranks were parked: the first such failure
+ * is theirs, told at the close.
+ */
+void dv_pass_failed(DvPass *ps, int status, uint32_t call, uint32_t op, const char *msg);
+
+/*
+ * The planner's input for a gather of stream (dv_pass_stream(), >= 0) in a pass counted by c
+ * and rows[stream * world + rank]: the pass's order, its size, and what it gathered so far.
+ */
+void dv_pass_plan(const DvPassCounts *c, const int64_t *rows, int world, int stream,
+                  DvPlanInput *in);
+
+/*
+ * Counters as a rank left them in shared memory: every stream's consistent (each rank's count
+ * within its total, which a gather used, the most one call gathered within it).
+ */
+bool dv_pass_counts_valid(const DvPassCounts *c, const int64_t *rows, int world);
 
 typedef struct {
         int tmpl;  /* the first rank still calling; -1: every rank has ended the pass */
@@ -20,12 +74,12 @@ typedef struct {
 } DvPark;
 
 /*
- * The step's requests q[world] in an open pass: ranks that send eval_end while another rank
- * still calls are marked in parked[world] (ranks parked before stay parked). Return: true
- * when the step goes on (nothing to park, or every parked rank can be answered for); false
- * when it fails, and pk says why (dv_pass_park_msg()).
+ * The step's requests q[world] in the open pass ps: ranks that send eval_end while another
+ * rank still calls are parked (ps->parked, ps->nparked; ranks parked before stay parked).
+ * Return: true when the step goes on (nothing to park, or every parked rank can be answered
+ * for); false when it fails, and pk says why (dv_pass_park_msg()).
  */
-bool dv_pass_park(const DvRequest *q, int world, bool *parked, DvPark *pk);
+bool dv_pass_park(DvPass *ps, const DvRequest *q, DvPark *pk);
 
 /*
  * Why the step fails, for dv_pass_park()'s false: seq is the collective's number; name(k)
@@ -46,16 +100,8 @@ void dv_pass_sites_msg(char *buf, size_t len, int status, const DvRequest *q, in
 
 /*
  * A gather for metrics of stream gathered contributed[world] samples: add them to the pass's
- * counters, used (bit per stream), total[stream], most[stream] (the most one call gathered:
- * one round of batches) and rows[stream * world + rank].
+ * counters c (used, total, most: the most one call gathered, one round of batches) and
+ * rows[stream * world + rank].
  */
-void dv_pass_advance(int stream, int world, const int64_t *contributed, uint32_t *used,
-                     int64_t *total, int64_t *most, int64_t *rows);
-
-/*
- * The close of a pass: no stream dropped more rows past the end than one round of batches
- * can pad, and when every rank's loader ran out (exhausted), every stream returned all
- * num_samples samples. Return: 0, or DEVAL_EMISMATCH with why in buf.
- */
-int dv_pass_close(char *buf, size_t len, bool exhausted, int64_t num_samples, int order, int world,
-                  uint32_t used, const int64_t *total, const int64_t *most, const int64_t *rows);
+void dv_pass_advance(int stream, int world, const int64_t *contributed, DvPassCounts *c,
+                     int64_t *rows);

@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  9
+#define DV_PROTO_VERSION  10
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -513,22 +513,29 @@ typedef struct {
 } DvShare;
 
 /*
- * The counters of the group's eval pass, in the control segment after the output area: the
- * samples each call site (stream) of a batch gathered so far, rank by rank. Between steps
- * they are the truth: devald loads them before a step it runs and stores them after it; a
- * rank that runs a gather for metrics plans it with them and adds what it gathered. devald
- * checks them when it loads them (they are rank-writable).
+ * An eval pass's counters: the samples each call site (stream) of a batch gathered so far
+ * (pass.h owns what they mean). Every executor of a pass's steps keeps them in this form.
  */
 #define DV_PASS_STREAMS (2 * DV_PASS_SITES)
 typedef struct {
-        _Atomic uint32_t open; /* a pass is open (written by devald) */
         int32_t order;
-        int64_t num_samples;
         uint32_t used; /* bit per stream that gathered in this pass */
-        uint32_t reserved;
+        int64_t num_samples;
         int64_t total[DV_PASS_STREAMS];
         int64_t most[DV_PASS_STREAMS]; /* the most samples one call of the stream gathered */
-        int64_t rows[];                /* [stream * world_size + rank] */
+} DvPassCounts;
+
+/*
+ * The counters of the group's eval pass, in the control segment after the output area.
+ * Between steps they are the truth: devald loads them before a step it runs and stores them
+ * after it; a rank that runs a gather for metrics plans it with them and adds what it
+ * gathered. devald checks them when it loads them (they are rank-writable).
+ */
+typedef struct {
+        _Atomic uint32_t open; /* a pass is open (written by devald) */
+        uint32_t reserved;
+        DvPassCounts c;
+        int64_t rows[]; /* [stream * world_size + rank] */
 } DvPassShared;
 
 typedef struct {
@@ -567,6 +574,7 @@ _Static_assert(sizeof(DvSpanInfo) == 80 + 64 * DV_SPAN_NODES + 2 * DEVAL_MAX_WOR
 _Static_assert(sizeof(DvRankInfo) == 48, "wire layout");
 _Static_assert(sizeof(DvSlot) % 64 == 0, "slots on their own cache lines");
 _Static_assert(sizeof(DvMirror) == 256, "a mirror record is four cache lines");
+_Static_assert(sizeof(DvPassShared) == 8 + 16 + 16 * DV_PASS_STREAMS, "wire layout");
 _Static_assert(sizeof(DvCtlHeader) % 64 == 0, "slots on their own cache lines");
 
 const char *dv_op_name(uint32_t op);

@@ -20,6 +20,7 @@
 #include "arena.h"
 #include "flight.h"
 #include "gpu.h"
+#include "pass.h"
 #include "plan.h"
 #include "wire.h"
 
@@ -65,29 +66,6 @@ typedef struct {
         uint64_t times_last;       /* under lock: steps it arrived at last */
         uint64_t late_ns;          /* under lock: summed lateness behind the first arrival */
 } Member;
-
-/*
- * An eval pass, the worker's. Samples are counted per stream: a call site of the batch
- * (wire.h's DV_PASS_SITES) for tensors, the same for objects. A rank that ends its pass
- * while others still gather is parked: it keeps arriving with eval_end, devald answers every
- * collective of the others for it with an empty contribution (the rank keeps what they got,
- * to replay), and releases it when the last rank ends the pass.
- */
-#define PASS_STREAMS DV_PASS_STREAMS
-typedef struct {
-        int active;
-        int order;
-        int64_t num_samples;
-        uint32_t used;               /* bit per stream that gathered in this pass */
-        int64_t total[PASS_STREAMS]; /* samples gathered so far, rank order */
-        int64_t most[PASS_STREAMS];  /* the most samples one call gathered */
-        int64_t *rows;               /* [stream * world + rank] samples each rank gave so far */
-        bool *parked;                /* [world] ended its pass while others had not */
-        int nparked;
-        bool released; /* the last step answered ranks waiting in eval_end (pass_end_seq) */
-        int status;    /* the first failure of a step that answered for parked ranks */
-        char msg[DV_MSG_MAX];
-} EvalPass;
 
 struct Group {
         Group *next; /* the main thread's: the daemon's list */
@@ -147,8 +125,11 @@ struct Group {
 
         /* The worker's. */
         struct {
-                EvalPass pass;
-                int64_t *pass_load; /* [PASS_STREAMS * world]: the ranks' counters, being checked */
+                /* the group's eval pass (common/pass.h): a rank that ends it while others
+                 * still gather is parked, and devald answers for it until the pass closes */
+                DvPass pass;
+                bool pass_released; /* the last step answered ranks waiting in eval_end */
+                int64_t *pass_load; /* [DV_PASS_STREAMS * world]: the ranks' counters, checked */
                 DvRequest *reqs;
                 uint64_t *arrivals; /* [world], for the recorder */
                 void *pool;

@@ -169,9 +169,8 @@ static void group_free(Group *g) {
         arena_deinit(&g->locked.out);
         arena_deinit(&g->loop.direct);
         exec_pool_free(g->work.pool);
-        free(g->work.pass.rows);
+        dv_pass_deinit(&g->work.pass);
         free(g->work.pass_load);
-        free(g->work.pass.parked);
         free(g->work.reqs);
         free(g->work.arrivals);
         free(g->loop.span);

@@ -279,11 +279,9 @@ static int group_start_worker(Group *g, char *msg, size_t msglen) {
                 g->spin_ns = ncpu >= g->world + 2 ? 20000 : 0;
         g->work.reqs = calloc((size_t)g->world, sizeof(*g->work.reqs));
         g->work.arrivals = calloc((size_t)g->world, sizeof(*g->work.arrivals));
-        g->work.pass.rows = calloc((size_t)PASS_STREAMS * (size_t)g->world, sizeof(int64_t));
-        g->work.pass_load = calloc((size_t)PASS_STREAMS * (size_t)g->world, sizeof(int64_t));
-        g->work.pass.parked = calloc((size_t)g->world, sizeof(bool));
-        if (!g->work.reqs || !g->work.arrivals || !g->work.pass.rows || !g->work.pass_load ||
-            !g->work.pass.parked) {
+        g->work.pass_load = calloc((size_t)DV_PASS_STREAMS * (size_t)g->world, sizeof(int64_t));
+        if (!g->work.reqs || !g->work.arrivals || !g->work.pass_load ||
+            dv_pass_init(&g->work.pass, g->world) < 0) {
                 r = DEVAL_ENOMEM;
                 goto fail;
         }

@@ -116,7 +116,7 @@ static void plan_input(Step *s, int n, const DvShape *shapes, const int64_t *val
                        DvPlanInput *in) {
         Group *g = s->g;
         const DvRequest *q = &s->reqs[0];
-        int stream = dv_pass_stream(g->work.pass.active, q);
+        int stream = dv_pass_stream(g->work.pass.open, q);
 
         *in = (DvPlanInput){.world = g->world,
                             .ntensors = n,
@@ -127,21 +127,15 @@ static void plan_input(Step *s, int n, const DvShape *shapes, const int64_t *val
                             .pad_first = q->pad_first != 0,
                             .pad_value = q->pad_value,
                             .max_out = g->d->max_group_bytes};
-        if (stream >= 0) {
-                in->in_pass = true;
-                in->order = g->work.pass.order;
-                in->num_samples = g->work.pass.num_samples;
-                in->pass_total = g->work.pass.total[stream];
-                in->pass_rows = &g->work.pass.rows[stream * g->world];
-        }
+        if (stream >= 0)
+                dv_pass_plan(&g->work.pass.c, g->work.pass.rows, g->world, stream, in);
 }
 
 static void pass_advance(Group *g, const DvRequest *q, const DvPlan *p) {
-        EvalPass *ps = &g->work.pass;
-        int stream = dv_pass_stream(g->work.pass.active, q);
+        DvPass *ps = &g->work.pass;
+        int stream = dv_pass_stream(ps->open, q);
         if (stream >= 0)
-                dv_pass_advance(stream, g->world, p->contributed, &ps->used, ps->total, ps->most,
-                                ps->rows);
+                dv_pass_advance(stream, g->world, p->contributed, &ps->c, ps->rows);
 }
 
 static DvPassShared *pass_shared(const Group *g) {
@@ -154,58 +148,36 @@ static DvPassShared *pass_shared(const Group *g) {
  */
 static int pass_load(Step *s) {
         Group *g = s->g;
-        EvalPass *ps = &g->work.pass;
+        DvPass *ps = &g->work.pass;
         const DvPassShared *sh = pass_shared(g);
-        size_t n = (size_t)PASS_STREAMS * (size_t)g->world;
+        size_t n = (size_t)DV_PASS_STREAMS * (size_t)g->world;
 
-        if (!ps->active)
+        if (!ps->open)
                 return 0;
-        int64_t total[PASS_STREAMS], most[PASS_STREAMS];
-        uint32_t used = sh->used;
-        memcpy(total, sh->total, sizeof(total));
-        memcpy(most, sh->most, sizeof(most));
+        DvPassCounts c = sh->c;
         int64_t *rows = g->work.pass_load;
         memcpy(rows, sh->rows, n * sizeof(*rows));
-        for (int st = 0; st < PASS_STREAMS; st++) {
-                if (!dv_pass_counts_ok(&rows[st * g->world], g->world, total[st]) ||
-                    (total[st] && !(used & (1u << st))) || most[st] < 0 || most[st] > total[st])
-                        return step_fail(s, DEVAL_EPROTO,
-                                         "collective #%u: the eval pass's counters in the "
-                                         "group's control segment are corrupt (a rank "
-                                         "overwrote them)",
-                                         s->call);
-        }
-        ps->used = used;
-        memcpy(ps->total, total, sizeof(total));
-        memcpy(ps->most, most, sizeof(most));
+        if (!dv_pass_counts_valid(&c, rows, g->world))
+                return step_fail(s, DEVAL_EPROTO,
+                                 "collective #%u: the eval pass's counters in the group's "
+                                 "control segment are corrupt (a rank overwrote them)",
+                                 s->call);
+        /* what only devald writes stays devald's */
+        c.order = ps->c.order;
+        c.num_samples = ps->c.num_samples;
+        ps->c = c;
         memcpy(ps->rows, rows, n * sizeof(*rows));
         return 0;
 }
 
 /* After every step: the pass's state, for the ranks that run the next gathers for metrics. */
 static void pass_store(Group *g) {
-        const EvalPass *ps = &g->work.pass;
+        const DvPass *ps = &g->work.pass;
         DvPassShared *sh = pass_shared(g);
-        sh->order = ps->order;
-        sh->num_samples = ps->num_samples;
-        sh->used = ps->used;
-        memcpy(sh->total, ps->total, sizeof(ps->total));
-        memcpy(sh->most, ps->most, sizeof(ps->most));
-        memcpy(sh->rows, ps->rows, (size_t)PASS_STREAMS * (size_t)g->world * sizeof(int64_t));
+        sh->c = ps->c;
+        memcpy(sh->rows, ps->rows, (size_t)DV_PASS_STREAMS * (size_t)g->world * sizeof(int64_t));
         /* published with the step (done_seq, release) */
-        atomic_store_explicit(&sh->open, ps->active ? 1u : 0u, memory_order_relaxed);
-}
-
-static void pass_reset(EvalPass *ps, int world) {
-        ps->active = 0;
-        ps->used = 0;
-        memset(ps->total, 0, sizeof(ps->total));
-        memset(ps->most, 0, sizeof(ps->most));
-        memset(ps->rows, 0, (size_t)PASS_STREAMS * (size_t)world * sizeof(int64_t));
-        memset(ps->parked, 0, (size_t)world * sizeof(bool));
-        ps->nparked = 0;
-        ps->status = 0;
-        ps->msg[0] = '\0';
+        atomic_store_explicit(&sh->open, ps->open ? 1u : 0u, memory_order_relaxed);
 }
 
 /*
@@ -218,16 +190,13 @@ static void pass_reset(EvalPass *ps, int world) {
  */
 static int pass_park(Step *s) {
         Group *g = s->g;
-        EvalPass *ps = &g->work.pass;
+        DvPass *ps = &g->work.pass;
         DvPark pk;
 
         /* device results live on GPUs: a parked rank could not keep them to replay */
-        if (!ps->active || g->device_group)
+        if (!ps->open || g->device_group)
                 return 0;
-        bool ok = dv_pass_park(g->work.reqs, g->world, ps->parked, &pk);
-        ps->nparked = 0;
-        for (int k = 0; k < g->world; k++)
-                ps->nparked += ps->parked[k];
+        bool ok = dv_pass_park(ps, g->work.reqs, &pk);
         if (!ok) {
                 char a[48], b[48], msg[DV_MSG_MAX];
                 int other = pk.left >= 0 ? pk.left : pk.first;
@@ -505,44 +474,12 @@ static int step_broadcast(Step *s) {
         return 0;
 }
 
-/* No stream dropped more than a round, and all returned num_samples when exhausted (pass.c). */
-static int pass_check_close(Step *s, bool exhausted) {
-        const EvalPass *ps = &s->g->work.pass;
-        char msg[DV_MSG_MAX];
-        int r = dv_pass_close(msg, sizeof(msg), exhausted, ps->num_samples, ps->order, s->g->world,
-                              ps->used, ps->total, ps->most, ps->rows);
-        return r < 0 ? step_fail(s, r, "%s", msg) : 0;
-}
-
 static int step_eval(Step *s, bool begin) {
         Group *g = s->g;
-        EvalPass *ps = &g->work.pass;
-
-        if (!begin) {
-                if (!ps->active)
-                        return step_fail(s, DEVAL_EINVAL, "no eval pass is open on group '%s'",
-                                         g->name);
-                bool exhausted = true; /* parked ranks, too, arrive with their eval_end */
-                for (int k = 0; k < g->world; k++)
-                        exhausted &= (s->reqs[k].flags & DV_END_EXHAUSTED) != 0;
-                int r = 0;
-                if (ps->status)
-                        r = step_fail(s, ps->status, "%s", ps->msg);
-                else
-                        r = pass_check_close(s, exhausted);
-                pass_reset(ps, g->world);
-                return r;
-        }
-        if (ps->active)
-                return step_fail(s, DEVAL_EINVAL,
-                                 "an eval pass is already open on group '%s'; end it with "
-                                 "deval_eval_end first",
-                                 g->name);
-        pass_reset(ps, g->world);
-        ps->active = 1;
-        ps->order = s->reqs[0].order;
-        ps->num_samples = s->reqs[0].num_samples;
-        return 0;
+        char msg[DV_MSG_MAX];
+        int r = begin ? dv_pass_begin(&g->work.pass, s->reqs, g->name, msg, sizeof(msg))
+                      : dv_pass_end(&g->work.pass, s->reqs, g->name, msg, sizeof(msg));
+        return r < 0 ? step_fail(s, r, "%s", msg) : 0;
 }
 
 /* Rank k in devald's words: its rank and its pid. */
@@ -588,7 +525,7 @@ static int step_dispatch(Step *s) {
         DvAgree a = {.q = q,
                      .world = s->g->world,
                      .call = s->call,
-                     .pass_open = s->g->work.pass.active,
+                     .pass_open = s->g->work.pass.open,
                      .who = who,
                      .desc = agree_desc,
                      .ctx = s,
@@ -628,7 +565,7 @@ static int step_dispatch(Step *s) {
  */
 int step_run(Group *g, uint32_t seq) {
         Step s = {.g = g, .seq = seq, .reqs = g->work.reqs, .h = g->hdr};
-        EvalPass *ps = &g->work.pass;
+        DvPass *ps = &g->work.pass;
 
         for (int k = 0; k < g->world; k++) {
                 memcpy(&g->work.reqs[k], &g->hdr->slots[k].req, sizeof(DvRequest));
@@ -643,22 +580,17 @@ int step_run(Group *g, uint32_t seq) {
                 res->batch = g->work.reqs[k].batch;
         }
         /* a failure while devald answers for parked ranks is theirs too, when the pass closes */
-        if (r < 0 && ps->active && ps->nparked && !ps->status) {
-                ps->status = r;
-                snprintf(ps->msg, sizeof(ps->msg),
-                         "collective #%u (%s) failed after this rank "
-                         "ended the pass: %.*s",
-                         s.call, dv_op_name(g->work.reqs[0].op), DV_MSG_MAX - 96, s.msg);
-        }
+        if (r < 0)
+                dv_pass_failed(ps, r, s.call, g->work.reqs[0].op, s.msg);
         /* ranks that called eval_end and were not parked have their answer with this step */
-        ps->released = false;
+        g->work.pass_released = false;
         for (int k = 0; k < g->world; k++)
-                ps->released |= g->work.reqs[k].op == DV_OP_EVAL_END && !ps->parked[k];
+                g->work.pass_released |= g->work.reqs[k].op == DV_OP_EVAL_END && !ps->parked[k];
         /* released ranks no longer answer for themselves in this pass: it is over for all
          * (only a close that failed before step_eval(), from a malformed request, gets here
          * with the pass still open) */
-        if (ps->released && ps->active)
-                pass_reset(ps, g->world);
+        if (g->work.pass_released && ps->open)
+                dv_pass_reset(ps);
         if (r < 0) {
                 for (int k = 0; k < g->world; k++) {
                         DvResult *res = res_of(&s, k);

@@ -377,7 +377,7 @@ void *worker_main(void *arg) {
                 atomic_store_explicit(&g->done_ns, dv_now_ns(), memory_order_relaxed);
                 DV_FAULT("before_wake", seq);
                 /* release: res and msg are written before a rank parked in eval_end sees it */
-                if (g->work.pass.released)
+                if (g->work.pass_released)
                         atomic_store_explicit(&g->dhdr->pass_end_seq, seq, memory_order_release);
                 /* release: every slot's res and msg are written before done_seq says so */
                 atomic_store_explicit(&g->dhdr->done_seq, seq, memory_order_release);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agree.h"
 #include "arena.h"
 #include "check.h"
 #include "client.h"
@@ -47,7 +48,7 @@ static bool fast_op(uint32_t op) {
 }
 
 /* Every rank's request, copied out once; false when one cannot run here. *direct: some
- * rank's input is in its own memory (DV_REQ_DIRECT). */
+ * rank's input is in its own memory (DV_REQ_DIRECT). Whether they agree is dv_agree()'s. */
 static bool fast_requests(deval_group *g, uint32_t seq, DvRequest *reqs, bool *direct) {
         *direct = false;
         for (int k = 0; k < g->world; k++) {
@@ -59,14 +60,10 @@ static bool fast_requests(deval_group *g, uint32_t seq, DvRequest *reqs, bool *d
                 memcpy(q, &s->req, offsetof(DvRequest, why));
                 bool own = q->flags & DV_REQ_DIRECT;
                 if (q->seq != seq || !(q->flags & DV_REQ_INLINE) == !own || q->status != 0 ||
-                    q->ntensors > DEVAL_MAX_TENSORS || q->op != reqs[0].op || !fast_op(q->op) ||
+                    q->ntensors > DEVAL_MAX_TENSORS || !fast_op(q->op) ||
                     (own && q->op != DV_OP_GATHER && q->op != DV_OP_GATHER_METRICS))
                         return false;
                 memcpy(q->t, s->req.t, q->ntensors * sizeof(DvTensorDesc));
-                for (uint32_t i = 0; i < q->ntensors; i++)
-                        if (dv_desc_check(&q->t[i], own ? UINT64_MAX : g->inl_size, true) !=
-                            DV_DESC_OK)
-                                return false;
                 *direct |= own;
         }
         return true;
@@ -80,13 +77,12 @@ static bool any_direct(const deval_group *g) {
         return false;
 }
 
-static bool same_shape(const DvTensorDesc *a, const DvTensorDesc *b) {
-        if (a->dtype != b->dtype || a->ndim != b->ndim)
-                return false;
-        for (int d = 0; d < a->ndim; d++)
-                if (a->shape[d] != b->shape[d])
-                        return false;
-        return true;
+/* For dv_agree(): rank k's tensor i lies within its inline bytes, or in its own memory. */
+static int fast_desc(const DvAgree *a, int k, int i, bool with_data) {
+        const deval_group *g = a->ctx;
+        const DvRequest *q = &a->q[k];
+        uint64_t bound = q->flags & DV_REQ_DIRECT ? UINT64_MAX : g->inl_size;
+        return dv_desc_check(&q->t[i], bound, with_data) == DV_DESC_OK ? 0 : DEVAL_EPROTO;
 }
 
 static const uint8_t *inl_of(const deval_group *g, int k, const DvTensorDesc *t) {
@@ -176,20 +172,9 @@ static DvShare *share_set(deval_group *g, uint32_t mode, const DvPlan *p, const 
  * by bytes, from the inline inputs into the output area; or, when some rank's input is in
  * its own memory (direct), each rank its own rows into the direct output, grown here first.
  */
-static bool fast_gather(deval_group *g, const DvRequest *q, bool direct, DvResult *res,
-                        uint64_t *moved, bool *shared) {
+static bool fast_gather(deval_group *g, const DvRequest *q, bool pass_open, bool direct,
+                        DvResult *res, uint64_t *moved, bool *shared) {
         int W = g->world, n = (int)q[0].ntensors;
-        if (n < 1)
-                return false;
-        for (int k = 1; k < W; k++)
-                if (q[k].ntensors != q[0].ntensors || q[k].pad_first != q[0].pad_first ||
-                    q[k].keep_rows != q[0].keep_rows || q[k].root != q[0].root ||
-                    q[k].order != q[0].order ||
-                    memcmp(&q[k].pad_value, &q[0].pad_value, sizeof(double)) != 0)
-                        return false;
-        if (q[0].root < -1 || q[0].root >= W ||
-            (q[0].order != DEVAL_ORDER_RANK && q[0].order != DEVAL_ORDER_STRIDED))
-                return false;
 
         size_t nsrc = (size_t)W * (size_t)n;
         DvShape *shapes = scratch(g, 0, nsrc * sizeof(DvShape));
@@ -213,26 +198,7 @@ static bool fast_gather(deval_group *g, const DvRequest *q, bool direct, DvResul
         /* a gather for metrics in an open pass: planned with the pass's counters (wire.h),
          * copied out and checked, since ranks write them */
         DvPassShared *sh = g->pass_sh;
-        int stream = -1;
-        if (q[0].op == DV_OP_GATHER_METRICS &&
-            atomic_load_explicit(&sh->open, memory_order_relaxed)) {
-                stream = (int)q[0].site;
-                for (int k = 0; k < W; k++)
-                        if (q[k].site != q[0].site)
-                                return false;
-                if (stream >= DV_PASS_SITES || sh->num_samples < 0 ||
-                    (sh->order != DEVAL_ORDER_RANK && sh->order != DEVAL_ORDER_STRIDED))
-                        return false;
-        }
-        int64_t *rows = scratch(g, 5, (size_t)W * sizeof(int64_t)), total = 0;
-        if (!rows)
-                return false;
-        if (stream >= 0) {
-                total = sh->total[stream];
-                memcpy(rows, &sh->rows[(size_t)stream * (size_t)W], (size_t)W * sizeof(*rows));
-                if (!dv_pass_counts_ok(rows, W, total))
-                        return false;
-        }
+        int stream = dv_pass_stream(pass_open, &q[0]);
         DvPlanInput in = {.world = W,
                           .ntensors = n,
                           .in = shapes,
@@ -241,13 +207,21 @@ static bool fast_gather(deval_group *g, const DvRequest *q, bool direct, DvResul
                           .order = q[0].order,
                           .pad_first = q[0].pad_first != 0,
                           .pad_value = q[0].pad_value,
-                          .max_out = direct ? DIRECT_MAX : g->fast_out_size,
-                          .in_pass = stream >= 0,
-                          .num_samples = stream >= 0 ? sh->num_samples : 0,
-                          .pass_total = total,
-                          .pass_rows = rows};
-        if (stream >= 0)
-                in.order = sh->order;
+                          .max_out = direct ? DIRECT_MAX : g->fast_out_size};
+        if (stream >= 0) { /* the stream's counters, copied out once and checked */
+                size_t at = (size_t)stream * (size_t)W;
+                int64_t *rows = scratch(g, 5, (size_t)DV_PASS_STREAMS * (size_t)W * sizeof(*rows));
+                if (!rows)
+                        return false;
+                DvPassCounts c = {.order = sh->c.order, .num_samples = sh->c.num_samples};
+                c.total[stream] = sh->c.total[stream];
+                memcpy(&rows[at], &sh->rows[at], (size_t)W * sizeof(*rows));
+                if (c.num_samples < 0 ||
+                    (c.order != DEVAL_ORDER_RANK && c.order != DEVAL_ORDER_STRIDED) ||
+                    !dv_pass_counts_ok(&rows[at], W, c.total[stream]))
+                        return false;
+                dv_pass_plan(&c, rows, W, stream, &in); /* which reads the stream's alone */
+        }
         if (dv_plan_gather(&in, p) < 0 || (!direct && p->out_end > g->fast_out_size))
                 return false;
         if (!kernel_segs(g, p, n, false, &segs, &starts))
@@ -274,8 +248,7 @@ static bool fast_gather(deval_group *g, const DvRequest *q, bool direct, DvResul
                              srcs);
         }
         if (stream >= 0) /* what the pass gathered, as devald counts it */
-                dv_pass_advance(stream, W, p->contributed, &sh->used, sh->total, sh->most,
-                                sh->rows);
+                dv_pass_advance(stream, W, p->contributed, &sh->c, sh->rows);
         res->ntensors = (uint32_t)n;
         for (int i = 0; i < n; i++)
                 dv_desc_of(&p->out[i], p->out_offset[i], p->out_nbytes[i], &res->t[i]);
@@ -287,14 +260,6 @@ static bool fast_gather(deval_group *g, const DvRequest *q, bool direct, DvResul
  * result is its own, so where it lies goes into its slot (pad_off, pad_len) */
 static bool fast_pad(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
         int W = g->world, dim = q[0].dim;
-        const DvTensorDesc *t0 = &q[0].t[0];
-        if (q[0].ntensors != 1 || dim < 0 || dim >= t0->ndim)
-                return false;
-        for (int k = 1; k < W; k++)
-                if (q[k].ntensors != 1 || q[k].dim != dim || q[k].pad_first != q[0].pad_first ||
-                    q[k].t[0].ndim != t0->ndim ||
-                    memcmp(&q[k].pad_value, &q[0].pad_value, sizeof(double)) != 0)
-                        return false;
         DvShape *shapes = scratch(g, 0, (size_t)W * sizeof(DvShape));
         const uint8_t **srcs = scratch(g, 2, (size_t)W * sizeof(*srcs));
         DvPlan *p = &g->plan;
@@ -329,12 +294,8 @@ static bool fast_pad(deval_group *g, const DvRequest *q, DvResult *res, uint64_t
 static bool fast_reduce(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
         const DvTensorDesc *t = &q[0].t[0];
         int op = q[0].reduce_op;
-        if (q[0].ntensors != 1 || op < DEVAL_SUM || op > DEVAL_PROD ||
-            (op == DEVAL_MEAN && !dv_dtype_is_float(t->dtype)) || t->nbytes > g->fast_out_size)
+        if (t->nbytes > g->fast_out_size)
                 return false;
-        for (int k = 1; k < g->world; k++)
-                if (q[k].ntensors != 1 || q[k].reduce_op != op || !same_shape(&q[k].t[0], t))
-                        return false;
         size_t es = dv_dtype_size(t->dtype);
         uint64_t numel = t->nbytes / es;
         double acc[REDUCE_CHUNK]; /* an accumulator is 8 bytes at most */
@@ -354,16 +315,10 @@ static bool fast_reduce(deval_group *g, const DvRequest *q, DvResult *res, uint6
 }
 
 static bool fast_broadcast(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
-        int root = q[0].root;
-        if (root < 0 || root >= g->world)
-                return false;
-        const DvTensorDesc *t = &q[root].t[0];
-        for (int k = 0; k < g->world; k++)
-                if (q[k].ntensors != 1 || q[k].root != root || !same_shape(&q[k].t[0], t))
-                        return false;
+        const DvTensorDesc *t = &q[q[0].root].t[0];
         if (t->nbytes > g->fast_out_size)
                 return false;
-        memcpy(g->fast_out, inl_of(g, root, t), t->nbytes);
+        memcpy(g->fast_out, inl_of(g, q[0].root, t), t->nbytes);
         res->ntensors = 1;
         DvShape sh = dv_shape_of(t);
         dv_desc_of(&sh, 0, t->nbytes, &res->t[0]);
@@ -416,11 +371,21 @@ static int fast_run(deval_group *g, uint32_t seq) {
 
         if (!fast_requests(g, seq, q, &direct))
                 return RUN_DEVALD;
+        /* what does not agree, devald runs, and names */
+        bool pass_open = atomic_load_explicit(&g->pass_sh->open, memory_order_relaxed);
+        DvAgree a = {.q = q,
+                     .world = g->world,
+                     .call = q[0].call,
+                     .pass_open = pass_open,
+                     .desc = fast_desc,
+                     .ctx = g};
+        if (dv_agree(&a) < 0)
+                return RUN_DEVALD;
         memset(&res, 0, offsetof(DvResult, t));
         switch (q[0].op) {
         case DV_OP_GATHER:
         case DV_OP_GATHER_METRICS:
-                ok = fast_gather(g, q, direct, &res, &moved, &shared);
+                ok = fast_gather(g, q, pass_open, direct, &res, &moved, &shared);
                 break;
         case DV_OP_PAD:
                 ok = fast_pad(g, q, &res, &moved);

@@ -66,17 +66,12 @@ int dv_span_run(deval_group *g, const char *fn, bool pass_end, const DvResult **
                 g->out_size = sp->out_cap;
                 g->view = g->out;
                 g->view_size = g->out_size;
-                if (!pass_end || closed || !sp->parked[g->rank])
+                if (!pass_end || closed || !sp->pass.parked[g->rank])
                         break;
                 if (r == 0 && (r = dv_replay_keep(g, fn, &sp->res)) < 0)
                         return dv_span_broken(g, r, fn, deval_errmsg(g));
-                if (r < 0 && !sp->pass.status) { /* the others saw it; this rank at the close */
-                        sp->pass.status = r;
-                        snprintf(sp->pass.msg, sizeof(sp->pass.msg),
-                                 "collective #%u (%s) failed after this rank ended the pass: "
-                                 "%.*s",
-                                 g->seq, dv_op_name(sp->res.op), DV_MSG_MAX - 96, sp->msg);
-                }
+                if (r < 0) /* the others saw it; this rank at the close */
+                        dv_pass_failed(&sp->pass, r, g->seq, sp->res.op, sp->msg);
         }
         if (r < 0)
                 return dv_set_err(g, r, "%s: %s", fn, sp->msg);
@@ -127,11 +122,10 @@ void dv_span_free(deval_group *g) {
         free(sp->reqs);
         free(sp->data);
         free(sp->dlen);
-        free(sp->parked);
         free(sp->shapes);
         free(sp->valid);
         free(sp->srcs);
-        free(sp->pass.rows);
+        dv_pass_deinit(&sp->pass);
         free(sp->out);
         g->in = NULL; /* inside the part */
         g->out = NULL;
@@ -287,12 +281,10 @@ int deval_join_spanning(const char *group, int rank, int world_size, int local_r
         sp->reqs = calloc(W, sizeof(DvRequest));
         sp->data = calloc(W, sizeof(*sp->data));
         sp->dlen = calloc(W, sizeof(uint64_t));
-        sp->parked = calloc(W, sizeof(bool));
         sp->prefix = calloc(W, sizeof(*sp->prefix));
         sp->valid = calloc(W, sizeof(int64_t));
-        sp->pass.rows = calloc(W * DV_PASS_STREAMS, sizeof(int64_t));
         if (!sp->node_of || !sp->node_ranks || !sp->node_start || !sp->reqs || !sp->data ||
-            !sp->dlen || !sp->parked || !sp->prefix || !sp->valid || !sp->pass.rows)
+            !sp->dlen || !sp->prefix || !sp->valid || dv_pass_init(&sp->pass, W) < 0)
                 return join_fail(g, DEVAL_ENOMEM, "%s: out of memory", fn);
 
         deval_join_opts lo = {DEVAL_JOIN_OPTS_INIT};

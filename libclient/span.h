@@ -23,18 +23,6 @@
 #include "util.h"
 #include "wire.h"
 
-typedef struct { /* the eval pass, as every rank runs it (span_step.c) */
-        bool active;
-        int32_t order;
-        int64_t num_samples;
-        uint32_t used;
-        int status; /* a step that failed after this rank ended the pass */
-        char msg[DV_MSG_MAX];
-        int64_t total[DV_PASS_STREAMS];
-        int64_t most[DV_PASS_STREAMS];
-        int64_t *rows; /* [stream * world + rank] */
-} SpanPass;
-
 struct DvSpan {
         /* the join's (span.c) */
         deval_group *local; /* this rank in its node's group */
@@ -60,13 +48,12 @@ struct DvSpan {
         const uint8_t **data;
         uint64_t *dlen;
         /* the step's (span_step.c) */
-        bool *parked;
         int64_t **prefix; /* objects */
         DvShape *shapes;  /* [inputs_cap] */
         const uint8_t **srcs;
         size_t inputs_cap;
         int64_t *valid;
-        SpanPass pass;
+        DvPass pass; /* the eval pass, as every rank runs it (span_step.c) */
         uint8_t *out;
         size_t out_cap;
         DvResult res;

@@ -64,7 +64,7 @@ static uint8_t *out_of(DvSpan *sp, uint64_t bytes) {
 
 static void plan_input(DvSpan *sp, int W, int n, DvPlanInput *in) {
         const DvRequest *q = sp->reqs;
-        int stream = dv_pass_stream(sp->pass.active, q);
+        int stream = dv_pass_stream(sp->pass.open, q);
         *in = (DvPlanInput){.world = W,
                             .ntensors = n,
                             .in = sp->shapes,
@@ -74,21 +74,15 @@ static void plan_input(DvSpan *sp, int W, int n, DvPlanInput *in) {
                             .pad_first = q->pad_first != 0,
                             .pad_value = q->pad_value,
                             .max_out = sp->max_out};
-        if (stream >= 0) {
-                in->in_pass = true;
-                in->order = sp->pass.order;
-                in->num_samples = sp->pass.num_samples;
-                in->pass_total = sp->pass.total[stream];
-                in->pass_rows = &sp->pass.rows[stream * W];
-        }
+        if (stream >= 0)
+                dv_pass_plan(&sp->pass.c, sp->pass.rows, W, stream, in);
 }
 
 static void pass_advance(DvSpan *sp, int W, const DvPlan *p) {
-        SpanPass *ps = &sp->pass;
-        int stream = dv_pass_stream(sp->pass.active, sp->reqs);
+        DvPass *ps = &sp->pass;
+        int stream = dv_pass_stream(ps->open, sp->reqs);
         if (stream >= 0)
-                dv_pass_advance(stream, W, p->contributed, &ps->used, ps->total, ps->most,
-                                ps->rows);
+                dv_pass_advance(stream, W, p->contributed, &ps->c, ps->rows);
 }
 
 static int plan_failed(DvSpan *sp, int r, const DvPlan *p) {
@@ -260,58 +254,13 @@ static int step_broadcast(deval_group *g) {
         return 0;
 }
 
-static void pass_reset(DvSpan *sp, int W) {
-        SpanPass *ps = &sp->pass;
-        ps->active = false;
-        ps->used = 0;
-        ps->status = 0;
-        ps->msg[0] = '\0';
-        memset(ps->total, 0, sizeof(ps->total));
-        memset(ps->most, 0, sizeof(ps->most));
-        memset(ps->rows, 0, (size_t)DV_PASS_STREAMS * (size_t)W * sizeof(int64_t));
-        memset(sp->parked, 0, (size_t)W * sizeof(bool));
-}
-
-static int step_eval_begin(deval_group *g) {
+/* eval_begin, or eval_end when every rank ended the pass (pass.h) */
+static int step_eval(deval_group *g, bool begin) {
         DvSpan *sp = g->span;
-        int W = g->world;
-        DvRequest *q = sp->reqs;
-
-        if (sp->pass.active)
-                return dv_span_fail(sp, DEVAL_EINVAL,
-                                    "an eval pass is already open on group '%s'; end it with "
-                                    "deval_eval_end first",
-                                    g->name);
-        pass_reset(sp, W);
-        sp->pass.active = true;
-        sp->pass.order = q[0].order;
-        sp->pass.num_samples = q[0].num_samples;
-        return 0;
-}
-
-/* Every rank ended the pass: close it, and check it when every loader ran out. */
-static int step_eval_end(deval_group *g) {
-        DvSpan *sp = g->span;
-        SpanPass *ps = &sp->pass;
-        int W = g->world, r = 0;
-
-        if (!ps->active)
-                return dv_span_fail(sp, DEVAL_EINVAL, "no eval pass is open on group '%s'",
-                                    g->name);
-        bool exhausted = true;
-        for (int k = 0; k < W; k++)
-                exhausted &= (sp->reqs[k].flags & DV_END_EXHAUSTED) != 0;
-        if (ps->status) {
-                r = dv_span_fail(sp, ps->status, "%s", ps->msg);
-        } else {
-                char msg[DV_MSG_MAX];
-                r = dv_pass_close(msg, sizeof(msg), exhausted, ps->num_samples, ps->order, W,
-                                  ps->used, ps->total, ps->most, ps->rows);
-                if (r < 0)
-                        r = dv_span_fail(sp, r, "%s", msg);
-        }
-        pass_reset(sp, W);
-        return r;
+        char msg[DV_MSG_MAX];
+        int r = begin ? dv_pass_begin(&sp->pass, sp->reqs, g->name, msg, sizeof(msg))
+                      : dv_pass_end(&sp->pass, sp->reqs, g->name, msg, sizeof(msg));
+        return r < 0 ? dv_span_fail(sp, r, "%s", msg) : 0;
 }
 
 /*
@@ -330,9 +279,9 @@ static int park(deval_group *g, int *tmpl) {
         for (int k = 0; k < W && *tmpl < 0; k++)
                 if (q[k].op != DV_OP_EVAL_END)
                         *tmpl = k;
-        if (*tmpl < 0 || !sp->pass.active)
+        if (*tmpl < 0 || !sp->pass.open)
                 return 0;
-        if (!dv_pass_park(q, W, sp->parked, &pk)) {
+        if (!dv_pass_park(&sp->pass, q, &pk)) {
                 char a[48], b[48], msg[DV_MSG_MAX];
                 dv_pass_park_msg(msg, sizeof(msg), &pk, q, q[pk.tmpl].call,
                                  who(sp, pk.tmpl, a, sizeof(a)),
@@ -343,7 +292,7 @@ static int park(deval_group *g, int *tmpl) {
                 return 0;
         DvRequest tm = q[*tmpl];
         for (int k = 0; k < W; k++)
-                if (sp->parked[k]) {
+                if (sp->pass.parked[k]) {
                         dv_req_empty(&q[k], &tm, tm.seq);
                         sp->data[k] = NULL;
                         sp->dlen[k] = 0;
@@ -395,7 +344,7 @@ static int step(deval_group *g, bool *closed) {
         DvAgree ag = {.q = q,
                       .world = W,
                       .call = q[0].call,
-                      .pass_open = sp->pass.active,
+                      .pass_open = sp->pass.open,
                       .who = agree_who,
                       .desc = agree_desc,
                       .ctx = sp,
@@ -405,7 +354,7 @@ static int step(deval_group *g, bool *closed) {
                 return r;
         if (tmpl < 0) {
                 *closed = true;
-                return step_eval_end(g);
+                return step_eval(g, false);
         }
         sp->res.op = q[tmpl].op;
         sp->res.site = q[tmpl].site;
@@ -425,7 +374,7 @@ static int step(deval_group *g, bool *closed) {
         case DV_OP_BROADCAST_BYTES:
                 return step_broadcast(g);
         case DV_OP_EVAL_BEGIN:
-                return step_eval_begin(g);
+                return step_eval(g, true);
         case DV_OP_BARRIER:
                 return 0;
         }
@@ -451,13 +400,13 @@ int dv_span_step(deval_group *g, bool *closed) {
         int r = step(g, closed);
         bool released = false;
         for (int k = 0; k < g->world; k++)
-                released |= sp->reqs[k].op == DV_OP_EVAL_END && !sp->parked[k];
-        if (released && sp->pass.active)
-                pass_reset(sp, g->world);
+                released |= sp->reqs[k].op == DV_OP_EVAL_END && !sp->pass.parked[k];
+        if (released && sp->pass.open)
+                dv_pass_reset(&sp->pass);
         return r;
 }
 
 /** dv_span_pass_open() - is an eval pass open on spanning handle g (deval_eval_open())? */
 int dv_span_pass_open(const deval_group *g) {
-        return g->span->pass.active;
+        return g->span->pass.open;
 }

@@ -672,7 +672,7 @@ static int rank_pass_forged(const Harness *h, int rank, int world, void *arg) {
         CHECK_OK(deval_gather_for_metrics(g, 1, &t, NULL, &out), g);
         CHECK_OK(deval_barrier(g), g);
         if (rank == 1)
-                g->pass_sh->total[0] = -5;
+                g->pass_sh->c.total[0] = -5;
         int r = deval_gather_for_metrics(g, 1, &t, NULL, &out);
         CHECK(r == DEVAL_EPROTO && strstr(deval_errmsg(g), "counters"), "got %s: %s",
               deval_strerror(r), deval_errmsg(g));
