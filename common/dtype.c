@@ -352,3 +352,20 @@ void dv_reduce_finish(int dtype, int op, int world, const void *acc, void *out, 
                 break;
         }
 }
+
+/* Elements reduced at a time: the accumulator, 8 bytes an element at most, stays in L1. */
+#define REDUCE_CHUNK 1024
+
+/** dv_reduce_ranks() - see dtype.h. */
+void dv_reduce_ranks(int dtype, int op, int world, const uint8_t *const *srcs, uint64_t numel,
+                     void *out) {
+        size_t es = dv_dtype_size(dtype);
+        double acc[REDUCE_CHUNK];
+        for (uint64_t e = 0; e < numel; e += REDUCE_CHUNK) {
+                size_t n = numel - e < REDUCE_CHUNK ? (size_t)(numel - e) : REDUCE_CHUNK;
+                dv_reduce_init(dtype, acc, srcs[0] + e * es, n);
+                for (int k = 1; k < world; k++)
+                        dv_reduce_accumulate(dtype, op, acc, srcs[k] + e * es, n);
+                dv_reduce_finish(dtype, op, world, acc, (uint8_t *)out + e * es, n);
+        }
+}

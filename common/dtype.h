@@ -39,3 +39,9 @@ void dv_reduce_init(int dtype, void *acc, const void *x, size_t n);
 void dv_reduce_finish(int dtype, int op, int world, const void *acc, void *out, size_t n);
 /* Bytes of accumulator per element. */
 size_t dv_reduce_acc_size(int dtype);
+/*
+ * The reduce of a step: world ranks' numel elements of dtype (srcs[k], rank k's, any
+ * alignment) reduced by op in rank order into out, as every executor of a reduce does it.
+ */
+void dv_reduce_ranks(int dtype, int op, int world, const uint8_t *const *srcs, uint64_t numel,
+                     void *out);

@@ -81,6 +81,15 @@ void dv_desc_of(const DvShape *sh, uint64_t offset, uint64_t nbytes, DvTensorDes
         t->nbytes = nbytes;
 }
 
+/** dv_root_only() - see plan.h. */
+void dv_root_only(DvResult *res, int root, int rank) {
+        for (uint32_t i = 0; root >= 0 && root != rank && i < res->ntensors; i++) {
+                res->t[i].shape[0] = 0;
+                res->t[i].nbytes = 0;
+                res->t[i].offset = 0;
+        }
+}
+
 bool dv_shape_numel(const DvShape *s, int64_t *ret) {
         int64_t n = 1;
         for (int d = 0; d < s->ndim; d++)

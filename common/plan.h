@@ -102,6 +102,9 @@ bool dv_pass_counts_ok(const int64_t *rows, int world, int64_t total);
 /* A descriptor's shape, and a descriptor of shape at offset. */
 DvShape dv_shape_of(const DvTensorDesc *t);
 void dv_desc_of(const DvShape *sh, uint64_t offset, uint64_t nbytes, DvTensorDesc *t);
+/* A gather's result res as rank gets it: with a root (>= 0), a rank other than the root gets
+ * every tensor with no rows. */
+void dv_root_only(DvResult *res, int root, int rank);
 /* Bytes of one sample (row) of shape, and its element count; false on overflow. */
 bool dv_shape_numel(const DvShape *s, int64_t *ret);
 

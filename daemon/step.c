@@ -27,6 +27,7 @@
 #include "log.h"
 #include "output.h"
 #include "pass.h"
+#include "plan.h"
 #include "util.h"
 
 typedef struct {
@@ -214,17 +215,6 @@ static int pass_park(Step *s) {
         return 0;
 }
 
-static void result_root_only(Step *s, int k, DvResult *res) {
-        int root = s->reqs[0].root;
-        if (root < 0 || k == root)
-                return;
-        for (uint32_t i = 0; i < res->ntensors; i++) {
-                res->t[i].shape[0] = 0;
-                res->t[i].nbytes = 0;
-                res->t[i].offset = 0;
-        }
-}
-
 /*
  * A device group's plan: the copy kernel on every GPU that receives, reading the ranks'
  * device input arenas. Sources: rank k's tensor i at k * per_rank + i.
@@ -300,7 +290,7 @@ static int step_gather(Step *s) {
                 res->ntensors = (uint32_t)n;
                 for (int i = 0; i < n; i++)
                         dv_desc_of(&p.out[i], p.out_offset[i], p.out_nbytes[i], &res->t[i]);
-                result_root_only(s, k, res);
+                dv_root_only(res, s->reqs[0].root, k);
         }
         dv_plan_deinit(&p);
         return 0;
@@ -371,7 +361,7 @@ static int step_objects(Step *s) {
                 res->ntensors = 2;
                 dv_desc_of(&ls, lens_off, lens_bytes, &res->t[0]);
                 dv_desc_of(&bs, blob_off, blob_bytes, &res->t[1]);
-                result_root_only(s, k, res);
+                dv_root_only(res, s->reqs[0].root, k);
         }
         dv_plan_deinit(&p);
         r = 0;
@@ -420,31 +410,18 @@ out:
         return r;
 }
 
-#define REDUCE_CHUNK 4096
-
 static int step_reduce(Step *s) {
         Group *g = s->g;
         int W = g->world, r;
 
         const DvTensorDesc *t = &s->reqs[0].t[0];
-        int op = s->reqs[0].reduce_op;
         if ((r = output_ensure(g, t->nbytes, s->msg, sizeof(s->msg))) < 0)
                 return r;
-
-        size_t es = dv_dtype_size(t->dtype);
-        uint64_t numel = t->nbytes / es;
-        double acc[REDUCE_CHUNK]; /* as <= sizeof(double) */
-        for (uint64_t e = 0; e < numel; e += REDUCE_CHUNK) {
-                size_t n = (size_t)DV_MIN((uint64_t)REDUCE_CHUNK, numel - e);
-                const uint8_t *x0 = in_base(g, &s->reqs[0]) + s->reqs[0].t[0].offset + e * es;
-                dv_reduce_init(t->dtype, acc, x0, n);
-                for (int k = 1; k < W; k++) {
-                        const uint8_t *x =
-                                in_base(g, &s->reqs[k]) + s->reqs[k].t[0].offset + e * es;
-                        dv_reduce_accumulate(t->dtype, op, acc, x, n);
-                }
-                dv_reduce_finish(t->dtype, op, W, acc, g->locked.out.map + e * es, n);
-        }
+        const uint8_t *srcs[DEVAL_MAX_WORLD];
+        for (int k = 0; k < W; k++)
+                srcs[k] = in_base(g, &s->reqs[k]) + s->reqs[k].t[0].offset;
+        dv_reduce_ranks(t->dtype, s->reqs[0].reduce_op, W, srcs,
+                        t->nbytes / dv_dtype_size(t->dtype), g->locked.out.map);
         atomic_fetch_add_explicit(&g->bytes_moved, t->nbytes, memory_order_relaxed);
         DvShape sh = dv_shape_of(t);
         for (int k = 0; k < W; k++) {

@@ -23,6 +23,7 @@
 #include "fault.h"
 #include "gpu.h"
 #include "ident.h"
+#include "plan.h"
 #include "span_step.h"
 #include "util.h"
 
@@ -326,13 +327,8 @@ static int fast_result(deval_group *g, const char *fn, bool pass_end, const DvRe
                 t->offset = slot->pad_off;
                 t->nbytes = (uint64_t)numel * dv_dtype_size(t->dtype);
         }
-        bool gather = q->op == DV_OP_GATHER || q->op == DV_OP_GATHER_METRICS;
-        for (uint32_t i = 0; gather && q->root >= 0 && q->root != g->rank && i < res->ntensors;
-             i++) {
-                res->t[i].shape[0] = 0;
-                res->t[i].nbytes = 0;
-                res->t[i].offset = 0;
-        }
+        if (q->op == DV_OP_GATHER || q->op == DV_OP_GATHER_METRICS)
+                dv_root_only(res, q->root, g->rank);
         if (g->direct_seq == g->seq) { /* every rank wrote its rows into the direct output */
                 g->view = g->direct;
                 g->view_size = g->direct_size;

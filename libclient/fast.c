@@ -289,24 +289,15 @@ static bool fast_pad(deval_group *g, const DvRequest *q, DvResult *res, uint64_t
         return true;
 }
 
-#define REDUCE_CHUNK 1024
-
 static bool fast_reduce(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
         const DvTensorDesc *t = &q[0].t[0];
-        int op = q[0].reduce_op;
-        if (t->nbytes > g->fast_out_size)
+        const uint8_t **srcs = scratch(g, 2, (size_t)g->world * sizeof(*srcs));
+        if (t->nbytes > g->fast_out_size || !srcs)
                 return false;
-        size_t es = dv_dtype_size(t->dtype);
-        uint64_t numel = t->nbytes / es;
-        double acc[REDUCE_CHUNK]; /* an accumulator is 8 bytes at most */
-        for (uint64_t e = 0; e < numel; e += REDUCE_CHUNK) {
-                size_t n = (size_t)DV_MIN((uint64_t)REDUCE_CHUNK, numel - e);
-                dv_reduce_init(t->dtype, acc, inl_of(g, 0, &q[0].t[0]) + e * es, n);
-                for (int k = 1; k < g->world; k++)
-                        dv_reduce_accumulate(t->dtype, op, acc, inl_of(g, k, &q[k].t[0]) + e * es,
-                                             n);
-                dv_reduce_finish(t->dtype, op, g->world, acc, g->fast_out + e * es, n);
-        }
+        for (int k = 0; k < g->world; k++)
+                srcs[k] = inl_of(g, k, &q[k].t[0]);
+        dv_reduce_ranks(t->dtype, q[0].reduce_op, g->world, srcs,
+                        t->nbytes / dv_dtype_size(t->dtype), g->fast_out);
         res->ntensors = 1;
         DvShape sh = dv_shape_of(t);
         dv_desc_of(&sh, 0, t->nbytes, &res->t[0]);

@@ -245,15 +245,12 @@ int dv_mirror_run(deval_group *g, uint32_t seq) {
             mirror_gather(g, recs, slots, p) < 0)
                 return -1;
         if (own->op == DV_OP_REDUCE) {
-                size_t es = dv_dtype_size(own->dtype);
-                size_t n = own->nbytes / es;
-                double acc[DV_MIRROR_BYTES]; /* an element is one byte at least */
+                const uint8_t **srcs = g->mirror_srcs;
+                for (int k = 0; k < g->world; k++)
+                        srcs[k] = slots[k].mirror[p].data;
                 /* in rank order, as devald and a runner reduce */
-                dv_reduce_init(own->dtype, acc, slots[0].mirror[p].data, n);
-                for (int k = 1; k < g->world; k++)
-                        dv_reduce_accumulate(own->dtype, own->reduce_op, acc,
-                                             slots[k].mirror[p].data, n);
-                dv_reduce_finish(own->dtype, own->reduce_op, g->world, acc, g->mirror_out, n);
+                dv_reduce_ranks(own->dtype, own->reduce_op, g->world, srcs,
+                                own->nbytes / dv_dtype_size(own->dtype), g->mirror_out);
                 res->ntensors = 1;
                 DvTensorDesc *t = &res->t[0];
                 memset(t, 0, sizeof(*t));

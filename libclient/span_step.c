@@ -26,6 +26,7 @@
 #include "client.h"
 #include "dtype.h"
 #include "pass.h"
+#include "plan.h"
 #include "span.h"
 #include "util.h"
 
@@ -90,15 +91,6 @@ static int plan_failed(DvSpan *sp, int r, const DvPlan *p) {
                             dv_op_name(sp->reqs[0].op), p->err);
 }
 
-static void root_only(deval_group *g, DvResult *res) {
-        int root = g->span->reqs[0].root;
-        for (uint32_t i = 0; root >= 0 && root != g->rank && i < res->ntensors; i++) {
-                res->t[i].shape[0] = 0;
-                res->t[i].nbytes = 0;
-                res->t[i].offset = 0;
-        }
-}
-
 static int step_gather(deval_group *g) {
         DvSpan *sp = g->span;
         int W = g->world, r;
@@ -130,7 +122,7 @@ static int step_gather(deval_group *g) {
         sp->res.ntensors = (uint32_t)n;
         for (int i = 0; i < n; i++)
                 dv_desc_of(&p->out[i], p->out_offset[i], p->out_nbytes[i], &sp->res.t[i]);
-        root_only(g, &sp->res);
+        dv_root_only(&sp->res, sp->reqs[0].root, g->rank);
         return 0;
 }
 
@@ -179,7 +171,7 @@ static int step_objects(deval_group *g) {
         sp->res.ntensors = 2;
         dv_desc_of(&ls, 0, lens_bytes, &sp->res.t[0]);
         dv_desc_of(&bs, blob_off, blob_bytes, &sp->res.t[1]);
-        root_only(g, &sp->res);
+        dv_root_only(&sp->res, sp->reqs[0].root, g->rank);
         return 0;
 }
 
@@ -209,29 +201,19 @@ static int step_pad(deval_group *g) {
         return 0;
 }
 
-#define REDUCE_CHUNK 1024
-
 static int step_reduce(deval_group *g) {
         DvSpan *sp = g->span;
         int W = g->world;
         DvRequest *q = sp->reqs;
 
         const DvTensorDesc *t = &q[0].t[0];
-        int op = q[0].reduce_op;
         uint8_t *out = out_of(sp, t->nbytes);
-        if (!out)
+        if (!out || !inputs(sp, (size_t)W))
                 return dv_span_fail(sp, DEVAL_ENOMEM, "out of memory");
-        size_t es = dv_dtype_size(t->dtype);
-        uint64_t numel = t->nbytes / es;
-        double acc[REDUCE_CHUNK];                            /* an accumulator is 8 bytes at most */
-        for (uint64_t e = 0; e < numel; e += REDUCE_CHUNK) { /* in global rank order */
-                size_t n = (size_t)DV_MIN((uint64_t)REDUCE_CHUNK, numel - e);
-                dv_reduce_init(t->dtype, acc, sp->data[0] + q[0].t[0].offset + e * es, n);
-                for (int k = 1; k < W; k++)
-                        dv_reduce_accumulate(t->dtype, op, acc,
-                                             sp->data[k] + q[k].t[0].offset + e * es, n);
-                dv_reduce_finish(t->dtype, op, W, acc, out + e * es, n);
-        }
+        for (int k = 0; k < W; k++) /* in global rank order */
+                sp->srcs[k] = sp->data[k] + q[k].t[0].offset;
+        dv_reduce_ranks(t->dtype, q[0].reduce_op, W, sp->srcs, t->nbytes / dv_dtype_size(t->dtype),
+                        out);
         sp->res.ntensors = 1;
         DvShape sh = dv_shape_of(t);
         dv_desc_of(&sh, 0, t->nbytes, &sp->res.t[0]);
