@@ -40,10 +40,11 @@ static bool empty_answers(uint32_t op) {
  * Return: true when the step goes on; false when it must fail (pk->left >= 0: a rank left its
  * loop early; else tmpl's op cannot be answered for the parked ranks).
  */
-bool dv_pass_park(DvPass *ps, const DvRequest *q, DvPark *pk) {
+bool dv_pass_park(DvPass *ps, const DvRequest *q, bool on_gpus, DvPark *pk) {
         int world = ps->world;
         bool *parked = ps->parked;
-        *pk = (DvPark){.tmpl = -1, .first = -1, .left = -1, .can_answer = true};
+        *pk = (DvPark){
+                .tmpl = -1, .first = -1, .left = -1, .can_answer = !on_gpus, .on_gpus = on_gpus};
         for (int k = 0; k < world && pk->tmpl < 0; k++)
                 if (!parked[k] && q[k].op != DV_OP_EVAL_END)
                         pk->tmpl = k;
@@ -69,7 +70,7 @@ bool dv_pass_park(DvPass *ps, const DvRequest *q, DvPark *pk) {
                 return false;
         if (pk->first < 0)
                 return true;
-        pk->can_answer = empty_answers(q[pk->tmpl].op);
+        pk->can_answer = !on_gpus && empty_answers(q[pk->tmpl].op);
         return pk->can_answer;
 }
 
@@ -86,6 +87,14 @@ void dv_pass_park_msg(char *buf, size_t len, const DvPark *pk, const DvRequest *
                          "it did not gather would be missing from every result. Run the loop to "
                          "the end on every rank, or leave it at the same batch on all of them",
                          seq, other_name, q[pk->left].batch, tmpl_name, dv_op_name(q[pk->tmpl].op));
+        else if (pk->on_gpus)
+                snprintf(buf, len,
+                         "collective #%u: %s called %s, but %s has already ended its eval pass "
+                         "(its loader ran out): a device group keeps its results on GPUs, where "
+                         "a rank that ended its pass could not keep them to replay, so every "
+                         "rank must run the same number of batches (a DistributedSampler "
+                         "without drop_last pads them even), or join a host group",
+                         seq, tmpl_name, dv_op_name(q[pk->tmpl].op), other_name);
         else
                 snprintf(buf, len,
                          "collective #%u: %s called %s, but %s has already ended its eval pass "

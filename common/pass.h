@@ -71,15 +71,17 @@ typedef struct {
         int first; /* the first parked rank (after this step); -1: none */
         int left;  /* a rank that left its loop early (DV_END_LEFT) while tmpl calls; -1: none */
         bool can_answer; /* tmpl's op is one an empty contribution answers */
+        bool on_gpus;    /* the group's results live on GPUs: no rank can be parked */
 } DvPark;
 
 /*
  * The step's requests q[world] in the open pass ps: ranks that send eval_end while another
- * rank still calls are parked (ps->parked, ps->nparked; ranks parked before stay parked).
- * Return: true when the step goes on (nothing to park, or every parked rank can be answered
+ * rank still calls are parked (ps->parked, ps->nparked; ranks parked before stay parked),
+ * except in a group whose results live on GPUs (on_gpus), where a parked rank could not keep
+ * them to replay: there the step fails. Return: true when the step goes on (nothing to park, or every parked rank can be answered
  * for); false when it fails, and pk says why (dv_pass_park_msg()).
  */
-bool dv_pass_park(DvPass *ps, const DvRequest *q, DvPark *pk);
+bool dv_pass_park(DvPass *ps, const DvRequest *q, bool on_gpus, DvPark *pk);
 
 /*
  * Why the step fails, for dv_pass_park()'s false: seq is the collective's number; name(k)

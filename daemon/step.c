@@ -194,10 +194,9 @@ static int pass_park(Step *s) {
         DvPass *ps = &g->work.pass;
         DvPark pk;
 
-        /* device results live on GPUs: a parked rank could not keep them to replay */
-        if (!ps->open || g->device_group)
+        if (!ps->open)
                 return 0;
-        bool ok = dv_pass_park(ps, g->work.reqs, &pk);
+        bool ok = dv_pass_park(ps, g->work.reqs, g->device_group, &pk);
         if (!ok) {
                 char a[48], b[48], msg[DV_MSG_MAX];
                 int other = pk.left >= 0 ? pk.left : pk.first;

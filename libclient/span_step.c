@@ -263,7 +263,7 @@ static int park(deval_group *g, int *tmpl) {
                         *tmpl = k;
         if (*tmpl < 0 || !sp->pass.open)
                 return 0;
-        if (!dv_pass_park(&sp->pass, q, &pk)) {
+        if (!dv_pass_park(&sp->pass, q, false, &pk)) {
                 char a[48], b[48], msg[DV_MSG_MAX];
                 dv_pass_park_msg(msg, sizeof(msg), &pk, q, q[pk.tmpl].call,
                                  who(sp, pk.tmpl, a, sizeof(a)),

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpu.h"
 #include "span-seq.h"
 
 /* failures that end the group: a case stops at the first */
@@ -89,7 +90,8 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
         return h;
 }
 
-/* a result: its dtype, shape and a digest of its bytes */
+/* a result: its dtype, shape and a digest of its bytes, read back from a GPU's (the
+ * fake's) where a device group left it */
 static void result(EqLog *l, const deval_tensor *t) {
         size_t bytes = deval_dtype_size(t->dtype);
         fprintf(l->f, "  = dtype %d [", t->dtype);
@@ -99,8 +101,20 @@ static void result(EqLog *l, const deval_tensor *t) {
         }
         if (t->ndim == 0 && !t->data)
                 bytes = 0;
-        fprintf(l->f, "] %016llx\n",
-                (unsigned long long)fnv(1469598103934665603ull, t->data, bytes));
+        const void *data = t->data;
+        void *host = NULL;
+        if (t->device >= 0 && bytes) {
+                host = malloc(bytes);
+                if (!host || dv_gpu()->copy_to_host(t->device, host, (DvDevPtr)(uintptr_t)t->data,
+                                                    bytes) < 0) {
+                        fprintf(l->f, "] unreadable on device %d\n", t->device);
+                        free(host);
+                        return;
+                }
+                data = host;
+        }
+        fprintf(l->f, "] %016llx\n", (unsigned long long)fnv(1469598103934665603ull, data, bytes));
+        free(host);
 }
 
 static void objects_result(EqLog *l, size_t n, const deval_bytes *items) {
@@ -128,14 +142,28 @@ static void still_works(deval_group *g, EqLog *l) {
                 result(l, &out);
 }
 
-/* span-seq.c's sequence: every op and option, passes of several calls, both orders, root,
- * keep and valid rows, uneven loaders and their replay, keys (its log digested) */
-static void sequence(deval_group *g, EqLog *l) {
+static int read_device(int device, void *dst, const void *src, size_t bytes) {
+        return dv_gpu()->copy_to_host(device, dst, (DvDevPtr)(uintptr_t)src, bytes);
+}
+
+static void seq_part(deval_group *g, EqLog *l, int part) {
         SpanLog s = {0};
-        span_seq(g, &s, l->rank, l->world, false);
+        span_seq_read_device = read_device;
+        span_seq_part(g, &s, l->rank, l->world, false, part);
         fprintf(l->f, "sequence: %d calls, %d failed, %016llx\n", s.entries, s.failed,
                 (unsigned long long)fnv(1469598103934665603ull, s.b, s.n));
         span_log_free(&s);
+}
+
+/* span-seq.c's sequence, its log digested: every op and option, passes of several calls, both
+ * orders, root, keep and valid rows */
+static void sequence(deval_group *g, EqLog *l) {
+        seq_part(g, l, 1);
+}
+
+/* the rest of it: passes over uneven loaders, their replay, and passes with keys */
+static void sequence_uneven(deval_group *g, EqLog *l) {
+        seq_part(g, l, 2);
 }
 
 enum {
@@ -473,6 +501,7 @@ static void rank_stalls(deval_group *g, EqLog *l) {
 
 const EqCase eq_cases[] = {
         {"sequence", sequence, 0},
+        {"sequence-uneven", sequence_uneven, 0},
         {"gather-mismatch", gather_mismatch, 0},
         {"other-mismatch", other_mismatch, 0},
         {"bad-arguments", bad_arguments, 0},

@@ -8,8 +8,9 @@
  * The executors: devald (the reference; $DEVAL_RANK_STEPS=0 $DEVAL_MIRROR=0), the runner rank
  * ($DEVAL_MIRROR=0), the mirrored step (the default), every rank copying a share of each step
  * ($DEVAL_SHARE_MIN=0), inputs written straight into the result ($DEVAL_DIRECT_MIN=0), and a
- * group spanning two "nodes" of two ranks over the tests' engine (span-engine.c). The replay
- * is in every one of them: the cases' uneven passes replay what a rank missed.
+ * group spanning two "nodes" of two ranks over the tests' engine (span-engine.c), and a device
+ * group on devald's GPU path over the fake's two "GPUs" ($DEVAL_GPU_FAKE). The replay is in
+ * every host executor: the cases' uneven passes replay what a rank missed.
  */
 #define _GNU_SOURCE
 /* clang-format off */
@@ -35,9 +36,10 @@ typedef struct {
         const char *name;
         const char *env[3]; /* NAME=VALUE, set in each rank before it joins */
         bool span;
+        bool device; /* a device group, on devald --backend cuda over the fake's 2 "GPUs" */
         /* cases whose failures this executor says in words of its own (statuses and results
          * are still compared), and cases it does not run; each with the reason in the table */
-        const char *own_words[2], *skip[2];
+        const char *own_words[4], *skip[4];
 } Executor;
 
 static const Executor executors[] = {
@@ -52,11 +54,20 @@ static const Executor executors[] = {
          * which cannot see which of its ranks is late, and a node whose late rank comes within
          * the node group's grace finishes a step the other nodes already failed: that case is
          * a known difference (docs/architecture.md), not run here. */
-        {"span", {NULL}, true, {"quota"}, {"rank-stalls"}},
+        {"span", {NULL}, true, false, {"quota"}, {"rank-stalls"}},
+        /* A device group keeps its results on GPUs, where a rank that ended its pass could
+         * not keep them to replay: a pass over uneven loaders fails there, saying so, and a
+         * pass with keys is refused. A quota failure names the device input it counted. */
+        {"gpu",
+         {NULL},
+         false,
+         true,
+         {"quota"},
+         {"sequence-uneven", "pass-parked", "pass-replay-differs", "pass-keys"}},
 };
 
 static bool listed(const char *const *list, const char *name) {
-        for (int i = 0; i < 2 && list[i]; i++)
+        for (int i = 0; i < 4 && list[i]; i++)
                 if (strcmp(list[i], name) == 0)
                         return true;
         return false;
@@ -83,7 +94,11 @@ static int rank_case(const Harness *h, int rank, int world, void *arg) {
         snprintf(full, sizeof(full), "%s-%d", name, (int)getppid()); /* as harness_join() */
         deval_group *g;
         int r;
-        if (run->ex->span) {
+        if (run->ex->device) {
+                deval_join_opts o = {DEVAL_JOIN_OPTS_INIT, .socket_path = h->socket,
+                                     .timeout_ms = timeout, .on_device = 1, .device = rank % 2};
+                r = deval_join(full, rank, world, &o, &g);
+        } else if (run->ex->span) {
                 Span sp = {
                         .layout = (const int[]){0, 0, 1, 1}, .timeout_ms = timeout, .name = name};
                 r = span_join(h, &sp, rank, world, &g);
@@ -102,8 +117,13 @@ static int rank_case(const Harness *h, int rank, int world, void *arg) {
 
 /* Run every case through ex, on a devald of its own. */
 static void run_all(const Executor *ex) {
-        const char *extra[] = {"--max-group-bytes=4M", NULL};
+        const char *extra[] = {"--max-group-bytes=4M", NULL, NULL, NULL};
         Harness h;
+        if (ex->device) { /* devald and the ranks inherit the fake */
+                setenv("DEVAL_GPU_FAKE", "2", 1);
+                extra[1] = "--backend";
+                extra[2] = "cuda";
+        }
         harness_start(&h, extra);
         for (int i = 0; i < eq_ncases; i++) {
                 if (listed(ex->skip, eq_cases[i].name))
@@ -116,6 +136,7 @@ static void run_all(const Executor *ex) {
                                  failed);
         }
         harness_stop(&h);
+        unsetenv("DEVAL_GPU_FAKE");
 }
 
 static char *slurp(const char *path) {
@@ -229,7 +250,7 @@ static void test_reference(void **state) {
 int main(void) {
 #define EX(i) cmocka_unit_test_prestate(test_executor, (void *)&executors[i])
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_reference), EX(1), EX(2), EX(3), EX(4), EX(5),
+                cmocka_unit_test(test_reference), EX(1), EX(2), EX(3), EX(4), EX(5), EX(6),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
