@@ -6,6 +6,7 @@ one, and must print the same: the same numbers, the same predictions in dataset 
 same generated strings."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -42,6 +43,20 @@ def torchrun(daemon, n, example, timeout=120):
                 "--nproc-per-node", str(n), os.path.join(EXAMPLES, example)], daemon, timeout)
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_launch(daemon, n, example, timeout=120):
+    """accelerate launch of n processes (--cpu would start one; the example keeps to the CPU)"""
+    return run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                "--num_processes", str(n), "--num_machines", "1", "--mixed_precision", "no",
+                "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+                os.path.join(EXAMPLES, example)], daemon, timeout)
+
+
 def launch(daemon, n, script, *args, timeout=120):
     env = dict(os.environ, DEVAL_SOCKET=daemon.socket,
                PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -69,6 +84,52 @@ def test_distributed_sampler_example(daemon):
     assert torchrun(daemon, 3, "distributed_sampler.py") == one
     p = launch(daemon, 2, os.path.join(EXAMPLES, "distributed_sampler.py"))
     assert p.returncode == 0 and p.stdout == one, p.stdout + p.stderr
+
+
+def test_trainer_steps_example(daemon):
+    """A transformers Trainer evaluating every 4 steps, on 2 ranks and on one."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    one = torchrun(daemon, 1, "trainer_steps.py", timeout=180)
+    lines = one.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["step 4", "step 8", "step 12"], one
+    preds = lines[-1].split()[-1]
+    assert len(preds) == 37 and len(set(preds)) == 3, one
+    assert torchrun(daemon, 2, "trainer_steps.py", timeout=180) == one
+
+
+def test_no_trainer_steps_example(daemon):
+    """Accelerate's no_trainer loop under accelerate launch on 2 processes, and run alone."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("accelerate", reason="accelerate is not installed")
+    one = run([sys.executable, os.path.join(EXAMPLES, "no_trainer_steps.py")], daemon)
+    lines = one.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["step 5", "step 10", "step 15"], one
+    preds = lines[-1].split()[-1]
+    assert len(preds) == 45 and len(set(preds)) == 4, one
+    assert accelerate_launch(daemon, 2, "no_trainer_steps.py") == one
+
+
+def test_generate_example(daemon):
+    """Beam search with 2 sequences per prompt, ids and strings, on 3 ranks and on one."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    one = torchrun(daemon, 1, "generate.py")
+    lines = one.splitlines()
+    assert lines[0] == "16 sequences for 8 prompts, the token ids decode to the texts: True"
+    assert len(lines) == 9 and lines[1].startswith("'the cat' -> 'the cat"), one
+    assert len({len(ln) for ln in lines[1:]}) > 1, one
+    assert torchrun(daemon, 3, "generate.py") == one
+
+
+def test_torchmetrics_example(daemon):
+    """Accuracy, F1 and MSE updated on 3 ranks (one sample padded in by the sampler) equal
+    one process's, to the bit."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("torchmetrics", reason="torchmetrics is not installed")
+    one = torchrun(daemon, 1, "torchmetrics_eval.py")
+    assert one.startswith("50 reviews: accuracy ") and one.count("\n") == 1, one
+    assert torchrun(daemon, 3, "torchmetrics_eval.py") == one
 
 
 def test_accelerate_enable_example(daemon):
