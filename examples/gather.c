@@ -2,12 +2,23 @@
 /*
  * gather.c - one rank of a distributed evaluation through deval, in the fewest lines.
  *
- * Run one process per rank, with devald listening on $DEVAL_SOCKET:
+ * Run one process per rank, with devald listening on $DEVAL_SOCKET (or none: one starts):
  *
- *   for r in 0 1; do ./gather $r 2 & done; wait
+ *   python -m deval.launch -n 2 ./gather    (or torchrun --no-python --nproc-per-node 2, mpirun)
+ *   for r in 0 1; do ./gather $r 2 & done; wait          (the rank and world size by hand)
+ *   ./gather 0 1                                          (one process on its own)
  *
- * Each rank "predicts" a few samples whose token rows have ragged lengths; rank 0 prints
- * the gathered, padded, de-duplicated result in dataset order.
+ * Each rank "predicts" its share of 5 samples, dealt round-robin; sample i is a row of
+ * 2 + i % 3 tokens, so each rank pads its rows to its own longest, with -100. Rank 0 prints
+ * the gathered rows, padded to the longest of all, in dataset order, the sampler's padding
+ * dropped: the same at any number of ranks.
+ *
+ *   5 samples x 4 tokens:
+ *       0    1 -100 -100
+ *      10   11   12 -100
+ *      20   21   22   23
+ *      30   31 -100 -100
+ *      40   41   42 -100
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,25 +26,31 @@
 #include <deval.h>
 
 int main(int argc, char **argv) {
-        if (argc != 3 || atoi(argv[2]) < 1 || atoi(argv[2]) > 16) {
-                fprintf(stderr, "usage: %s RANK WORLD_SIZE\n", argv[0]);
+        if ((argc != 1 && argc != 3) || (argc == 3 && atoi(argv[2]) < 1)) {
+                fprintf(stderr, "usage: %s [RANK WORLD_SIZE]\n", argv[0]);
                 return 2;
         }
-        int rank = atoi(argv[1]), world = atoi(argv[2]);
         deval_group *g;
-        if (deval_join("example-gather", rank, world, NULL, &g) != 0) {
+        /* with no arguments the group, the rank and the world size come from the launcher */
+        if (deval_join(argc == 3 ? "example-gather" : NULL, argc == 3 ? atoi(argv[1]) : -1,
+                       argc == 3 ? atoi(argv[2]) : -1, NULL, &g) != 0) {
                 fprintf(stderr, "join: %s\n", deval_errmsg(NULL));
                 return 1;
         }
-        /* a dataset of 5 samples dealt round-robin (DistributedSampler): the last rank's
-         * share is padded with a duplicate of sample 0, which the eval pass drops */
-        int64_t num_samples = 5, per_rank = (num_samples + world - 1) / world;
-        int64_t width = 2 + rank; /* this rank's batch is padded to its own longest row */
-        int32_t tokens[64];
-        for (int64_t j = 0; j < per_rank; j++)
+        int rank = deval_rank(g), world = deval_world_size(g);
+        /* a dataset of 5 samples dealt round-robin (DistributedSampler): the last round is
+         * padded with copies of the first samples, which the eval pass drops */
+        int64_t num_samples = 5, per_rank = (num_samples + world - 1) / world, width = 0;
+        for (int64_t j = 0; j < per_rank; j++) {
+                int64_t i = (j * world + rank) % num_samples;
+                width = 2 + i % 3 > width ? 2 + i % 3 : width;
+        }
+        int32_t tokens[5 * 4]; /* at most 5 rows of 4 */
+        for (int64_t j = 0; j < per_rank; j++) {
+                int64_t i = (j * world + rank) % num_samples;
                 for (int64_t t = 0; t < width; t++)
-                        tokens[j * width + t] =
-                                (int32_t)(((j * world + rank) % num_samples) * 10 + t);
+                        tokens[j * width + t] = t < 2 + i % 3 ? (int32_t)(i * 10 + t) : -100;
+        }
         deval_tensor in = {.data = tokens,
                            .dtype = DEVAL_I32,
                            .ndim = 2,

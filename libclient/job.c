@@ -162,7 +162,8 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
                  "for $DEVAL_LAUNCH_ID (python -m deval.launch), $TORCHELASTIC_RUN_ID or "
                  "$MASTER_PORT with $RANK and $WORLD_SIZE (torchrun, accelerate launch), "
                  "$OMPI_COMM_WORLD_RANK and $OMPI_COMM_WORLD_SIZE (Open MPI's mpirun), "
-                 "$SLURM_JOB_ID, $SLURM_PROCID and $SLURM_NTASKS (srun); name the group");
+                 "$SLURM_JOB_ID, $SLURM_PROCID and $SLURM_NTASKS (srun); name the group "
+                 "and give the rank and world size (0 and 1 for a process on its own)");
         return DEVAL_EINVAL;
 }
 

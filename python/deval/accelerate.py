@@ -286,6 +286,10 @@ def enable(obj, group=None, socket=None, timeout=None):
                 "but this Accelerator runs alone (num_processes 1): it did not set up "
                 "distributed evaluation, so every rank would take part as rank 0. On CPU, make "
                 "it with Accelerator(cpu=True) or set ACCELERATE_USE_CPU=true" % said, -1)
+        if group is None and accelerator.num_processes == 1:
+            # a process on its own (python script.py) has no launcher to name its job, and a
+            # group of one shares nothing with anybody: it gets a name of its own
+            group = "accelerate-solo-%d-%s" % (os.getpid(), os.urandom(4).hex())
         g = join(group, accelerator.process_index, accelerator.num_processes, socket=socket,
                  timeout=timeout)
     st = _State(accelerator, g)

@@ -204,3 +204,31 @@ def test_trainer_evaluating_every_k_steps(daemon, monkeypatch, tmp_path):
         assert len(seen) == 2, seen  # steps 2 and 4
         for ids, labels in seen:
             assert ids == list(range(N)) and labels == [i % 3 for i in range(N)], (ids, labels)
+
+
+def solo_rank(rank, world):
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    got = []
+    for _ in range(2):  # a second enable() in the process gets a group of its own too
+        acc = Accelerator(cpu=True)
+        g = deval.accelerate.enable(acc)
+        try:
+            loader = acc.prepare(DataLoader(torch.arange(10), batch_size=3))
+            got.append((g.world_size, torch.cat([acc.gather_for_metrics(b)
+                                                 for b in loader]).tolist()))
+        finally:
+            deval.accelerate.disable()
+    return got
+
+
+def test_enable_in_a_process_on_its_own(daemon, monkeypatch):
+    """python script.py, with no launcher to name the job: the one-line switch still runs.
+    It used to raise InvalidArgument ("nothing says which job this process belongs to")."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    for k in list(os.environ):
+        if k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DEVAL_LAUNCH_ID") or \
+                k.startswith(("OMPI_COMM_WORLD_", "SLURM_")):
+            monkeypatch.delenv(k)
+    assert run_ranks(1, solo_rank) == [[(1, list(range(10)))] * 2]

@@ -1,7 +1,12 @@
 # SPDX-License-Identifier: MIT
-"""The examples, run the way their headers say, and deval.launch's failure handling."""
+"""The examples, run the way their headers say, and deval.launch's failure handling.
+
+Each example for a loop people run is run under a real launcher on 2 or 3 ranks and again on
+one, and must print the same: the same numbers, the same predictions in dataset order, the
+same generated strings."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -10,6 +15,46 @@ import pytest
 from conftest import ROOT
 
 PYTHON_DIR = os.path.join(ROOT, "python")
+EXAMPLES = os.path.join(ROOT, "examples")
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DEVAL_LAUNCH_ID", "GROUP_RANK")
+
+
+def example_env(daemon):
+    """What a user's shell would have: devald's socket, the binding, no launcher's variables;
+    one thread per rank (2 cores), and no model hub (nothing is downloaded)."""
+    env = dict(os.environ, DEVAL_SOCKET=daemon.socket, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for k in LAUNCHER_VARS:
+        env.pop(k, None)
+    return env
+
+
+def run(cmd, daemon, timeout=120, **kw):
+    """Run cmd; return its stdout, after checking that it succeeded."""
+    p = subprocess.run(cmd, env=example_env(daemon), capture_output=True, text=True,
+                       timeout=timeout, **kw)
+    assert p.returncode == 0, "%s\n%s%s" % (cmd, p.stdout, p.stderr)
+    return p.stdout
+
+
+def torchrun(daemon, n, example, timeout=120):
+    return run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(n), os.path.join(EXAMPLES, example)], daemon, timeout)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_launch(daemon, n, example, timeout=120):
+    """accelerate launch of n processes (--cpu would start one; the example keeps to the CPU)"""
+    return run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                "--num_processes", str(n), "--num_machines", "1", "--mixed_precision", "no",
+                "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+                os.path.join(EXAMPLES, example)], daemon, timeout)
 
 
 def launch(daemon, n, script, *args, timeout=120):
@@ -30,10 +75,61 @@ def test_accelerate_vs_deval(daemon):
 
 
 def test_distributed_sampler_example(daemon):
+    """torchrun on 3 ranks and deval.launch on 2 print what one process prints."""
     pytest.importorskip("torch", reason="torch is not installed")
-    p = launch(daemon, 3, os.path.join(ROOT, "examples", "distributed_sampler.py"))
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "100 results in dataset order: True" in p.stdout
+    one = torchrun(daemon, 1, "distributed_sampler.py")
+    lines = one.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("100 predictions, accuracy "), one
+    assert len(set(lines[1] + lines[2])) == 3, one  # every class: a shuffled order would show
+    assert torchrun(daemon, 3, "distributed_sampler.py") == one
+    p = launch(daemon, 2, os.path.join(EXAMPLES, "distributed_sampler.py"))
+    assert p.returncode == 0 and p.stdout == one, p.stdout + p.stderr
+
+
+def test_trainer_steps_example(daemon):
+    """A transformers Trainer evaluating every 4 steps, on 2 ranks and on one."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    one = torchrun(daemon, 1, "trainer_steps.py", timeout=180)
+    lines = one.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["step 4", "step 8", "step 12"], one
+    preds = lines[-1].split()[-1]
+    assert len(preds) == 37 and len(set(preds)) == 3, one
+    assert torchrun(daemon, 2, "trainer_steps.py", timeout=180) == one
+
+
+def test_no_trainer_steps_example(daemon):
+    """Accelerate's no_trainer loop under accelerate launch on 2 processes, and run alone."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("accelerate", reason="accelerate is not installed")
+    one = run([sys.executable, os.path.join(EXAMPLES, "no_trainer_steps.py")], daemon)
+    lines = one.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["step 5", "step 10", "step 15"], one
+    preds = lines[-1].split()[-1]
+    assert len(preds) == 45 and len(set(preds)) == 4, one
+    assert accelerate_launch(daemon, 2, "no_trainer_steps.py") == one
+
+
+def test_generate_example(daemon):
+    """Beam search with 2 sequences per prompt, ids and strings, on 3 ranks and on one."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    one = torchrun(daemon, 1, "generate.py")
+    lines = one.splitlines()
+    assert lines[0] == "16 sequences for 8 prompts, the token ids decode to the texts: True"
+    assert len(lines) == 9 and lines[1].startswith("'the cat' -> 'the cat"), one
+    assert len({len(ln) for ln in lines[1:]}) > 1, one
+    assert torchrun(daemon, 3, "generate.py") == one
+
+
+def test_torchmetrics_example(daemon):
+    """Accuracy, F1 and MSE updated on 3 ranks (one sample padded in by the sampler) equal
+    one process's, to the bit."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("torchmetrics", reason="torchmetrics is not installed")
+    one = torchrun(daemon, 1, "torchmetrics_eval.py")
+    assert one.startswith("50 reviews: accuracy ") and one.count("\n") == 1, one
+    assert torchrun(daemon, 3, "torchmetrics_eval.py") == one
 
 
 def test_accelerate_enable_example(daemon):
@@ -55,15 +151,19 @@ def test_accelerate_enable_example(daemon):
 
 
 def test_gather_c_example(daemon):
-    """examples/gather.c as its comment says: for r in 0 1; do ./gather $r 2 & done; wait."""
+    """examples/gather.c as its comment says: under deval.launch, started by hand, and alone."""
     build = os.path.dirname(os.environ.get("DEVALD", os.path.join(ROOT, "build", "devald")))
-    env = dict(os.environ, DEVAL_SOCKET=daemon.socket)
+    one = run(["./example-gather", "0", "1"], daemon, 60, cwd=build)
+    rows = [[int(v) for v in ln.split()] for ln in one.splitlines()[1:]]
+    assert one.startswith("5 samples x 4 tokens:"), one
+    assert rows == [[10 * i + t if t < 2 + i % 3 else -100 for t in range(4)] for i in range(5)]
+    for n in (2, 3):
+        assert run([sys.executable, "-m", "deval.launch", "-n", str(n), "./example-gather"],
+                   daemon, 60, cwd=build) == one
     p = subprocess.run("for r in 0 1; do ./example-gather $r 2 & done; wait", shell=True,
-                       cwd=build, env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0 and not p.stderr, p.stdout + p.stderr
-    rows = [[int(v) for v in ln.split()] for ln in p.stdout.splitlines()[1:]]
-    assert p.stdout.startswith("5 samples x 3 tokens:"), p.stdout
-    assert [r[0] // 10 for r in rows] == [0, 1, 2, 3, 4], p.stdout  # dataset order, once each
+                       cwd=build, env=example_env(daemon), capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and not p.stderr and p.stdout == one, p.stdout + p.stderr
 
 
 def test_launch_reports_a_failed_rank(daemon, tmp_path):

@@ -279,9 +279,12 @@ def test_a_named_socket_is_never_autostarted(runtime, monkeypatch, tmp_path):
 
 
 def test_nothing_names_the_job(runtime):
+    """The error says all that a script run on its own needs: naming the group alone would
+    only raise again, for $RANK."""
     import deval
-    with pytest.raises(deval.InvalidArgument, match="nothing says which job"):
+    with pytest.raises(deval.InvalidArgument, match="nothing says which job") as e:
         deval.join()
+    assert "give the rank and world size (0 and 1 for a process on its own)" in str(e.value)
 
 
 def launch_rank_group(tmp_path):
