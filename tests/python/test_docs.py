@@ -10,7 +10,8 @@ import re
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-PAGES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "tests", "README.md")] + \
+PAGES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "tests", "README.md"),
+         os.path.join(ROOT, "examples", "README.md")] + \
     sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
