@@ -22,6 +22,7 @@
 #include "proc.h"
 #include "reply.h"
 #include "sock.h"
+#include "topo.h"
 #include "util.h"
 #include "worker.h"
 

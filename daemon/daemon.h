@@ -193,15 +193,3 @@ struct Daemon {
         uint64_t watchdog_ns;  /* $WATCHDOG_USEC: keep-alive every half of it; 0: none */
         uint64_t watchdog_last;
 };
-
-/* topo.c */
-void topo_setup(void);
-void topo_describe(Daemon *d, DvTopoReply *r);
-/* The NUMA node process pid runs on (its affinity, else the CPU it last ran on); -1. */
-int topo_node_of_pid(pid_t pid);
-/* The NUMA node nearest GPU gpu (devald's ordinal); -1 when unknown. */
-int topo_node_of_gpu(Daemon *d, int gpu);
-/* Bind thread t to node's cores; 0 with their list in cpus, or -1. */
-int topo_bind_thread(pthread_t t, int node, char *cpus, size_t len);
-/* Prefer node for the pages of [addr, addr + len) (a shared mapping: for every user). */
-int topo_prefer_memory(void *addr, size_t len, int node);

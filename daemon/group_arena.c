@@ -14,6 +14,7 @@
 #include "gpu_jobs.h"
 #include "group.h"
 #include "reply.h"
+#include "topo.h"
 #include "usage.h"
 #include "util.h"
 

@@ -16,6 +16,7 @@
 #include "group.h"
 #include "log.h"
 #include "reply.h"
+#include "topo.h"
 #include "usage.h"
 #include "util.h"
 #include "worker.h"

@@ -26,6 +26,7 @@
 #include "group.h"
 #include "log.h"
 #include "sd_daemon.h"
+#include "topo.h"
 #include "util.h"
 
 /* Listen on d->socket_path, replacing a stale socket file. 0, or a negative errno with why. */

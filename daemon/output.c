@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "daemon.h"
+#include "topo.h"
 #include "usage.h"
 
 /*

@@ -6,6 +6,8 @@
  */
 #define _GNU_SOURCE
 
+#include "topo.h"
+
 #include "daemon.h"
 #include "gpu_worker.h"
 #include "proc.h"

@@ -12,8 +12,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-#include "client.h"
 #include "gpu.h"
+#include "handle.h"
 #include "sock.h"
 #include "util.h"
 
@@ -82,8 +82,6 @@ int dv_reserve_input(deval_group *g, uint64_t size) {
 
         if (size <= g->in_size)
                 return 0;
-        if (g->span)
-                return dv_span_reserve(g, size);
         if ((r = request_arena(g, &req, sizeof(req), size, &rep, &fd)) < 0)
                 return r;
         if ((r = map_reply(g, fd, rep.size[0], PROT_READ | PROT_WRITE, "input", &p)) < 0)

@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "client.h"
+#include "handle.h"
 
 /* Map a segment devald sent after checking it is a memfd of exactly size bytes sealed
  * against shrinking and growing: 0 with *ret, -EPROTO if it is not, or -errno. Closes fd. */

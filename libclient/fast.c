@@ -12,16 +12,18 @@
  * when some rank's input is in its own memory, comes back unrun to be called again staged.
  */
 #define _GNU_SOURCE
+#include "fast.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #include "agree.h"
 #include "arena.h"
 #include "check.h"
-#include "client.h"
 #include "copy.h"
 #include "dtype.h"
 #include "fault.h"
+#include "handle.h"
 #include "kernel_plan.h"
 #include "pass.h"
 #include "plan.h"

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "handle.h"
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static deval_group *held; /* linked through held_next */

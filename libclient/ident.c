@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
+#include "handle.h"
 #include "util.h"
 
 #define ITEM_HDR 16 /* before each object of a pass with keys: its key, its place in its sample */

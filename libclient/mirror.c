@@ -13,12 +13,15 @@
  * runner or devald checks it and names what is wrong.
  */
 #define _GNU_SOURCE
+#include "mirror.h"
+
 #include <string.h>
 
 #include "agree.h"
-#include "client.h"
 #include "dtype.h"
+#include "fast.h"
 #include "fault.h"
+#include "handle.h"
 #include "util.h"
 
 /* A tensor described in a record: its dims, and data of nbytes (DV_MIRROR_BYTES at most)

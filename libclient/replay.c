@@ -12,12 +12,14 @@
  * ends the pass having seen every result, whatever its loader held.
  */
 #define _GNU_SOURCE
+#include "replay.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #include "deval.h"
 
-#include "client.h"
+#include "handle.h"
 #include "ident.h"
 #include "util.h"
 

@@ -28,10 +28,12 @@
 #include "deval.h"
 
 #include "check.h"
-#include "client.h"
+#include "handle.h"
 #include "job.h"
+#include "replay.h"
 #include "sock.h"
 #include "span_exchange.h"
+#include "span_state.h"
 #include "span_step.h"
 #include "span_wire.h"
 #include "util.h"

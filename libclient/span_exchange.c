@@ -27,8 +27,8 @@
 
 #include "deval.h"
 
-#include "client.h"
-#include "span.h"
+#include "handle.h"
+#include "span_state.h"
 #include "span_wire.h"
 #include "util.h"
 

@@ -23,11 +23,12 @@
 
 #include "agree.h"
 #include "check.h"
-#include "client.h"
 #include "dtype.h"
+#include "fast.h"
+#include "handle.h"
 #include "pass.h"
 #include "plan.h"
-#include "span.h"
+#include "span_state.h"
 #include "util.h"
 
 static const char *who(const DvSpan *sp, int k, char *buf, size_t len) {

@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "handle.h"
 #include "dtype.h"
 #include "harness.h"
 #include "util.h"

@@ -27,7 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "handle.h"
 #include "harness.h"
 #include "sock.h"
 #include "util.h"

@@ -36,7 +36,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "handle.h"
 #include "harness.h"
 #include "util.h"
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * client.h - libdeval's internals: the group handle and the helpers its collectives share.
+ * handle.h - libdeval's group handle, and what every part of libdeval does with it
+ * (handle.c): errors, devald's control messages, devald's liveness, forks, options structs.
  */
 #pragma once
 
@@ -114,31 +115,11 @@ struct deval_group {
 int dv_set_err(deval_group *g, int status, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 int dv_request(deval_group *g, const void *req, size_t len, DvReply *rep, int *fds, int *nfds);
+/* devald's reply on sock within timeout_ms (< 0: forever), fds closed when it is bad. */
+int dv_recv_reply(int sock, int timeout_ms, DvReply *rep, int *fds, int *nfds);
+#define REPLY_GRACE_MS 5000 /* devald's time to answer, past the handle's timeout */
 
 bool dv_daemon_alive(const deval_group *g);
 unsigned dv_forks(void);
 int dv_opts_copy(void *known, size_t known_size, const void *opts, uint32_t size, const char *what,
                  char *why, size_t len);
-bool dv_fast_inline_ok(const deval_group *g, uint64_t end);
-void dv_fast_arrive(deval_group *g, uint32_t seq);
-void dv_fast_share(deval_group *g, uint32_t seq);
-bool dv_fast_share_due(const deval_group *g, uint32_t seq);
-bool dv_mirror_post(deval_group *g, uint32_t seq, uint64_t now);
-int dv_mirror_run(deval_group *g, uint32_t seq);
-void dv_fast_stat(deval_group *g, uint32_t seq, int last, uint64_t first, uint64_t lastt);
-int dv_fast_gather_to(deval_group *g, const DvPlanInput *in, const uint8_t *const *srcs,
-                      uint8_t *out, DvResult *res);
-
-int dv_plan_run(deval_group *g, const DvPlan *p, int per_rank, bool first_tensor,
-                const uint8_t *const *srcs, uint8_t *out);
-
-/* span.c */
-int dv_span_run(deval_group *g, const char *fn, bool pass_end, const DvResult **ret);
-int dv_span_reserve(deval_group *g, uint64_t size);
-void dv_span_free(deval_group *g);
-
-void dv_replay_clear(deval_group *g);
-int dv_replay_keep(deval_group *g, const char *fn, const DvResult *res);
-bool dv_replay_pending(const deval_group *g);
-int dv_replay_take(deval_group *g, const char *fn, const DvRequest *q, const DvResult **ret);
-int dv_replay_batch(deval_group *g);

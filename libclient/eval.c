@@ -1,0 +1,219 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * eval.c - the eval pass's entry points (deval.h): begin, batch, end, complete, abandon,
+ * open. A pass's meaning is common/pass.c's, run wherever its steps run (run.h); what a rank
+ * keeps of it here is its batch count, its call sites, its replay (replay.c) and its keys
+ * (ident.c).
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <string.h>
+
+#include "deval.h"
+
+#include "collective.h"
+#include "handle.h"
+#include "ident.h"
+#include "replay.h"
+#include "run.h"
+#include "span.h"
+#include "span_step.h"
+#include "stage.h"
+
+static int batch_start(deval_group *g) {
+        if (dv_replay_pending(g)) {
+                int r = dv_replay_batch(g);
+                if (r < 0)
+                        return r;
+        } else {
+                g->batch_no++;
+        }
+        g->batch = true;
+        g->site[0] = g->site[1] = 0;
+        return 0;
+}
+
+/**
+ * deval_eval_batch() - a new batch of the eval pass starts on this rank. From here on, the
+ * first deval_gather_for_metrics() of the batch, the second, ... each count their samples
+ * apart (and the object calls theirs), so a loop that gathers predictions and labels in two
+ * calls per batch gets every sample once from each. Without it every call of a pass counts
+ * in one sequence: one call per batch. Local: nothing is sent.
+ * Return: 0; DEVAL_EINVAL when g is NULL.
+ */
+int deval_eval_batch(deval_group *g) {
+        if (!g)
+                return DEVAL_EINVAL;
+        dv_ident_batch_unkeyed(g);
+        return batch_start(g);
+}
+
+/**
+ * deval_eval_batch_keys() - deval_eval_batch() in a pass with keys (deval_eval_begin_keys()):
+ * the batch holds n samples, whose keys are keys[0..n) (each in [0, num_keys); the sharding's
+ * duplicates repeat a key). Every gather for metrics of the batch then holds a whole number of
+ * rows (objects) per sample, the same number in every batch. Local: nothing is sent.
+ * Return: 0; DEVAL_EINVAL (no pass with keys is open, a key out of range); DEVAL_ENOMEM.
+ */
+int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]) {
+        if (!g)
+                return DEVAL_EINVAL;
+        int r = batch_start(g);
+        if (r < 0)
+                return r;
+        return dv_ident_batch(g, "deval_eval_batch_keys", n, keys);
+}
+
+static int eval_end_step(deval_group *g, const char *fn, uint32_t flags) {
+        const DvResult *res;
+        int r;
+
+        g->batch = false;
+        g->site[0] = g->site[1] = 0;
+        if ((r = dv_coll_begin(g)) < 0)
+                return r;
+        dv_replay_clear(g);
+        DvRequest *q;
+        if ((r = dv_req_start(g, DV_OP_EVAL_END, &q)) < 0)
+                return r;
+        q->flags = flags;
+        if (g->span)
+                return dv_span_run(g, fn, true, &res);
+        return dv_coll_wait(g, fn, /* pass_end= */ true, &res);
+}
+
+/*
+ * End this rank's pass. A pass with keys checks itself (ident.c), so devald is not asked to
+ * count: it checks now, or after the replay of what this rank missed (@check).
+ */
+static int eval_end(deval_group *g, const char *fn, uint32_t flags, bool check) {
+        if (!g)
+                return DEVAL_EINVAL;
+        if (!g->ident)
+                return eval_end_step(g, fn, flags | (check ? DV_END_EXHAUSTED : 0));
+        int r = eval_end_step(g, fn, flags);
+        bool replay = r == 0 && deval_eval_missed(g) > 0;
+        if (r < 0 || (!replay && !check)) {
+                dv_ident_free(g);
+                return r;
+        }
+        if (!replay)
+                return dv_ident_check(g, fn);
+        if (check)
+                dv_ident_check_later(g);
+        return 0;
+}
+
+/* What this rank kept of its last pass (batches, a replay not finished, keys) is over. */
+static void pass_forget(deval_group *g) {
+        g->batch = false;
+        g->site[0] = g->site[1] = 0;
+        g->batch_no = 0;
+        dv_replay_clear(g);
+        dv_ident_free(g);
+}
+
+/**
+ * deval_eval_begin() - open an eval pass over a dataset of num_samples samples, in order.
+ * Return: 0; DEVAL_EINVAL (negative num_samples, unknown order, a pass already open);
+ * DEVAL_EMISMATCH when ranks pass different values; the group's failures.
+ */
+int deval_eval_begin(deval_group *g, int64_t num_samples, deval_order order) {
+        if (!g)
+                return DEVAL_EINVAL;
+        if (num_samples < 0)
+                return dv_set_err(g, DEVAL_EINVAL, "deval_eval_begin: num_samples is %" PRId64,
+                                  num_samples);
+        if (order != DEVAL_ORDER_RANK && order != DEVAL_ORDER_STRIDED)
+                return dv_set_err(g, DEVAL_EINVAL, "deval_eval_begin: unknown order %d", order);
+        pass_forget(g);
+        return dv_simple_op(g, DV_OP_EVAL_BEGIN, "deval_eval_begin", num_samples, order);
+}
+
+/**
+ * deval_eval_begin_keys() - open an eval pass whose samples carry their identity: a key in
+ * [0, num_keys) each (a dataset index; or a sample's place in the unsharded sampler's draws,
+ * when a sampler may draw a sample twice on purpose), which each batch declares with
+ * deval_eval_batch_keys(). A gather for metrics then returns its samples in key order, a key
+ * it (or an earlier call of the same stream) already returned dropped: the duplicates a
+ * sharding adds, wherever they fall. Nothing is counted by position, so a batch peeked before
+ * the loop, a sampler of contiguous chunks or k rows per sample change nothing.
+ * deval_eval_complete() (after the replay, deval_eval_replay_done()) checks that every stream
+ * returned num_samples distinct keys and names those missing. A device group cannot (its
+ * results stay on GPUs).
+ * Return: as deval_eval_begin(); DEVAL_EINVAL when num_samples > num_keys; DEVAL_ENOTSUP.
+ */
+int deval_eval_begin_keys(deval_group *g, int64_t num_samples, int64_t num_keys) {
+        const char *fn = "deval_eval_begin_keys";
+        if (!g)
+                return DEVAL_EINVAL;
+        pass_forget(g);
+        int r = dv_ident_begin(g, fn, num_samples, num_keys);
+        if (r < 0)
+                return r;
+        /* the count devald checks the ranks agree on carries num_keys: every rank must read
+         * a dataset of one length, or their keys mean different samples */
+        r = dv_simple_op(g, DV_OP_EVAL_BEGIN, fn, DV_IDENT_UNCOUNTED + num_keys, DEVAL_ORDER_RANK);
+        if (r < 0)
+                dv_ident_free(g);
+        if (r == DEVAL_EMISMATCH && strstr(g->errmsg, "num_samples"))
+                return dv_set_err(g, r,
+                                  "%s: ranks disagree on num_keys (this rank has %" PRId64
+                                  "): every rank's loader must read the same dataset, whole, "
+                                  "for a dataset index to name one sample",
+                                  fn, num_keys);
+        return r;
+}
+
+/**
+ * deval_eval_end() - this rank is done with the eval pass. Ranks may end it at different
+ * collectives: a rank whose loader ran out first waits here while devald answers the other
+ * ranks' gathers, gather_for_metrics, pad_across_processes and barriers for it with empty
+ * contributions; the pass closes, and every rank returns, when the last rank ends it.
+ * Return: 0; DEVAL_EINVAL if no pass is open; DEVAL_EMISMATCH when another rank called
+ * something devald cannot answer for a finished rank (reduce, broadcast), or the status of any
+ * collective that failed after this rank ended the pass; the group's failures.
+ */
+int deval_eval_end(deval_group *g) {
+        return eval_end(g, "deval_eval_end", 0, false);
+}
+
+/**
+ * deval_eval_complete() - deval_eval_end() for a rank whose loader ran out: when every rank
+ * ends the pass this way, the pass also checks that each gather_for_metrics call of the batch
+ * (and each object call) returned all num_samples samples. Use deval_eval_end() for a pass
+ * stopped early on purpose.
+ * Return: as deval_eval_end(), and DEVAL_EMISMATCH naming the call and the count when a call
+ * returned fewer samples than num_samples.
+ */
+int deval_eval_complete(deval_group *g) {
+        return eval_end(g, "deval_eval_complete", 0, true);
+}
+
+/**
+ * deval_eval_abandon() - deval_eval_end() for a rank that leaves its loop before its loader
+ * ran out (a break, an exception): its remaining samples will never be gathered, so a rank
+ * that still calls a collective of the pass fails, on every rank, with DEVAL_EMISMATCH
+ * naming this rank and its batch, rather than return results that silently lack them. When
+ * every rank abandons (or ends) the pass at the same point, it closes without a check.
+ * Return: as deval_eval_end().
+ */
+int deval_eval_abandon(deval_group *g) {
+        return eval_end(g, "deval_eval_abandon", DV_END_LEFT, false);
+}
+
+/**
+ * deval_eval_open() - is an eval pass open on g, as its last collective left it? A
+ * collective of the pass that fails because a rank left the pass while the others went on
+ * closes it on every rank: this rank must not end it again (its deval_eval_abandon() would
+ * be a collective the others never call).
+ * Return: 1 or 0; DEVAL_EINVAL when g is NULL.
+ */
+int deval_eval_open(const deval_group *g) {
+        if (!g)
+                return DEVAL_EINVAL;
+        if (g->span)
+                return dv_span_pass_open(g);
+        /* acquire pairs with devald's store after its step, published with done_seq */
+        return atomic_load_explicit(&g->pass_sh->open, memory_order_acquire) != 0;
+}

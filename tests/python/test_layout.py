@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: MIT
+"""The C sources' layout, as docs/architecture.md states it: a module's own header comes
+first in its .c, and no two modules of a directory reach each other through their headers,
+however long the way round (a module is foo.c with foo.h; a header of no .c, as the state
+span_state.h holds, belongs to whoever includes it)."""
+
+import glob
+import os
+import re
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DIRS = ["common", "daemon", "libclient"]
+INCLUDE = re.compile(r'^#include "(\w+)\.h"', re.M)
+
+
+def modules(d):
+    return {os.path.basename(p)[:-2] for p in glob.glob(os.path.join(ROOT, d, "*.c"))}
+
+
+def includes(d, m):
+    with open(os.path.join(ROOT, d, m + ".c"), encoding="utf-8") as f:
+        return INCLUDE.findall(f.read())
+
+
+def cycle(graph):
+    """A cycle of graph (node -> the nodes it reaches), as a list, or None."""
+    state, path = {}, []
+
+    def visit(n):
+        state[n] = 1
+        path.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return path[path.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        state[n] = 2
+        path.pop()
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_cycle_finds_one():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("d", DIRS)
+def test_own_header_first(d):
+    wrong = []
+    for m in sorted(modules(d)):
+        if os.path.exists(os.path.join(ROOT, d, m + ".h")):
+            inc = includes(d, m)
+            if not inc or inc[0] != m:
+                wrong.append("%s/%s.c includes %s first" % (d, m, inc[0] if inc else "nothing"))
+    assert not wrong, "; ".join(wrong)
+
+
+@pytest.mark.parametrize("d", DIRS)
+def test_no_cycle_between_modules(d):
+    mods = modules(d)
+    graph = {m: {i for i in includes(d, m) if i in mods and i != m} for m in mods}
+    found = cycle(graph)
+    assert found is None, "%s: %s" % (d, " -> ".join(found))
