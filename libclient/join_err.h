@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * join_err.h - why a join failed, for deval_errmsg(NULL) on this thread (client.c). Exported
+ * join_err.h - why a join failed, for deval_errmsg(NULL) on this thread (handle.c). Exported
  * outside the API (libdeval.sym's DEVAL_PRIVATE) for libdeval-mpi, whose joins say why too.
  */
 #pragma once
