@@ -310,6 +310,9 @@ def _straggler(rank, world, sock, name):
         with pytest.raises(deval.Timeout) as e:
             g.barrier()
         assert "rank 1" in str(e.value)
+        # the figure this rank joined with, and where to change it
+        assert "timed out after 500 ms (" in str(e.value), str(e.value)
+        assert "timeout= in deval.join()" in str(e.value), str(e.value)
     return True
 
 
