@@ -32,6 +32,39 @@
 #include "span_wire.h"
 #include "util.h"
 
+/**
+ * dv_span_say_timeout() - msg, which a node's group (or its devald) wrote, with its timeout
+ * said as the user set it. The node's group waits the join's timeout and DV_SPAN_GRACE_MS
+ * more, so its "21000 ms (the ... timeout ...; set ...)" of a join's 6000 ms becomes "6000 ms
+ * (...) and 15000 ms more that ...": the figure the user set, then the grace.
+ * @msg: NUL-terminated, rewritten in place within len bytes
+ * @node_ms: the node's group's timeout; < 0 (none) leaves msg as it is
+ */
+void dv_span_say_timeout(char *msg, size_t len, int node_ms) {
+        if (node_ms < DV_SPAN_GRACE_MS)
+                return;
+        char needle[32];
+        int nl = snprintf(needle, sizeof(needle), "%d ms (", node_ms);
+        const char *at = strstr(msg, needle);
+        while (at && at > msg && isdigit((unsigned char)at[-1]))
+                at = strstr(at + 1, needle);
+        if (!at)
+                return;
+        const char *close = at + nl; /* the parenthesis that says which timeout, nested ones in */
+        int depth = 1;
+        for (; *close && depth; close++)
+                depth += *close == '(' ? 1 : *close == ')' ? -1 : 0;
+        if (depth)
+                return;
+        char out[DV_MSG_MAX + 256];
+        snprintf(out, sizeof(out),
+                 "%.*s%d ms%.*s and %d ms more that a machine's ranks give their leader to reach "
+                 "the other machines%s",
+                 (int)(at - msg), msg, node_ms - DV_SPAN_GRACE_MS, (int)(close - at - nl + 2),
+                 at + nl - 2, DV_SPAN_GRACE_MS, close);
+        snprintf(msg, len, "%s", out);
+}
+
 /*
  * The node's group said msg about one of its steps: say it as a group of one machine says it
  * of the user's call (op, its number in the node's requests' call, wire.h), each rank by its
@@ -75,6 +108,7 @@ static void say_global(const DvSpan *sp, uint32_t op, const char *msg, char *out
                 out[o++] = *m++;
         }
         out[DV_MIN(o, len - 1)] = '\0';
+        dv_span_say_timeout(out, len, sp->local ? sp->local->timeout_ms : -1);
         char node[16];
         snprintf(node, sizeof(node), "(node %d", sp->node);
         if (!strstr(out, node)) {
