@@ -256,7 +256,8 @@ static int agree_run(DvAgree *a) {
                 if (q[k].op != q[0].op)
                         return dv_agree_fail(a, DEVAL_EMISMATCH,
                                              "collective #%u: ranks disagree on the op: rank 0 "
-                                             "called %s, rank %d called %s",
+                                             "called %s, rank %d called %s; every rank makes "
+                                             "the same calls, in the same order",
                                              a->call, dv_op_name(q[0].op), k, dv_op_name(q[k].op));
         switch (q[0].op) {
         case DV_OP_GATHER:

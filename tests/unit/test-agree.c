@@ -104,7 +104,8 @@ static void test_named_once(void **state) {
         one_tensor(&q[1], DV_OP_REDUCE, 2);
         assert_int_equal(agree(q, 2, NULL), DEVAL_EMISMATCH);
         assert_string_equal(msg, "collective #3: ranks disagree on the op: rank 0 called gather, "
-                                 "rank 1 called reduce");
+                                 "rank 1 called reduce; every rank makes the same calls, in the "
+                                 "same order");
         one_tensor(&q[0], DV_OP_GATHER, 2);
         one_tensor(&q[1], DV_OP_GATHER, 2);
         q[1].pad_first = 1;
