@@ -91,27 +91,27 @@ static int pad_value_same(DvAgree *a) {
         return 0;
 }
 
-static int same_shapes(DvAgree *a, const char *what) {
+/* the op's tensors have one shape on every rank (dv_agree() names the call) */
+static int same_shapes(DvAgree *a) {
         const DvTensorDesc *t = &a->q[0].t[0];
         for (int k = 1; k < a->world; k++) {
                 const DvTensorDesc *b = &a->q[k].t[0];
                 if (t->dtype != b->dtype)
                         return dv_agree_fail(a, DEVAL_EMISMATCH,
-                                             "%s: ranks disagree on the dtype: rank 0 has %s, "
+                                             "ranks disagree on the dtype: rank 0 has %s, "
                                              "rank %d has %s",
-                                             what, dv_dtype_name(t->dtype), k,
-                                             dv_dtype_name(b->dtype));
+                                             dv_dtype_name(t->dtype), k, dv_dtype_name(b->dtype));
                 if (t->ndim != b->ndim)
                         return dv_agree_fail(a, DEVAL_EMISMATCH,
-                                             "%s: ranks disagree on the ndim: rank 0 has %d, "
+                                             "ranks disagree on the ndim: rank 0 has %d, "
                                              "rank %d has %d",
-                                             what, t->ndim, k, b->ndim);
+                                             t->ndim, k, b->ndim);
                 for (int d = 0; d < t->ndim && d < DEVAL_MAX_DIMS; d++)
                         if (t->shape[d] != b->shape[d])
                                 return dv_agree_fail(a, DEVAL_EMISMATCH,
-                                                     "%s: ranks disagree on the shape: dim %d is "
+                                                     "ranks disagree on the shape: dim %d is "
                                                      "%lld on rank 0, %lld on rank %d",
-                                                     what, d, (long long)t->shape[d],
+                                                     d, (long long)t->shape[d],
                                                      (long long)b->shape[d], k);
         }
         return 0;
@@ -200,7 +200,7 @@ static int agree_reduce(DvAgree *a) {
         for (int k = 0; k < a->world; k++)
                 if ((r = a->desc(a, k, 0, true)) < 0)
                         return r;
-        if ((r = same_shapes(a, "reduce")) < 0)
+        if ((r = same_shapes(a)) < 0)
                 return r;
         int op = a->q[0].reduce_op, dtype = a->q[0].t[0].dtype;
         if (op < DEVAL_SUM || op > DEVAL_PROD)
@@ -227,7 +227,7 @@ static int agree_broadcast(DvAgree *a, bool bytes) {
                 for (int k = 0; k < a->world; k++)
                         if ((r = a->desc(a, k, 0, k == root)) < 0)
                                 return r;
-                if ((r = same_shapes(a, "broadcast")) < 0)
+                if ((r = same_shapes(a)) < 0)
                         return r;
         }
         return a->desc(a, root, 0, true);
@@ -242,14 +242,8 @@ static int agree_eval_begin(DvAgree *a) {
         return 0;
 }
 
-/**
- * dv_agree() - do the step's requests agree, as its op needs? In order: a rank that could not
- * stage its input fails the step with its own status and words; every rank called the same
- * op; then the op's own checks (its options, the same on every rank; its tensors, as its
- * executor checks where they lie; their shapes, where the op needs them equal).
- * Return: 0, or the step's status with why in a->msg.
- */
-int dv_agree(DvAgree *a) {
+/* dv_agree()'s checks, in its order; a failure's words may not name the call yet */
+static int agree_run(DvAgree *a) {
         const DvRequest *q = a->q;
         for (int k = 0; k < a->world; k++) {
                 if (q[k].status == 0)
@@ -273,7 +267,8 @@ int dv_agree(DvAgree *a) {
                 if (q[k].op != q[0].op)
                         return dv_agree_fail(a, DEVAL_EMISMATCH,
                                              "collective #%u: ranks disagree on the op: rank 0 "
-                                             "called %s, rank %d called %s",
+                                             "called %s, rank %d called %s; every rank makes "
+                                             "the same calls, in the same order",
                                              a->call, dv_op_name(q[0].op), k, dv_op_name(q[k].op));
         switch (q[0].op) {
         case DV_OP_GATHER:
@@ -298,4 +293,25 @@ int dv_agree(DvAgree *a) {
                 return dv_agree_fail(a, DEVAL_EPROTO, "collective #%u: unknown op %u", a->call,
                                      q[0].op);
         }
+}
+
+/**
+ * dv_agree() - do the step's requests agree, as its op needs? In order: a rank that could not
+ * stage its input fails the step with its own status and words; every rank called the same
+ * op; then the op's own checks (its options, the same on every rank; its tensors, as its
+ * executor checks where they lie; their shapes, where the op needs them equal).
+ *
+ * Every failure names the user's call first, "collective #3 (reduce): ...", as the ranks count
+ * their calls (a->call), whichever check or executor's callback found it.
+ * Return: 0, or the step's status with why in a->msg.
+ */
+int dv_agree(DvAgree *a) {
+        int r = agree_run(a);
+        if (r >= 0 || !a->msg || !a->msg_len || strncmp(a->msg, "collective #", 12) == 0)
+                return r;
+        char why[DV_MSG_MAX];
+        snprintf(why, sizeof(why), "%s", a->msg);
+        snprintf(a->msg, a->msg_len, "collective #%u (%s): %s", a->call, dv_op_name(a->q[0].op),
+                 why);
+        return r;
 }

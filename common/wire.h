@@ -578,3 +578,11 @@ _Static_assert(sizeof(DvPassShared) == 8 + 16 + 16 * DV_PASS_STREAMS, "wire layo
 _Static_assert(sizeof(DvCtlHeader) % 64 == 0, "slots on their own cache lines");
 
 const char *dv_op_name(uint32_t op);
+
+/*
+ * What a message about a timeout says of where its figure comes from, so that the user can
+ * change it: the timeout every rank gives deval_join() (deval.join() in Python, in seconds),
+ * which bounds the join and every collective.
+ */
+#define DV_TIMEOUT_SET \
+        "set timeout_ms in deval_join_opts, or timeout= in deval.join(), to wait longer"

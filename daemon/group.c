@@ -335,7 +335,8 @@ void group_expire_joins(Daemon *d, uint64_t now, int64_t *next_ns) {
                         }
                         char msg[DV_MSG_MAX];
                         int n = snprintf(msg, sizeof(msg),
-                                         "group '%s' did not form within %d ms: %d of %d ranks "
+                                         "group '%s' did not form within %d ms (this rank's "
+                                         "join timeout; " DV_TIMEOUT_SET "): %d of %d ranks "
                                          "joined; never joined:",
                                          g->name, m->timeout_ms, g->loop.joined, g->world);
                         for (int j = 0; j < g->world && n < (int)sizeof(msg) - 16; j++)

@@ -61,8 +61,10 @@ static void worker_timeout(Group *g, uint32_t seq, uint32_t op) {
                         call = g->hdr->slots[k].req.call;
                         break;
                 }
-        int n = snprintf(msg, sizeof(msg), "collective #%u (%s) timed out after %lld ms;", call,
-                         dv_op_name(op), (long long)(g->timeout_ns / 1000000));
+        int n = snprintf(msg, sizeof(msg),
+                         "collective #%u (%s) timed out after %lld ms (the shortest timeout its "
+                         "ranks joined with; " DV_TIMEOUT_SET ");",
+                         call, dv_op_name(op), (long long)(g->timeout_ns / 1000000));
         for (int k = 0; k < g->world && n < (int)sizeof(msg) - 64; k++) {
                 if (atomic_load_explicit(&g->hdr->slots[k].arrived_seq, memory_order_acquire) ==
                     seq)

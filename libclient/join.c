@@ -280,8 +280,10 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         r = dv_recv_reply(g->sock, g->timeout_ms < 0 ? -1 : g->timeout_ms + REPLY_GRACE_MS, &rep,
                           fds, &nfds);
         if (r == DEVAL_ETIMEDOUT)
-                return dv_join_err(r, "devald at %s did not answer the join of group '%s' in time",
-                                   g->socket_path, group);
+                return dv_join_err(r,
+                                   "devald at %s did not answer the join of group '%s' within "
+                                   "%d ms, the join's timeout, and %d ms more (" DV_TIMEOUT_SET ")",
+                                   g->socket_path, group, g->timeout_ms, REPLY_GRACE_MS);
         if (r < 0)
                 return dv_join_err(r, "devald at %s hung up during the join of group '%s'",
                                    g->socket_path, group);

@@ -163,8 +163,10 @@ static int coll_arrive(deval_group *g, const char *fn, int *by) {
                 if (limit >= 0 && (int64_t)(now - start) > limit) {
                         if (step_done(g, seq, &mirror, by))
                                 return 0;
-                        char msg[256];
-                        snprintf(msg, sizeof(msg), "%s: collective #%u did not finish within %d ms",
+                        char msg[384];
+                        snprintf(msg, sizeof(msg),
+                                 "%s: collective #%u did not finish within %d ms (the join's "
+                                 "timeout; " DV_TIMEOUT_SET ")",
                                  fn, call, g->timeout_ms);
                         return group_fail_local(g, DEVAL_ETIMEDOUT, msg);
                 }

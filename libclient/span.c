@@ -38,9 +38,6 @@
 #include "span_wire.h"
 #include "util.h"
 
-/* the node's group outlives a leader's wait on the engine: its ranks hear why it failed */
-#define LOCAL_GRACE_MS 15000
-
 /**
  * dv_span_run() - the collective described in g->req, across every node: an exchange, then
  * the step, here.
@@ -300,9 +297,13 @@ int deval_join_spanning(const char *group, int rank, int world_size, int local_r
                                  fn);
         int t = lo.timeout_ms == 0 ? 300000 : lo.timeout_ms;
         g->timeout_ms = t < 0 ? -1 : t;
-        lo.timeout_ms = t < 0 ? -1 : t + LOCAL_GRACE_MS;
-        if ((r = deval_join(name, local_rank, local_world, &lo, &sp->local)) < 0)
-                return join_fail(g, r, "%s", deval_errmsg(NULL));
+        lo.timeout_ms = t < 0 ? -1 : t + DV_SPAN_GRACE_MS;
+        if ((r = deval_join(name, local_rank, local_world, &lo, &sp->local)) < 0) {
+                char msg[DV_MSG_MAX + 128];
+                snprintf(msg, sizeof(msg), "%s", deval_errmsg(NULL));
+                dv_span_say_timeout(msg, sizeof(msg), lo.timeout_ms);
+                return join_fail(g, r, "%s", msg);
+        }
         /* the node's ranks wait on the engine at every step, for longer than a spin pays
          * for: they sleep at once, leaving the cores to the leader's exchange, unless told
          * otherwise ($DEVAL_SPIN_US, $DEVAL_YIELD_US) */

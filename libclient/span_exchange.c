@@ -13,7 +13,7 @@
  * says in its local ranks is said again here in global ones.
  *
  * What each byte means is span_wire.c's, which checks what arrives before it is used; this
- * file moves the bytes, and owns the round1 and failure buffers of the state (span.h), and
+ * file moves the bytes, and owns the round1 and failure buffers of the state (span_state.h), and
  * the part's buffer with span.c, which stages the rank's input in it.
  */
 #define _GNU_SOURCE
@@ -31,6 +31,39 @@
 #include "span_state.h"
 #include "span_wire.h"
 #include "util.h"
+
+/**
+ * dv_span_say_timeout() - msg, which a node's group (or its devald) wrote, with its timeout
+ * said as the user set it. The node's group waits the join's timeout and DV_SPAN_GRACE_MS
+ * more, so its "21000 ms (the ... timeout ...; set ...)" of a join's 6000 ms becomes "6000 ms
+ * (...) and 15000 ms more that ...": the figure the user set, then the grace.
+ * @msg: NUL-terminated, rewritten in place within len bytes
+ * @node_ms: the node's group's timeout; < 0 (none) leaves msg as it is
+ */
+void dv_span_say_timeout(char *msg, size_t len, int node_ms) {
+        if (node_ms < DV_SPAN_GRACE_MS)
+                return;
+        char needle[32];
+        int nl = snprintf(needle, sizeof(needle), "%d ms (", node_ms);
+        const char *at = strstr(msg, needle);
+        while (at && at > msg && isdigit((unsigned char)at[-1]))
+                at = strstr(at + 1, needle);
+        if (!at)
+                return;
+        const char *close = at + nl; /* the parenthesis that says which timeout, nested ones in */
+        int depth = 1;
+        for (; *close && depth; close++)
+                depth += *close == '(' ? 1 : *close == ')' ? -1 : 0;
+        if (depth)
+                return;
+        char out[DV_MSG_MAX + 256];
+        snprintf(out, sizeof(out),
+                 "%.*s%d ms%.*s and %d ms more that a machine's ranks give their leader to reach "
+                 "the other machines%s",
+                 (int)(at - msg), msg, node_ms - DV_SPAN_GRACE_MS, (int)(close - at - nl + 2),
+                 at + nl - 2, DV_SPAN_GRACE_MS, close);
+        snprintf(msg, len, "%s", out);
+}
 
 /*
  * The node's group said msg about one of its steps: say it as a group of one machine says it
@@ -75,6 +108,7 @@ static void say_global(const DvSpan *sp, uint32_t op, const char *msg, char *out
                 out[o++] = *m++;
         }
         out[DV_MIN(o, len - 1)] = '\0';
+        dv_span_say_timeout(out, len, sp->local ? sp->local->timeout_ms : -1);
         char node[16];
         snprintf(node, sizeof(node), "(node %d", sp->node);
         if (!strstr(out, node)) {
@@ -150,7 +184,7 @@ static int leader_swap(deval_group *g, int status, const char *why, const deval_
 
 /*
  * This rank's part: its request and the bytes it staged in g->in, up to its last tensor. The
- * head goes right in front of them (span.h: dv_span_input_grow()), so the part is whole
+ * head goes right in front of them (span_state.h: dv_span_input_grow()), so the part is whole
  * without a copy of the input; *ret points into the part's buffer.
  */
 static int make_part(deval_group *g, const DvRequest *q, const uint8_t **ret, size_t *len) {

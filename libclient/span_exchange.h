@@ -6,7 +6,9 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "deval.h"
 
 int dv_span_exchange(deval_group *g, const char *fn, bool hello);
+void dv_span_say_timeout(char *msg, size_t len, int node_ms);

@@ -23,6 +23,11 @@
 #include "util.h"
 #include "wire.h"
 
+/* the node's group outlives a leader's wait on the engine: its ranks hear why it failed. Its
+ * timeout is the join's and this much more (span.c), which its messages say as the join's
+ * (dv_span_say_timeout()). */
+#define DV_SPAN_GRACE_MS 15000
+
 struct DvSpan {
         /* the join's (span.c) */
         deval_group *local; /* this rank in its node's group */

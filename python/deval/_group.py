@@ -16,7 +16,7 @@ import pickle
 import numpy as np
 
 from . import _loop
-from ._errors import _ERRORS, Error, InvalidArgument, Mismatch
+from ._errors import _ERRORS, Error, InvalidArgument, Mismatch, _said
 from ._libdeval import _ORDERS, _REDUCTIONS, MAX_TENSORS, _Bytes, _GatherOpts, _lib, _Tensor
 from ._nest import _check_samples, _data_mask, _flatten, _object_items, _rebuild
 from ._pass import _LoopPass
@@ -81,7 +81,7 @@ class Group:
 
     def _check(self, r):
         if r != 0:
-            msg = _lib.deval_errmsg(self._h).decode(errors="replace")
+            msg = _said(_lib.deval_errmsg(self._h).decode(errors="replace"))
             # a rank left the pass while the others went on: the pass is over on every rank
             if self._in_pass and r == Mismatch.status and _lib.deval_eval_open(self._h) == 0:
                 self._pass_ended = True

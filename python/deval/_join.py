@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 
-from ._errors import _ERRORS, Error, InvalidArgument
+from ._errors import _ERRORS, Error, InvalidArgument, _said
 from ._group import Group
 from ._libdeval import _JoinOpts, _lib
 from ._span import _join_spanning, _spans_machines
@@ -114,7 +114,7 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     r = _lib.deval_join(None if group is None else group.encode(), rank, world_size,
                         ctypes.byref(opts), ctypes.byref(handle))
     if r != 0:
-        msg = _lib.deval_errmsg(None).decode(errors="replace")
+        msg = _said(_lib.deval_errmsg(None).decode(errors="replace"))
         raise _ERRORS.get(r, Error)(msg, r)
     if group is None:  # what libdeval found
         group = _lib.deval_group_name(handle).decode()

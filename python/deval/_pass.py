@@ -110,7 +110,12 @@ class _LoopPass:
         v = np.array([a, -a], dtype=np.int64)
         t = _Tensor()
         _fill(v, _NP_TO_DEVAL[v.dtype], t)
-        self.g._check(_lib.deval_reduce(h, ctypes.byref(t), _REDUCTIONS["max"]))
+        try:
+            self.g._check(_lib.deval_reduce(h, ctypes.byref(t), _REDUCTIONS["max"]))
+        except Error as e:  # the user called eval_loop, not reduce
+            raise type(e)(str(e).replace(
+                "Group.reduce: ", "Group.eval_loop (its reduce that checks every rank opens "
+                "the pass of the same loader): ", 1), e.status) from None
         if v[0] == -v[1]:
             return
         raise Mismatch(

@@ -9,7 +9,7 @@ torch.distributed, which libdeval calls back through deval_engine.
 import contextlib
 import ctypes
 
-from ._errors import _ERRORS, Error, NotSupported
+from ._errors import _ERRORS, Error, NotSupported, _said
 from ._group import Group
 from ._libdeval import _ALLGATHER, _RELEASE, _Engine, _lib
 
@@ -127,7 +127,7 @@ def _join_spanning(group, said, opts):
                                  local_rank, local, ctypes.byref(opts), ctypes.byref(e),
                                  ctypes.byref(handle))
     if r != 0:
-        msg = _lib.deval_errmsg(None).decode(errors="replace")
+        msg = _said(_lib.deval_errmsg(None).decode(errors="replace"))
         engine.release()  # (libdeval releases only what it joined)
         raise _ERRORS.get(r, Error)(msg, r)
     g = Group(handle, _lib.deval_group_name(handle).decode(), rank, world)

@@ -224,6 +224,11 @@ static int rank_straggler(const Harness *h, int rank, int world, void *arg) {
                       strstr(m, "collective #2 (reduce)"),
               "message '%s' must name the rank, its pid and where it is", m);
         CHECK(!strstr(m, "rank 0 (") && !strstr(m, "rank 1 ("), "'%s' blames arrived ranks", m);
+        /* the figure the ranks joined with, and where to change it */
+        CHECK(strstr(m, "timed out after 1000 ms (the shortest timeout its ranks joined with; set "
+                        "timeout_ms in deval_join_opts, or timeout= in deval.join(), to wait "
+                        "longer)"),
+              "message '%s' must say which timeout it is and where it is set", m);
         if (rank == 0) { /* while its members still hold it, the group shows as failed */
                 char out[4096];
                 CHECK(harness_ctl(h, "--json=short groups", out, sizeof(out)) == 0, "%s", out);
@@ -248,6 +253,9 @@ static int rank_lonely(const Harness *h, int rank, int world, void *arg) {
         int r = harness_join(h, "lonely", rank, 4, 500, &g);
         CHECK(r == DEVAL_ETIMEDOUT, "got %s", deval_strerror(r));
         CHECK(strstr(deval_errmsg(NULL), "never joined: 1 2 3"), "'%s'", deval_errmsg(NULL));
+        CHECK(strstr(deval_errmsg(NULL), "did not form within 500 ms (this rank's join timeout; "
+                                         "set timeout_ms in deval_join_opts"),
+              "'%s' must say which timeout it is and where it is set", deval_errmsg(NULL));
         CHECK(g == NULL, "no handle on failure");
         return 0;
 }

@@ -310,11 +310,51 @@ def _straggler(rank, world, sock, name):
         with pytest.raises(deval.Timeout) as e:
             g.barrier()
         assert "rank 1" in str(e.value)
+        # the figure this rank joined with, and where to change it
+        assert "timed out after 500 ms (" in str(e.value), str(e.value)
+        assert "timeout= in deval.join()" in str(e.value), str(e.value)
     return True
 
 
 def test_timeout(daemon):
     run_ranks(2, _straggler, daemon.socket, group_name("late"))
+
+
+def _object_calls_differ(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        g.barrier()
+        with pytest.raises(deval.Mismatch) as e:
+            if rank == 0:
+                g.gather_object(["a"])
+            else:
+                g.broadcast_object({"b": 1})
+        return str(e.value)
+
+
+def test_messages_name_the_calls_python_made(daemon):
+    """libdeval names its C calls; the exception names the Group methods the ranks called."""
+    for msg in run_ranks(2, _object_calls_differ, daemon.socket, group_name("pywords")):
+        assert "rank 0 called gather_object, rank 1 called broadcast_object" in msg, msg
+        assert msg.startswith(("Group.gather_object: collective #2",
+                               "Group.broadcast_object: collective #2")), msg
+        assert "deval_" not in msg and "_bytes" not in msg and "gather_objects" not in msg, msg
+
+
+def _loop_meets_a_barrier(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        with pytest.raises(deval.Mismatch) as e:
+            if rank == 0:
+                for _ in g.eval_loop([np.zeros(2)], num_samples=2, order="rank"):
+                    pass
+            else:
+                g.barrier()
+        return str(e.value)
+
+
+def test_eval_loop_says_its_own_reduce_is_its(daemon):
+    """eval_loop's check of the loaders is a reduce the user never called: it says eval_loop."""
+    msg = run_ranks(2, _loop_meets_a_barrier, daemon.socket, group_name("loopwords"))[0]
+    assert msg.startswith("Group.eval_loop (its reduce that checks"), msg
 
 
 # ---- torch ---------------------------------------------------------------------------------

@@ -231,6 +231,9 @@ def test_node_that_stops_answering(nodes):
     for rank in (0, 1):
         assert "Timeout" in outs[rank] and "node 1" in outs[rank], outs[rank]
     assert "Timeout" in outs[2] and "rank 3" in outs[2], outs[2]
+    # node 1's group waits 15 s past the join's timeout for its leader; said as the user set it
+    assert "timed out after 3000 ms (" in outs[2] and "timeout= in deval.join()" in outs[2] \
+        and "and 15000 ms more that a machine's ranks give their leader" in outs[2], outs[2]
 
 
 def test_devald_killed_on_one_node(nodes):
