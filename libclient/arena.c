@@ -132,17 +132,17 @@ int dv_direct_output(deval_group *g, uint64_t size) {
 
         if ((r = request_arena(g, &req, sizeof(req), size, &rep, &fd)) < 0)
                 return r;
-        if (rep.gen == g->direct_gen && g->direct && rep.size[0] == g->direct_size) {
+        if (rep.gen == g->direct.gen && g->direct.out && rep.size[0] == g->direct.size) {
                 close(fd);
                 return 0;
         }
         if ((r = map_reply(g, fd, rep.size[0], PROT_READ | PROT_WRITE, "direct output", &p)) < 0)
                 return r;
-        if (g->direct)
-                munmap(g->direct, g->direct_size ? g->direct_size : 1);
-        g->direct = p;
-        g->direct_size = rep.size[0];
-        g->direct_gen = rep.gen;
+        if (g->direct.out)
+                munmap(g->direct.out, g->direct.size ? g->direct.size : 1);
+        g->direct.out = p;
+        g->direct.size = rep.size[0];
+        g->direct.gen = rep.gen;
         return 0;
 }
 

@@ -93,14 +93,14 @@ static const uint8_t *inl_of(const deval_group *g, int k, const DvTensorDesc *t)
 
 /* Buffer i of the group's scratch, of bytes at least: kept from step to step. */
 static void *scratch(deval_group *g, int i, size_t bytes) {
-        if (g->scratch_size[i] < bytes) {
-                void *p = realloc(g->scratch[i], bytes);
+        if (g->fast.scratch_size[i] < bytes) {
+                void *p = realloc(g->fast.scratch[i], bytes);
                 if (!p)
                         return NULL;
-                g->scratch[i] = p;
-                g->scratch_size[i] = bytes;
+                g->fast.scratch[i] = p;
+                g->fast.scratch_size[i] = bytes;
         }
-        return g->scratch[i];
+        return g->fast.scratch[i];
 }
 
 /* p as the copy kernel's segments (kernel_plan.h), in the group's scratch. */
@@ -121,7 +121,7 @@ static bool kernel_segs(deval_group *g, const DvPlan *p, int per_rank, bool firs
  */
 int dv_fast_gather_to(deval_group *g, const DvPlanInput *in, const uint8_t *const *srcs,
                       uint8_t *out, DvResult *res) {
-        DvPlan *p = &g->plan;
+        DvPlan *p = &g->fast.plan;
 
         dv_plan_reset(p);
         int r = dv_plan_gather(in, p);
@@ -153,7 +153,7 @@ int dv_plan_run(deval_group *g, const DvPlan *p, int per_rank, bool first_tensor
  * (DvShare): what both modes share; the caller adds what its mode needs. */
 static DvShare *share_set(deval_group *g, uint32_t mode, const DvPlan *p, const DvKernelSeg *segs,
                           const uint64_t *starts, size_t nsrc, uint32_t seq) {
-        DvShare *sh = g->share;
+        DvShare *sh = g->fast.share;
         sh->mode = mode;
         sh->nsegs = (uint32_t)p->nsegs;
         sh->nsrcs = (uint32_t)nsrc;
@@ -184,7 +184,7 @@ static bool fast_gather(deval_group *g, const DvRequest *q, bool pass_open, bool
         const uint8_t **srcs = scratch(g, 2, nsrc * sizeof(*srcs));
         DvKernelSeg *segs;
         uint64_t *starts;
-        DvPlan *p = &g->plan;
+        DvPlan *p = &g->fast.plan;
 
         dv_plan_reset(p);
         if (!shapes || !valid || !srcs)
@@ -209,7 +209,7 @@ static bool fast_gather(deval_group *g, const DvRequest *q, bool pass_open, bool
                           .order = q[0].order,
                           .pad_first = q[0].pad_first != 0,
                           .pad_value = q[0].pad_value,
-                          .max_out = direct ? DIRECT_MAX : g->fast_out_size};
+                          .max_out = direct ? DIRECT_MAX : g->fast.out_size};
         if (stream >= 0) { /* the stream's counters, copied out once and checked */
                 size_t at = (size_t)stream * (size_t)W;
                 int64_t *rows = scratch(g, 5, (size_t)DV_PASS_STREAMS * (size_t)W * sizeof(*rows));
@@ -224,19 +224,19 @@ static bool fast_gather(deval_group *g, const DvRequest *q, bool pass_open, bool
                         return false;
                 dv_pass_plan(&c, rows, W, stream, &in); /* which reads the stream's alone */
         }
-        if (dv_plan_gather(&in, p) < 0 || (!direct && p->out_end > g->fast_out_size))
+        if (dv_plan_gather(&in, p) < 0 || (!direct && p->out_end > g->fast.out_size))
                 return false;
         if (!kernel_segs(g, p, n, false, &segs, &starts))
                 return false;
         if (direct) { /* every rank copies its own rows (share_own()) */
                 if (p->nsegs > DV_SHARE_SEGS ||
-                    (p->out_end > g->direct_size && dv_direct_output(g, p->out_end) < 0))
+                    (p->out_end > g->direct.size && dv_direct_output(g, p->out_end) < 0))
                         return false;
                 DvShare *sh = share_set(g, DV_SHARE_OWN, p, segs, starts, nsrc, q[0].seq);
                 sh->per_rank = (uint32_t)n;
-                sh->gen = g->direct_gen;
+                sh->gen = g->direct.gen;
                 *shared = true;
-        } else if (W > 1 && p->nsegs > 0 && p->out_end >= g->share_min &&
+        } else if (W > 1 && p->nsegs > 0 && p->out_end >= g->fast.share_min &&
                    p->nsegs <= DV_SHARE_SEGS) {
                 /* every rank copies a share of it (dv_fast_share()) */
                 DvShare *sh = share_set(g, DV_SHARE_BYTES, p, segs, starts, nsrc, q[0].seq);
@@ -246,7 +246,7 @@ static bool fast_gather(deval_group *g, const DvRequest *q, bool pass_open, bool
                                         (uint64_t)k * g->inl_size + q[k].t[i].offset;
                 *shared = true;
         } else {
-                dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast_out,
+                dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast.out,
                              srcs);
         }
         if (stream >= 0) /* what the pass gathered, as devald counts it */
@@ -264,7 +264,7 @@ static bool fast_pad(deval_group *g, const DvRequest *q, DvResult *res, uint64_t
         int W = g->world, dim = q[0].dim;
         DvShape *shapes = scratch(g, 0, (size_t)W * sizeof(DvShape));
         const uint8_t **srcs = scratch(g, 2, (size_t)W * sizeof(*srcs));
-        DvPlan *p = &g->plan;
+        DvPlan *p = &g->fast.plan;
         if (!shapes || !srcs)
                 return false;
         for (int k = 0; k < W; k++) {
@@ -272,15 +272,15 @@ static bool fast_pad(deval_group *g, const DvRequest *q, DvResult *res, uint64_t
                 srcs[k] = inl_of(g, k, &q[k].t[0]);
         }
         dv_plan_reset(p);
-        if (dv_plan_pad(W, shapes, dim, q[0].pad_first != 0, q[0].pad_value, 0, g->fast_out_size,
+        if (dv_plan_pad(W, shapes, dim, q[0].pad_first != 0, q[0].pad_value, 0, g->fast.out_size,
                         p) < 0 ||
-            p->out_end > g->fast_out_size)
+            p->out_end > g->fast.out_size)
                 return false;
         DvKernelSeg *segs;
         uint64_t *starts;
         if (!kernel_segs(g, p, 1, true, &segs, &starts))
                 return false;
-        dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast_out, srcs);
+        dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast.out, srcs);
         for (int k = 0; k < W; k++) {
                 g->hdr->slots[k].pad_off = p->out_offset[k];
                 g->hdr->slots[k].pad_len = p->out[k].shape[dim];
@@ -294,12 +294,12 @@ static bool fast_pad(deval_group *g, const DvRequest *q, DvResult *res, uint64_t
 static bool fast_reduce(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
         const DvTensorDesc *t = &q[0].t[0];
         const uint8_t **srcs = scratch(g, 2, (size_t)g->world * sizeof(*srcs));
-        if (t->nbytes > g->fast_out_size || !srcs)
+        if (t->nbytes > g->fast.out_size || !srcs)
                 return false;
         for (int k = 0; k < g->world; k++)
                 srcs[k] = inl_of(g, k, &q[k].t[0]);
         dv_reduce_ranks(t->dtype, q[0].reduce_op, g->world, srcs,
-                        t->nbytes / dv_dtype_size(t->dtype), g->fast_out);
+                        t->nbytes / dv_dtype_size(t->dtype), g->fast.out);
         res->ntensors = 1;
         DvShape sh = dv_shape_of(t);
         dv_desc_of(&sh, 0, t->nbytes, &res->t[0]);
@@ -309,9 +309,9 @@ static bool fast_reduce(deval_group *g, const DvRequest *q, DvResult *res, uint6
 
 static bool fast_broadcast(deval_group *g, const DvRequest *q, DvResult *res, uint64_t *moved) {
         const DvTensorDesc *t = &q[q[0].root].t[0];
-        if (t->nbytes > g->fast_out_size)
+        if (t->nbytes > g->fast.out_size)
                 return false;
-        memcpy(g->fast_out, inl_of(g, q[0].root, t), t->nbytes);
+        memcpy(g->fast.out, inl_of(g, q[0].root, t), t->nbytes);
         res->ntensors = 1;
         DvShape sh = dv_shape_of(t);
         dv_desc_of(&sh, 0, t->nbytes, &res->t[0]);
@@ -357,7 +357,7 @@ enum {
 
 /* Run step seq here, or plan it for every rank to copy a share of, or leave it to devald. */
 static int fast_run(deval_group *g, uint32_t seq) {
-        DvRequest *q = g->fast_reqs;
+        DvRequest *q = g->fast.reqs;
         DvResult res;
         uint64_t moved = 0;
         bool ok, shared = false, direct;
@@ -456,11 +456,11 @@ static bool pieces_fit(uint64_t base, uint64_t stride, uint64_t count, uint64_t 
  */
 static int share_plan(deval_group *g, DvKernelSeg **ret_segs, uint64_t **ret_starts,
                       const uint8_t ***ret_srcs, uint64_t *ret_total) {
-        const DvShare *sh = g->share;
+        const DvShare *sh = g->fast.share;
         uint32_t nsegs = sh->nsegs, nsrcs = sh->nsrcs;
         uint64_t total = sh->total, inl_all = (uint64_t)g->world * g->inl_size;
         if (nsegs == 0 || nsegs > DV_SHARE_SEGS || nsrcs > (uint32_t)g->world * DEVAL_MAX_TENSORS ||
-            total > g->fast_out_size)
+            total > g->fast.out_size)
                 return -1;
         DvKernelSeg *segs = scratch(g, 3, nsegs * sizeof(*segs));
         uint64_t *starts = scratch(g, 4, (nsegs + 1) * sizeof(*starts));
@@ -479,7 +479,7 @@ static int share_plan(deval_group *g, DvKernelSeg **ret_segs, uint64_t **ret_sta
                 if ((s->kind != DV_KSEG_COPY && s->kind != DV_KSEG_FILL) || !s->len || !s->count ||
                     !mul_ok(s->len, s->count, &bytes) || !add_ok(starts[k], bytes, &next) ||
                     next != starts[k + 1] ||
-                    !pieces_fit(s->dst, s->dst_stride, s->count, s->len, g->fast_out_size))
+                    !pieces_fit(s->dst, s->dst_stride, s->count, s->len, g->fast.out_size))
                         return -1;
                 if (s->kind == DV_KSEG_FILL && (s->elem < 1 || s->elem > 8))
                         return -1;
@@ -512,7 +512,7 @@ static int share_bytes(deval_group *g) {
         uint64_t hi = g->rank == g->world - 1
                               ? total
                               : total / (uint64_t)g->world * (uint64_t)(g->rank + 1);
-        dv_kplan_run(segs, starts, (uint32_t)n, lo, hi - lo, g->fast_out, srcs);
+        dv_kplan_run(segs, starts, (uint32_t)n, lo, hi - lo, g->fast.out, srcs);
         return 0;
 }
 
@@ -525,7 +525,7 @@ static int share_bytes(deval_group *g) {
 static uint32_t own_write(deval_group *g, const DvKernelSeg *segs, uint32_t k, uint32_t n,
                           bool stream) {
         const DvKernelSeg *s = &segs[k], *f = k + 1 < n ? &segs[k + 1] : NULL;
-        uint8_t *out = g->direct;
+        uint8_t *out = g->direct.out;
 
         if (s->kind == DV_KSEG_FILL) {
                 for (uint64_t c = 0; c < s->count; c++)
@@ -554,17 +554,17 @@ static uint32_t own_write(deval_group *g, const DvKernelSeg *segs, uint32_t k, u
  * rank's. Return: 0, or -1 for a plan that does not check out.
  */
 static int share_own(deval_group *g, uint32_t seq) {
-        const DvShare *sh = g->share;
+        const DvShare *sh = g->fast.share;
         uint32_t nsegs = sh->nsegs, per = sh->per_rank, mine = 0;
         uint64_t gen = sh->gen, sh_total = sh->total;
 
         if (nsegs > DV_SHARE_SEGS || per != (uint32_t)g->own_n || per == 0)
                 return -1;
         /* a runner grew it: map the new one */
-        if (gen != g->direct_gen && dv_direct_output(g, 0) < 0)
+        if (gen != g->direct.gen && dv_direct_output(g, 0) < 0)
                 return -1;
         DvKernelSeg *segs = scratch(g, 3, (nsegs + 1) * sizeof(*segs));
-        if (gen != g->direct_gen || !segs)
+        if (gen != g->direct.gen || !segs)
                 return -1;
         memcpy(segs, sh->segs, nsegs * sizeof(*segs));
         for (uint32_t k = 0; k < nsegs; k++) {
@@ -577,7 +577,7 @@ static int share_own(deval_group *g, uint32_t seq) {
                 s.src %= per;
                 if ((s.kind != DV_KSEG_COPY && s.kind != DV_KSEG_FILL) || !s.len || !s.count ||
                     !mul_ok(s.len, s.count, &bytes) ||
-                    !pieces_fit(s.dst, s.dst_stride, s.count, s.len, g->direct_size))
+                    !pieces_fit(s.dst, s.dst_stride, s.count, s.len, g->direct.size))
                         return -1;
                 if (s.kind == DV_KSEG_FILL && (s.elem < 1 || s.elem > 8))
                         return -1;
@@ -592,7 +592,7 @@ static int share_own(deval_group *g, uint32_t seq) {
         for (uint32_t k = 0; k < mine; k++)
                 k += own_write(g, segs, k, mine, stream);
         dv_stream_fence(stream);
-        g->direct_seq = seq;
+        g->direct.seq = seq;
         return 0;
 }
 
@@ -605,9 +605,9 @@ static int share_own(deval_group *g, uint32_t seq) {
 void dv_fast_share(deval_group *g, uint32_t seq) {
         DvFast *f = &g->hdr->fast;
 
-        g->share_did = seq;
+        g->fast.share_did = seq;
         DV_FAULT("fast_share", seq);
-        uint32_t mode = g->share->mode;
+        uint32_t mode = g->fast.share->mode;
         int r = mode == DV_SHARE_OWN     ? share_own(g, seq)
                 : mode == DV_SHARE_BYTES ? share_bytes(g)
                                          : -1;
@@ -621,7 +621,7 @@ void dv_fast_share(deval_group *g, uint32_t seq) {
 
 /* Has the runner of step seq published a plan this rank has not copied its share of? */
 bool dv_fast_share_due(const deval_group *g, uint32_t seq) {
-        return g->share_did != seq &&
+        return g->fast.share_did != seq &&
                atomic_load_explicit(&g->hdr->fast.share_seq, memory_order_acquire) == seq;
 }
 

@@ -13,8 +13,11 @@
 #include "deval.h"
 
 #include "crowd.h"
+#include "fast.h"
 #include "join_err.h"
+#include "mirror.h"
 #include "plan.h"
+#include "replay.h"
 #include "tunables.h"
 #include "wire.h"
 
@@ -57,50 +60,22 @@ struct deval_group {
         uint32_t batch_no;   /* deval_eval_batch() calls since the pass began */
         const uint8_t *view; /* where the last result's descriptors point: out, or a kept copy */
         uint64_t view_size;
-        struct DvKept *kept; /* results devald answered for this rank while parked (replay.c) */
-        size_t kept_n, kept_cap, kept_next;
-        bool replaying;   /* deval_eval_batch() started replaying them */
-        size_t replay_at; /* where the batch being replayed starts in kept */
-        int failed;       /* sticky status once the group is unusable */
+        DvReplayState replay; /* what devald answered for this rank while parked (replay.h) */
+        int failed;           /* sticky status once the group is unusable */
         bool debug;
         uint64_t spin_ns;  /* busy-wait this long before sleeping on the futex */
         uint64_t yield_ns; /* then yield the core this long (more ranks than cores) */
         bool crowd_aware;  /* no spinning while the machine is crowded (crowd.h) */
         DvCrowd crowd;
-        bool rank_steps;      /* small steps may run on the ranks ($DEVAL_RANK_STEPS=0: never) */
-        uint64_t alive_ns;    /* when this rank last saw devald alive, before running a step */
-        DvRequest *fast_reqs; /* [world]: the requests of a step this rank runs (fast.c) */
-        DvPlan plan;          /* of a step this rank runs, and what it plans with (fast.c) */
-        void *scratch[6];
-        size_t scratch_size[6];
-        uint8_t *inl;      /* this rank's inline input bytes in the control segment */
-        uint8_t *inl_all;  /* rank k's at inl_all + k * inl_size */
-        uint32_t inl_size; /* 0: none (a device group) */
-        uint8_t *fast_out; /* the output area of the steps the ranks run */
-        uint64_t fast_out_size;
+        bool rank_steps;       /* small steps may run on the ranks ($DEVAL_RANK_STEPS=0: never) */
+        uint64_t alive_ns;     /* when this rank last saw devald alive, before running a step */
+        uint8_t *inl;          /* this rank's inline input bytes in the control segment */
+        uint8_t *inl_all;      /* rank k's at inl_all + k * inl_size */
+        uint32_t inl_size;     /* 0: none (a device group) */
         DvPassShared *pass_sh; /* the eval pass's counters (wire.h) */
-        DvShare *share;        /* the plan of a step every rank copies a share of */
-        uint64_t share_min;    /* outputs from this size up are copied by every rank */
-        uint32_t share_did;    /* the last step this rank copied its share of */
-        DvResult fast_res;     /* this rank's copy of the result of a step a rank ran */
-        /* steps every rank runs by itself (mirror.c) */
-        bool mirror;            /* small reduces and barriers may be ($DEVAL_MIRROR=0: never) */
-        int mirror_next;        /* the first rank whose record of the step is not seen yet */
-        uint64_t mirror_bytes;  /* rank 0: bytes of the results of those steps, for devald */
-        DvRequest mirror_req;   /* its copy of its own request, with one tensor */
-        DvMirror mirror_own;    /* this rank's description of the step in flight */
-        DvMirror *mirror_recs;  /* [world]: copies of the records of a step */
-        DvShape *mirror_shapes; /* [world]: a mirrored gather's inputs */
-        int64_t *mirror_valid;
-        const uint8_t **mirror_srcs;
-        DvResult mirror_res; /* the result of the last one */
-        alignas(64) uint8_t mirror_out[DV_MIRROR_OUT];
-        /* the direct output (DV_REQ_DIRECT), mapped writable once a step needed it */
-        uint8_t *direct;
-        uint64_t direct_size;
-        uint64_t direct_gen;
-        uint64_t direct_min; /* a rank gathers this many bytes of input and up directly */
-        uint32_t direct_seq; /* the last step whose result this rank wrote into it */
+        DvFastState fast;      /* steps a rank runs for the others (fast.h) */
+        DvMirrorState mirror;  /* steps every rank runs by itself (mirror.h) */
+        DvDirect direct;       /* the output every rank writes its own rows into (fast.h) */
         /* this rank's inputs of the gather in flight, as it described them: where they lie
          * here (its own memory, inline bytes or input arena) and their size */
         int own_n;

@@ -43,20 +43,20 @@ static void group_free(deval_group *g) {
                 munmap(g->in, g->in_size ? g->in_size : 1);
         if (g->out)
                 munmap((void *)g->out, g->out_size ? g->out_size : 1);
-        if (g->direct)
-                munmap(g->direct, g->direct_size ? g->direct_size : 1);
+        if (g->direct.out)
+                munmap(g->direct.out, g->direct.size ? g->direct.size : 1);
         if (g->sock >= 0)
                 close(g->sock);
         dv_replay_clear(g);
         dv_ident_free(g);
-        free(g->fast_reqs);
-        free(g->mirror_recs);
-        free(g->mirror_shapes);
-        free(g->mirror_valid);
-        free(g->mirror_srcs);
-        dv_plan_deinit(&g->plan);
-        for (size_t i = 0; i < DV_ARRAY_SIZE(g->scratch); i++)
-                free(g->scratch[i]);
+        free(g->fast.reqs);
+        free(g->mirror.recs);
+        free(g->mirror.shapes);
+        free(g->mirror.valid);
+        free(g->mirror.srcs);
+        dv_plan_deinit(&g->fast.plan);
+        for (size_t i = 0; i < DV_ARRAY_SIZE(g->fast.scratch); i++)
+                free(g->fast.scratch[i]);
         free(g->items);
         free(g);
 }
@@ -90,10 +90,11 @@ static void wait_policy(deval_group *g, int world_size) {
         dv_crowd_init(&g->crowd);
         /* a large step the ranks run is copied by all of them where each has a core of its
          * own; $DEVAL_SHARE_MIN (bytes of output) overrides, cores or not */
-        g->share_min = dv_tun_or(&g->tun, DV_TUN_SHARE_MIN, own_cores ? 256u << 10 : UINT64_MAX);
+        g->fast.share_min =
+                dv_tun_or(&g->tun, DV_TUN_SHARE_MIN, own_cores ? 256u << 10 : UINT64_MAX);
         /* a rank whose gather input is this large copies it once, straight into the result
          * (DV_REQ_DIRECT), rather than staging it; $DEVAL_DIRECT_MIN (bytes) overrides */
-        g->direct_min = dv_tun_or(&g->tun, DV_TUN_DIRECT_MIN, 64u << 10);
+        g->direct.min = dv_tun_or(&g->tun, DV_TUN_DIRECT_MIN, 64u << 10);
 }
 
 /* Start a devald when nothing answers? The join option, else $DEVAL_AUTOSTART (on). */
@@ -205,15 +206,15 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                 return dv_join_err(DEVAL_ENOMEM, "deval_join: out of memory");
         g->sock = -1;
         g->device = -1;
-        dv_plan_init(&g->plan);
+        dv_plan_init(&g->fast.plan);
         size_t w = (size_t)world_size;
-        g->fast_reqs = calloc(w, sizeof(DvRequest));
-        g->mirror_recs = calloc(w, sizeof(DvMirror));
-        g->mirror_shapes = calloc(w, sizeof(DvShape));
-        g->mirror_valid = calloc(w, sizeof(int64_t));
-        g->mirror_srcs = calloc(w, sizeof(const uint8_t *));
-        if (!g->fast_reqs || !g->mirror_recs || !g->mirror_shapes || !g->mirror_valid ||
-            !g->mirror_srcs)
+        g->fast.reqs = calloc(w, sizeof(DvRequest));
+        g->mirror.recs = calloc(w, sizeof(DvMirror));
+        g->mirror.shapes = calloc(w, sizeof(DvShape));
+        g->mirror.valid = calloc(w, sizeof(int64_t));
+        g->mirror.srcs = calloc(w, sizeof(const uint8_t *));
+        if (!g->fast.reqs || !g->mirror.recs || !g->mirror.shapes || !g->mirror.valid ||
+            !g->mirror.srcs)
                 return dv_join_err(DEVAL_ENOMEM, "deval_join: out of memory");
         g->pid = getpid();
         g->forks = dv_forks();
@@ -225,7 +226,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         g->debug = dv_tun_or(&g->tun, DV_TUN_DEBUG, 0);
         wait_policy(g, world_size);
         g->rank_steps = dv_tun_or(&g->tun, DV_TUN_RANK_STEPS, 1);
-        g->mirror = dv_tun_or(&g->tun, DV_TUN_MIRROR, 1);
+        g->mirror.on = dv_tun_or(&g->tun, DV_TUN_MIRROR, 1);
         g->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
         if (g->timeout_ms < 0)
                 g->timeout_ms = -1;
@@ -344,10 +345,10 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         g->inl_size = inl;
         g->inl = (uint8_t *)g->hdr + l.inl_off + (uint64_t)rank * inl;
         g->inl_all = (uint8_t *)g->hdr + l.inl_off;
-        g->fast_out = (uint8_t *)g->hdr + l.out_off;
-        g->fast_out_size = l.out_size;
+        g->fast.out = (uint8_t *)g->hdr + l.out_off;
+        g->fast.out_size = l.out_size;
         g->pass_sh = (DvPassShared *)((uint8_t *)g->hdr + l.pass_off);
-        g->share = (DvShare *)((uint8_t *)g->hdr + l.share_off);
+        g->fast.share = (DvShare *)((uint8_t *)g->hdr + l.share_off);
         uint32_t a = atomic_load_explicit(&g->done->done_seq, memory_order_acquire);
         uint32_t b = atomic_load_explicit(&g->hdr->fast.done_seq, memory_order_acquire);
         g->seq = (int32_t)(b - a) > 0 ? b : a;

@@ -40,7 +40,7 @@ static bool tensor_ok(int32_t dtype, int32_t ndim, const int64_t *shape, uint64_
 
 /* Can this rank mirror the step of request q? A copy of its own request. */
 static bool mirror_op(const deval_group *g, const DvRequest *q) {
-        if (!g->mirror || !g->rank_steps || g->device >= 0 || !g->inl_size ||
+        if (!g->mirror.on || !g->rank_steps || g->device >= 0 || !g->inl_size ||
             !(q->flags & DV_REQ_INLINE))
                 return false;
         if (q->op == DV_OP_BARRIER)
@@ -73,11 +73,11 @@ static bool mirror_op(const deval_group *g, const DvRequest *q) {
  */
 bool dv_mirror_post(deval_group *g, uint32_t seq, uint64_t now) {
         DvSlot *slot = &g->hdr->slots[g->rank];
-        DvMirror *m = &slot->mirror[seq % 2], *own = &g->mirror_own;
+        DvMirror *m = &slot->mirror[seq % 2], *own = &g->mirror.own;
         DvFast *f = &g->hdr->fast;
         size_t head = offsetof(DvMirror, data);
         /* the request as this rank wrote it, read once: the slot is shared memory */
-        DvRequest *q = &g->mirror_req;
+        DvRequest *q = &g->mirror.req;
         memcpy(q, &slot->req, offsetof(DvRequest, why));
         memcpy(q->t, slot->req.t, sizeof(q->t[0]));
 
@@ -113,7 +113,7 @@ bool dv_mirror_post(deval_group *g, uint32_t seq, uint64_t now) {
         if (DV_FAULT_SAYS("mirror_post", seq, "garbage"))
                 memset(&m->op, 0xa5, sizeof(*m) - offsetof(DvMirror, op));
         DV_FAULT("mirror_post", seq);
-        g->mirror_next = 0;
+        g->mirror.next = 0;
         /* seq_cst with the sleepers' count: a rank going to sleep sees the record, or is
          * seen here and woken */
         atomic_store_explicit(&m->seq, seq, memory_order_seq_cst);
@@ -158,21 +158,21 @@ static void record_request(const DvMirror *m, uint32_t call, DvRequest *q) {
  * records) describe one step to mirror, as devald would check it? The try mode of
  * dv_agree(): what does not agree goes on as any step, whose runner or devald names it. */
 static bool same_step(deval_group *g, const DvMirror *recs) {
-        DvRequest *q = g->fast_reqs; /* the runner's, free while this step is mirrored */
+        DvRequest *q = g->fast.reqs; /* the runner's, free while this step is mirrored */
         for (int k = 0; k < g->world; k++)
-                record_request(&recs[k], g->mirror_req.call, &q[k]);
+                record_request(&recs[k], g->mirror.req.call, &q[k]);
         DvAgree a = {.q = q, .world = g->world, .desc = mirror_desc};
         return dv_agree(&a) == 0;
 }
 
-/* Gather the tensors the records describe (copies in recs) into g->mirror_out. Return: 0, or
+/* Gather the tensors the records describe (copies in recs) into g->mirror.out. Return: 0, or
  * the planner's status: the records alone decide it, but for memory this rank lacks. */
 static int mirror_gather(deval_group *g, const DvMirror *recs, const DvSlot *slots, int p) {
         int W = g->world;
         const DvMirror *own = &recs[0]; /* the options, which every record agrees on */
-        DvShape *shapes = g->mirror_shapes;
-        int64_t *valid = g->mirror_valid;
-        const uint8_t **srcs = g->mirror_srcs;
+        DvShape *shapes = g->mirror.shapes;
+        int64_t *valid = g->mirror.valid;
+        const uint8_t **srcs = g->mirror.srcs;
         for (int k = 0; k < W; k++) {
                 shapes[k].dtype = recs[k].dtype;
                 shapes[k].ndim = recs[k].ndim;
@@ -188,8 +188,8 @@ static int mirror_gather(deval_group *g, const DvMirror *recs, const DvSlot *slo
                           .order = own->order,
                           .pad_first = own->pad_first != 0,
                           .pad_value = own->pad_value,
-                          .max_out = sizeof(g->mirror_out)};
-        return dv_fast_gather_to(g, &in, srcs, g->mirror_out, &g->mirror_res);
+                          .max_out = sizeof(g->mirror.out)};
+        return dv_fast_gather_to(g, &in, srcs, g->mirror.out, &g->mirror.res);
 }
 
 /* Rank 0 tells devald of a mirrored step: its figures (who came last, by how much after the
@@ -197,8 +197,8 @@ static int mirror_gather(deval_group *g, const DvMirror *recs, const DvSlot *slo
 static void mirror_stat(deval_group *g, uint32_t seq, int last, uint64_t first, uint64_t lastt) {
         DvFast *f = &g->hdr->fast;
         dv_fast_stat(g, seq, last, first, lastt);
-        g->mirror_bytes += g->mirror_res.ntensors ? g->mirror_res.t[0].nbytes : 0;
-        atomic_store_explicit(&f->mirror_bytes, g->mirror_bytes, memory_order_relaxed);
+        g->mirror.bytes += g->mirror.res.ntensors ? g->mirror.res.t[0].nbytes : 0;
+        atomic_store_explicit(&f->mirror_bytes, g->mirror.bytes, memory_order_relaxed);
         /* release: the figures are written before devald's worker counts the step */
         atomic_store_explicit(&f->mirror_seq, seq, memory_order_release);
 }
@@ -206,22 +206,22 @@ static void mirror_stat(deval_group *g, uint32_t seq, int last, uint64_t first, 
 /*
  * dv_mirror_run() - step seq, which this rank posted as one to mirror: once every rank's
  * record of it is there, run it here if they all describe the same one. Return: 1, run (the
- * result in g->mirror_res and g->mirror_out); 0, some rank's record is not there yet; -1,
+ * result in g->mirror.res and g->mirror.out); 0, some rank's record is not there yet; -1,
  * not a step to mirror: this rank counts itself in as for any step.
  */
 int dv_mirror_run(deval_group *g, uint32_t seq) {
         DvSlot *slots = g->hdr->slots;
         int p = seq % 2;
 
-        for (; g->mirror_next < g->world; g->mirror_next++)
+        for (; g->mirror.next < g->world; g->mirror.next++)
                 /* acquire pairs with the release in the poster's store of seq */
-                if (atomic_load_explicit(&slots[g->mirror_next].mirror[p].seq,
+                if (atomic_load_explicit(&slots[g->mirror.next].mirror[p].seq,
                                          memory_order_acquire) != seq)
                         return 0;
         DV_FAULT("mirror_run", seq);
         /* each record is copied once, then checked: a rank may rewrite its record at any
          * time */
-        DvMirror *recs = g->mirror_recs;
+        DvMirror *recs = g->mirror.recs;
         uint64_t first = UINT64_MAX, lastt = 0;
         int last = 0;
         size_t head = offsetof(DvMirror, data);
@@ -236,10 +236,10 @@ int dv_mirror_run(deval_group *g, uint32_t seq) {
         if (!same_step(g, recs))
                 return -1;
         const DvMirror *own = &recs[0]; /* the step, which every record agrees on */
-        DvResult *res = &g->mirror_res;
+        DvResult *res = &g->mirror.res;
         memset(res, 0, offsetof(DvResult, t));
         res->op = own->op;
-        res->site = g->mirror_req.site;
+        res->site = g->mirror.req.site;
         res->batch = g->batch_no;
         /* The planner fails alike on every rank, for these records: then none mirrors it.
          * Only memory this rank could not get would set it apart; it then waits for the
@@ -248,12 +248,12 @@ int dv_mirror_run(deval_group *g, uint32_t seq) {
             mirror_gather(g, recs, slots, p) < 0)
                 return -1;
         if (own->op == DV_OP_REDUCE) {
-                const uint8_t **srcs = g->mirror_srcs;
+                const uint8_t **srcs = g->mirror.srcs;
                 for (int k = 0; k < g->world; k++)
                         srcs[k] = slots[k].mirror[p].data;
                 /* in rank order, as devald and a runner reduce */
                 dv_reduce_ranks(own->dtype, own->reduce_op, g->world, srcs,
-                                own->nbytes / dv_dtype_size(own->dtype), g->mirror_out);
+                                own->nbytes / dv_dtype_size(own->dtype), g->mirror.out);
                 res->ntensors = 1;
                 DvTensorDesc *t = &res->t[0];
                 memset(t, 0, sizeof(*t));

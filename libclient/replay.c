@@ -31,14 +31,14 @@ struct DvKept {
 
 /** dv_replay_clear() - drop everything kept; the handle may keep a new pass's. */
 void dv_replay_clear(deval_group *g) {
-        for (size_t i = 0; i < g->kept_n; i++) {
-                free(g->kept[i].res);
-                free(g->kept[i].data);
+        for (size_t i = 0; i < g->replay.n; i++) {
+                free(g->replay.kept[i].res);
+                free(g->replay.kept[i].data);
         }
-        free(g->kept);
-        g->kept = NULL;
-        g->kept_n = g->kept_cap = g->kept_next = g->replay_at = 0;
-        g->replaying = false;
+        free(g->replay.kept);
+        g->replay.kept = NULL;
+        g->replay.n = g->replay.cap = g->replay.next = g->replay.at = 0;
+        g->replay.on = false;
 }
 
 /**
@@ -58,13 +58,13 @@ int dv_replay_keep(deval_group *g, const char *fn, const DvResult *res) {
                                           fn);
                 size = DV_ALIGN(size, DV_ARENA_ALIGN) + t->nbytes;
         }
-        if (g->kept_n == g->kept_cap) {
-                size_t cap = g->kept_cap ? 2 * g->kept_cap : 16;
-                struct DvKept *p = realloc(g->kept, cap * sizeof(*p));
+        if (g->replay.n == g->replay.cap) {
+                size_t cap = g->replay.cap ? 2 * g->replay.cap : 16;
+                struct DvKept *p = realloc(g->replay.kept, cap * sizeof(*p));
                 if (!p)
                         return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory", fn);
-                g->kept = p;
-                g->kept_cap = cap;
+                g->replay.kept = p;
+                g->replay.cap = cap;
         }
         k.res = malloc(offsetof(DvResult, t) + (size_t)n * sizeof(DvTensorDesc));
         k.data = malloc(DV_MAX(size, (uint64_t)1));
@@ -83,18 +83,18 @@ int dv_replay_keep(deval_group *g, const char *fn, const DvResult *res) {
                 at += res->t[i].nbytes;
         }
         k.size = size;
-        g->kept[g->kept_n++] = k;
+        g->replay.kept[g->replay.n++] = k;
         return 0;
 }
 
 /* Does this rank hold results it has not replayed yet? */
 bool dv_replay_pending(const deval_group *g) {
-        return g->kept_next < g->kept_n;
+        return g->replay.next < g->replay.n;
 }
 
 /* Does kept result i start a batch of the others' loop (their deval_eval_batch())? */
 static bool starts_batch(const deval_group *g, size_t i) {
-        return i == 0 || g->kept[i].res->batch != g->kept[i - 1].res->batch;
+        return i == 0 || g->replay.kept[i].res->batch != g->replay.kept[i - 1].res->batch;
 }
 
 /**
@@ -104,12 +104,12 @@ static bool starts_batch(const deval_group *g, size_t i) {
  * ran); q's own staging failure.
  */
 int dv_replay_take(deval_group *g, const char *fn, const DvRequest *q, const DvResult **ret) {
-        size_t i = g->kept_next;
-        const DvResult *res = g->kept[i].res;
+        size_t i = g->replay.next;
+        const DvResult *res = g->replay.kept[i].res;
 
         if (q->status < 0)
                 return dv_set_err(g, q->status, "%s: %.*s", fn, (int)sizeof(q->why), q->why);
-        if (starts_batch(g, i) && i != g->replay_at)
+        if (starts_batch(g, i) && i != g->replay.at)
                 return dv_set_err(g, DEVAL_EMISMATCH,
                                   "%s: while replaying the others' batches, this batch calls more "
                                   "than they did; the batch they ran made %s its next call after "
@@ -128,9 +128,9 @@ int dv_replay_take(deval_group *g, const char *fn, const DvRequest *q, const DvR
                                           "%s: while replaying the others' batches, tensor %u "
                                           "has dtype %d where theirs had %d",
                                           fn, t, q->t[t].dtype, res->t[t].dtype);
-        g->kept_next++;
-        g->view = g->kept[i].data;
-        g->view_size = g->kept[i].size;
+        g->replay.next++;
+        g->view = g->replay.kept[i].data;
+        g->view_size = g->replay.kept[i].size;
         *ret = res;
         return 0;
 }
@@ -147,7 +147,7 @@ int64_t deval_eval_missed(const deval_group *g) {
         if (!g)
                 return DEVAL_EINVAL;
         int64_t n = 0;
-        for (size_t i = g->kept_next; i < g->kept_n; i++)
+        for (size_t i = g->replay.next; i < g->replay.n; i++)
                 n += starts_batch(g, i);
         return n;
 }
@@ -157,14 +157,14 @@ int64_t deval_eval_missed(const deval_group *g) {
  * must have taken all of its batch's results. Return: 0 or DEVAL_EMISMATCH.
  */
 int dv_replay_batch(deval_group *g) {
-        size_t i = g->kept_next;
-        if (g->replaying && i < g->kept_n && !starts_batch(g, i))
+        size_t i = g->replay.next;
+        if (g->replay.on && i < g->replay.n && !starts_batch(g, i))
                 return dv_set_err(g, DEVAL_EMISMATCH,
                                   "deval_eval_batch: the replayed batch made fewer calls than the "
                                   "others' batch, whose next call was %s",
-                                  dv_op_name(g->kept[i].res->op));
-        g->replaying = true;
-        g->replay_at = i;
+                                  dv_op_name(g->replay.kept[i].res->op));
+        g->replay.on = true;
+        g->replay.at = i;
         return 0;
 }
 
@@ -176,8 +176,8 @@ int dv_replay_batch(deval_group *g) {
 int deval_eval_replay_done(deval_group *g) {
         if (!g)
                 return DEVAL_EINVAL;
-        size_t left = g->kept_n - g->kept_next;
-        uint32_t op = left ? g->kept[g->kept_next].res->op : 0;
+        size_t left = g->replay.n - g->replay.next;
+        uint32_t op = left ? g->replay.kept[g->replay.next].res->op : 0;
         dv_replay_clear(g);
         if (!left && dv_ident_check_due(g))
                 return dv_ident_check(g, "deval_eval_replay_done");

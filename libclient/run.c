@@ -52,7 +52,7 @@ int dv_coll_begin(deval_group *g) {
         int r = dv_coll_owner(g);
         if (r < 0)
                 return r;
-        if (g->replaying && dv_replay_pending(g))
+        if (g->replay.on && dv_replay_pending(g))
                 return 0; /* answered from what was kept, whatever the group did since */
         if (g->failed)
                 return g->failed;
@@ -199,7 +199,7 @@ static int coll_arrive(deval_group *g, const char *fn, int *by) {
 static int fast_result(deval_group *g, const char *fn, bool pass_end, const DvResult **ret) {
         const DvFast *f = &g->hdr->fast;
         const DvRequest *q = &g->hdr->slots[g->rank].req;
-        DvResult *res = &g->fast_res;
+        DvResult *res = &g->fast.res;
 
         memcpy(res, &f->res, offsetof(DvResult, t));
         if (res->status == DV_FAST_RESTAGE)
@@ -235,12 +235,12 @@ static int fast_result(deval_group *g, const char *fn, bool pass_end, const DvRe
         }
         if (q->op == DV_OP_GATHER || q->op == DV_OP_GATHER_METRICS)
                 dv_root_only(res, q->root, g->rank);
-        if (g->direct_seq == g->seq) { /* every rank wrote its rows into the direct output */
-                g->view = g->direct;
-                g->view_size = g->direct_size;
+        if (g->direct.seq == g->seq) { /* every rank wrote its rows into the direct output */
+                g->view = g->direct.out;
+                g->view_size = g->direct.size;
         } else {
-                g->view = g->fast_out;
-                g->view_size = g->fast_out_size;
+                g->view = g->fast.out;
+                g->view_size = g->fast.out_size;
         }
         *ret = res;
         return 0;
@@ -298,9 +298,9 @@ int dv_coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResult *
                 if ((r = coll_arrive(g, fn, &by)) < 0)
                         return r;
                 if (by == BY_MIRROR) {
-                        g->view = g->mirror_out;
-                        g->view_size = sizeof(g->mirror_out);
-                        *ret = &g->mirror_res;
+                        g->view = g->mirror.out;
+                        g->view_size = sizeof(g->mirror.out);
+                        *ret = &g->mirror.res;
                         return 0;
                 }
                 bool fast = by == BY_RANK;
@@ -361,7 +361,7 @@ int dv_coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResult *
  * devald answered for it in its last pass, the next kept result answers instead.
  */
 int dv_coll_run(deval_group *g, const char *fn, const DvResult **ret) {
-        if (g->replaying && dv_replay_pending(g))
+        if (g->replay.on && dv_replay_pending(g))
                 return dv_replay_take(g, fn, g->req, ret);
         if (g->span)
                 return dv_span_run(g, fn, false, ret);

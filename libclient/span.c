@@ -142,9 +142,9 @@ static int join_fail(deval_group *g, int status, const char *fmt, ...) {
         va_end(ap);
         if (g) {
                 dv_span_free(g);
-                dv_plan_deinit(&g->plan);
-                for (size_t i = 0; i < DV_ARRAY_SIZE(g->scratch); i++)
-                        free(g->scratch[i]);
+                dv_plan_deinit(&g->fast.plan);
+                for (size_t i = 0; i < DV_ARRAY_SIZE(g->fast.scratch); i++)
+                        free(g->fast.scratch[i]);
                 free(g);
         }
         return dv_join_err(status, "%s", msg);
@@ -268,7 +268,7 @@ int deval_join_spanning(const char *group, int rank, int world_size, int local_r
         g->forks = dv_forks();
         g->req = &sp->req;
         snprintf(g->name, sizeof(g->name), "%s", group);
-        dv_plan_init(&g->plan);
+        dv_plan_init(&g->fast.plan);
         sp->eng = eng;
         sp->node = eng.node;
         sp->nodes = eng.nodes;

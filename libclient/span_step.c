@@ -110,7 +110,7 @@ static int step_gather(deval_group *g) {
                 sp->valid[k] = q[k].valid_rows;
         }
         DvPlanInput in;
-        DvPlan *p = &g->plan;
+        DvPlan *p = &g->fast.plan;
         plan_input(sp, W, n, &in);
         dv_plan_reset(p);
         if ((r = dv_plan_gather(&in, p)) < 0)
@@ -154,7 +154,7 @@ static int step_objects(deval_group *g) {
                 blobs[k] = sp->data[k] ? sp->data[k] + q[k].t[1].offset : NULL;
         }
         DvPlanInput in;
-        DvPlan *p = &g->plan;
+        DvPlan *p = &g->fast.plan;
         plan_input(sp, W, 1, &in);
         dv_plan_reset(p);
         if ((r = dv_plan_gather(&in, p)) < 0)
@@ -189,7 +189,7 @@ static int step_pad(deval_group *g) {
                 shapes[k] = dv_shape_of(&q[k].t[0]);
                 srcs[k] = sp->data[k] ? sp->data[k] + q[k].t[0].offset : NULL;
         }
-        DvPlan *p = &g->plan;
+        DvPlan *p = &g->fast.plan;
         dv_plan_reset(p);
         if ((r = dv_plan_pad(W, shapes, q[0].dim, q[0].pad_first != 0, q[0].pad_value, 0,
                              sp->max_out, p)) < 0)

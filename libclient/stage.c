@@ -251,7 +251,7 @@ int dv_put_tensors_to(deval_group *g, const char *fn, int n, const deval_tensor 
         }
         direct = inl && g->rank_steps && g->world > 1 && !with_data &&
                  (q->op == DV_OP_GATHER || q->op == DV_OP_GATHER_METRICS) &&
-                 (iend >= g->direct_min || !dv_fast_inline_ok(g, iend));
+                 (iend >= g->direct.min || !dv_fast_inline_ok(g, iend));
         inl = inl && !direct && dv_fast_inline_ok(g, iend);
         g->own_n = n;
         if (direct) {

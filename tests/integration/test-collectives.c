@@ -20,8 +20,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "handle.h"
 #include "dtype.h"
+#include "handle.h"
 #include "harness.h"
 #include "util.h"
 
@@ -714,12 +714,12 @@ static int rank_direct(const Harness *h, int rank, int world, void *arg) {
                 CHECK_OK(deval_gather(g, 2, in, &o, out), g);
                 /* (unless every step is devald's: DEVAL_RANK_STEPS=0) */
                 CHECK(!g->rank_steps ||
-                              (g->direct_seq == g->seq && out[0].data >= (void *)g->direct &&
+                              (g->direct.seq == g->seq && out[0].data >= (void *)g->direct.out &&
                                (uint8_t *)out[1].data + out[1].shape[0] * 8 <=
-                                       g->direct + g->direct_size),
+                                       g->direct.out + g->direct.size),
                       "round %d: the result is not in the direct output", k);
-                gens += g->direct_gen != gen;
-                gen = g->direct_gen;
+                gens += g->direct.gen != gen;
+                gen = g->direct.gen;
                 int64_t maxc = 3 + (world - 1) + k, total = 0, most = 0;
                 for (int r = 0; r < world; r++) {
                         total += direct_rows(r, k);
@@ -884,7 +884,7 @@ static int rank_mirror(const Harness *h, int rank, int world, void *arg) {
         unsetenv("DEVAL_MIRROR");
         bool all = g->rank_steps && !arg; /* every rank mirrors what it can */
         /* but a gather it copies into the direct output (every gather: DEVAL_DIRECT_MIN=0) */
-        bool gathers = all && g->direct_min > DV_MIRROR_BYTES;
+        bool gathers = all && g->direct.min > DV_MIRROR_BYTES;
         uint64_t bytes = 0;
         for (int i = 0; i < 270; i++) {
                 if ((i * 7 + rank * 3) % 5 == 0) /* arrive in another order */
@@ -1015,7 +1015,7 @@ static int rank_mirror(const Harness *h, int rank, int world, void *arg) {
                               "step %d: gather of %s", i, o.root < 0 ? "two" : "one root");
                 }
                 }
-                bool mirrored = g->view == g->mirror_out;
+                bool mirrored = g->view == g->mirror.out;
                 CHECK(mirrored == (mirrorable && (gather ? gathers : all)), "step %d (%d): %s", i,
                       i % 9, mirrored ? "mirrored" : "not mirrored");
                 if (mirrored)
@@ -1042,7 +1042,7 @@ static int rank_mirror(const Harness *h, int rank, int world, void *arg) {
         t.ndim = 2;
         t.shape[0] = 2;
         CHECK_OK(deval_reduce(g, &t, DEVAL_MIN), g);
-        CHECK(y[0] == 1 && y[3] == 4 && (g->view == g->mirror_out) == all,
+        CHECK(y[0] == 1 && y[3] == 4 && (g->view == g->mirror.out) == all,
               "the group does not go on");
         bytes += all ? sizeof(y) : 0;
         if (rank == 0) {
@@ -1083,7 +1083,7 @@ static int rank_mirror_idle(const Harness *h, int rank, int world, void *arg) {
                 deval_tensor t = {.data = &v, .dtype = DEVAL_I32, .ndim = 0, .device = -1};
                 CHECK_OK(deval_reduce(g, &t, DEVAL_SUM), g);
                 CHECK(v == world * (world - 1) / 2 + world * i, "sum %d is %d", i, v);
-                CHECK(!g->rank_steps || g->view == g->mirror_out, "not mirrored");
+                CHECK(!g->rank_steps || g->view == g->mirror.out, "not mirrored");
                 usleep(700000);
         }
         CHECK_OK(deval_leave(g), NULL);

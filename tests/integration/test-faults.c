@@ -488,7 +488,7 @@ static int rank_record_garbage(const Harness *h, int rank, int world, void *arg)
                         .data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1};
                 CHECK_OK(deval_reduce(g, &t, DEVAL_SUM), g);
                 CHECK(v[0] == world * (world - 1) / 2 && v[1] == world * i, "#%d is not exact", i);
-                CHECK((g->view == g->mirror_out) == (i == 3), "#%d: %s", i,
+                CHECK((g->view == g->mirror.out) == (i == 3), "#%d: %s", i,
                       i == 3 ? "not mirrored" : "mirrored from a junk record");
         }
         unsetenv("DEVAL_FAULT");
