@@ -12,7 +12,9 @@ predicted label names as strings. Rank 0 computes accuracy and macro-F1 from the
 arrays and compares them, and a predictions file written in dataset order, with the same
 evaluation done in one process.
 
-    python3 examples/digits_eval.py [--ranks 4] [--batch 16] [--out DIR]
+    .venv/bin/python examples/digits_eval.py [--ranks 4] [--batch 16] [--out DIR]
+
+The predictions files go to DIR, or to a temporary directory removed when the run ends.
 """
 
 import argparse
@@ -161,9 +163,10 @@ def launch(args):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.ranks), DEVAL_LAUNCH_ID=run)
         procs.append(subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--rank", "--model", model_path,
-             "--batch", str(args.batch), "--out", args.out, "--t0", repr(args.t0)], env=env))
+             "--ranks", str(args.ranks), "--batch", str(args.batch), "--out", args.out,
+             "--t0", repr(args.t0)], env=env))
     codes = [p.wait() for p in procs]
-    os.unlink(model_path)
+    shutil.rmtree(tmp)  # the model, and the predictions files unless --out kept them
     if any(codes):
         print("digits_eval: a rank failed: exit codes %s" % codes, file=sys.stderr)
         return 1

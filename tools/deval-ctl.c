@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -142,6 +143,14 @@ static void print_table(const DvStatusReply *r, bool groups_only) {
         if (!groups_only) {
                 printf("devald pid %d, version %s, backend %s, up %.1f s, quota %s per group\n",
                        r->pid, r->version, r->backend, (double)r->uptime_us / 1e6, quota);
+                /* which binary answers: another checkout's devald may hold the socket */
+                char link[64], exe[PATH_MAX];
+                snprintf(link, sizeof(link), "/proc/%d/exe", (int)r->pid);
+                ssize_t n = readlink(link, exe, sizeof(exe) - 1);
+                if (n > 0) {
+                        exe[n] = '\0';
+                        printf("devald is %s\n", exe);
+                }
                 printf("%u group%s\n", r->total_groups, r->total_groups == 1 ? "" : "s");
                 if (r->unexpected_fds)
                         printf("%" PRIu64 " file descriptors sent by clients unasked were closed\n",

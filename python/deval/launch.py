@@ -35,6 +35,9 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.nproc < 1:
         p.error("--nproc must be at least 1")
+    if not os.path.isfile(a.script):
+        p.error("%s: no such file: give a Python script or an executable (a C rank built in "
+                "the tree is build/example-gather, say)" % a.script)
     procs = []
     run = "%d-%d-%s" % (os.getpid(), time.time_ns(), os.urandom(4).hex())
     for r in range(a.nproc):

@@ -183,3 +183,12 @@ def test_launch_reports_a_failed_rank(daemon, tmp_path):
     p = launch(daemon, 3, str(script), timeout=60)
     assert p.returncode == 3, p.stdout + p.stderr
     assert p.stdout.count("PeerLost: rank 1") == 2, p.stdout
+
+
+def test_launch_names_a_missing_program():
+    """deval.launch on a path that is not there says so once, not once per rank."""
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "deval.launch", "-n", "3", "./gather"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.count("./gather: no such file") == 1, p.stderr

@@ -392,6 +392,9 @@ def test_a_system_devald_wins(runtime):
         assert devalds(runtime) == []
         status = ctl("status")  # deval-ctl finds it the same way
         assert status.returncode == 0 and "devald pid %d" % proc.pid in status.stdout
+        # which binary answers, since another checkout's devald may hold the socket
+        assert "devald is %s\n" % os.path.realpath(os.path.join(BUILD, "devald")) \
+            in status.stdout, status.stdout
     finally:
         proc.terminate()
         proc.wait(10)
