@@ -74,8 +74,11 @@ class Group:
         return self._h
 
     def _left_pass(self, e):
-        """This rank left a pass (a break) that failed the other ranks: its next call raises
-        e, so that no rank goes on as if the pass had been whole."""
+        """This rank left a pass (a break, an exception) that failed the other ranks: its next
+        call raises e, so that no rank goes on as if the pass had been whole."""
+        e = type(e)("this rank left its last eval pass while the other ranks went on, which "
+                    "failed theirs; this rank hears of it at its next call, this one: %s" % e,
+                    e.status)
         self._left = e
         self._addr = 0  # (the plain gather's fast path goes through _handle() meanwhile)
 

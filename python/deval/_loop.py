@@ -436,14 +436,18 @@ class Keys:
             self._take()
             self.skip -= 1
         if not self.drawn:
-            raise ValueError("the loader yielded a batch its sampler did not draw here (an "
-                             "iterator of it started before the loop?)")
+            raise ValueError("the loader yielded a batch its sampler did not draw here: an "
+                             "iterator of it started before the loop (with "
+                             "persistent_workers=True, a batch taken before a loop leaves the "
+                             "workers ahead of the sampler for good: make the DataLoader "
+                             "again, or take no batch from it outside the loop)")
         b = self._take()
         try:
             keys = [i.__index__() for i in b]
         except (AttributeError, TypeError):
-            raise ValueError("its sampler yields %s, not dataset indices" % type(b).__name__) \
-                from None
+            raise ValueError("its sampler yields %s, not dataset indices (a BatchSampler "
+                             "passed as sampler= with batch_size=None: pass it as "
+                             "batch_sampler= instead)" % type(b).__name__) from None
         self.indices = keys
         if self.draws is not None:
             d, i, j = self.draws, self.batch - 1, self.dealt - len(keys)

@@ -95,7 +95,8 @@ class _LoopPass:
         if left is not None:
             with contextlib.suppress(Error):
                 g._check(_lib.deval_eval_abandon(h))
-            raise left
+            raise type(left)("%s. This pass fails on every rank too, so that each learns it at "
+                             "the same call; the next one runs" % left, left.status)
         self.opened = True
         g._in_pass, g._keyed = True, self.keys is not None
         if self.batches:
@@ -237,38 +238,7 @@ class _LoopPass:
         g._check(_lib.deval_eval_replay_done(h))
 
     def holds_gathered(self, args, kwargs):
-        """Do the values args and kwargs hold (a metric's update) come from what a gather for
-        metrics of the current batch returned (every rank's rows, not this rank's): the
-        results themselves, views of them, or values with as many rows as a result and not
-        one per sample of the batch?"""
-        if not self.gathered:
-            return False
-        ids, ptrs, rows = set(), set(), set()
-        todo = list(self.gathered)
-        while todo:
-            v = todo.pop()
-            ids.add(id(v))
-            if isinstance(v, (tuple, list)):
-                todo.extend(v)
-            elif isinstance(v, dict):
-                todo.extend(v.values())
-            elif hasattr(v, "shape") and len(v.shape):
-                rows.add(v.shape[0])
-                if hasattr(v, "untyped_storage"):
-                    ptrs.add(v.untyped_storage().data_ptr())
-        todo = list(args) + list(kwargs.values())
-        while todo:
-            v = todo.pop()
-            if id(v) in ids:
-                return True
-            if isinstance(v, dict):
-                todo.extend(v.values())
-            elif hasattr(v, "shape") and len(v.shape):
-                if hasattr(v, "untyped_storage") and v.untyped_storage().data_ptr() in ptrs:
-                    return True
-                if v.shape[0] in rows and v.shape[0] != self.samples:
-                    return True
-        return False
+        return holds_gathered(self.gathered, self.samples, args, kwargs)
 
     def _padding(self, last):
         """The batch the replay hands the body: one padding sample in the loader's own
@@ -283,6 +253,41 @@ class _LoopPass:
             except Exception:  # (a dataset that cannot be read again here)
                 pass
         return _END if last is None else _loop.head(last)
+
+
+def holds_gathered(gathered, samples, args, kwargs):
+    """Do the values args and kwargs hold (a metric's update) come from what the gathers for
+    metrics of the current batch returned (gathered: every rank's rows, not this rank's): the
+    results themselves, views of them, or values with as many rows as a result and not one
+    per sample of the batch (samples)?"""
+    if not gathered:
+        return False
+    ids, ptrs, rows = set(), set(), set()
+    todo = list(gathered)
+    while todo:
+        v = todo.pop()
+        ids.add(id(v))
+        if isinstance(v, (tuple, list)):
+            todo.extend(v)
+        elif isinstance(v, dict):
+            todo.extend(v.values())
+        elif hasattr(v, "shape") and len(v.shape):
+            rows.add(v.shape[0])
+            if hasattr(v, "untyped_storage"):
+                ptrs.add(v.untyped_storage().data_ptr())
+    todo = list(args) + list(kwargs.values())
+    while todo:
+        v = todo.pop()
+        if id(v) in ids:
+            return True
+        if isinstance(v, dict):
+            todo.extend(v.values())
+        elif hasattr(v, "shape") and len(v.shape):
+            if hasattr(v, "untyped_storage") and v.untyped_storage().data_ptr() in ptrs:
+                return True
+            if v.shape[0] in rows and v.shape[0] != samples:
+                return True
+    return False
 
 
 def real_rows():

@@ -21,22 +21,74 @@ deval.accelerate.disable() undoes it.
 import os
 import sys
 
-from . import InvalidArgument, _LoopPass, _loop, _spans_machines, join
+import numpy as np
+
+from . import InvalidArgument, _LoopPass, _loop, _pass, _spans_machines, join
 
 __all__ = ["enable", "disable"]
 
 _ACTIVE = None  # the one enabled _State
-# a hooked loader whose gathers stay Accelerate's: an iterable shard with no len()
-_ACCELERATE = "accelerate's own gather_for_metrics"
 _ORIG = {}  # class -> its own __iter__, while patched
 
 
-class _Uncounted:
+class _Opaque:
+    """An iteration of a hooked loader deval runs no pass over, seen by attached metrics
+    (_loop.ACTIVE): real says which samples of the batch are real, when it can be told; None
+    taints a metric updated with the batch (deval.torchmetrics)."""
+
+    def __init__(self):
+        self.real = self.samples = self.seq = self.n = None
+        self.batches = 0
+        self.gathered = []  # what this batch's gathers for metrics returned
+
+    def batch(self, batch):
+        self.batches += 1
+        self.gathered = []
+
+    def holds_gathered(self, args, kwargs):
+        return _pass.holds_gathered(self.gathered, self.samples, args, kwargs)
+
+    def run(self, it):
+        _loop.LOOPS[0] += 1
+        self.seq = _loop.LOOPS[0]
+        _loop.ACTIVE.append(self)
+        try:
+            for batch in it:
+                self.batch(batch)
+                yield batch
+        finally:
+            _loop.ACTIVE.remove(self)
+
+
+class _Dispatched(_Opaque):
+    """A loader Accelerate dispatches from rank 0 with no len(): its gathers stay Accelerate's,
+    which drops the last round's padding by the dispatcher's remainder. The same remainder says
+    which rows of a rank's last batch are real, for an attached metric: the round's first
+    `remainder` rows are, dealt in rank order, as many to each rank as its batch holds."""
+
+    def __init__(self, loader, rank):
+        super().__init__()
+        self.loader, self.rank = loader, rank
+
+    def batch(self, batch):
+        super().batch(batch)
+        self.samples = b = _loop.batch_samples(batch)
+        if b is None:
+            self.real = None
+            return
+        real = b
+        if getattr(self.loader, "end_of_dataloader", False):
+            real = max(0, min(b, int(self.loader.remainder) - self.rank * b))
+        self.real = np.arange(b) < real
+
+
+class _Uncounted(_Opaque):
     """A loader Accelerate shards in a way deval cannot count (skip_first_batches, say): its
-    first gather_for_metrics raises why. (A training loader of that kind gathers nothing, and
-    runs.)"""
+    first gather_for_metrics raises why, and an attached metric it updates raises from
+    compute(). (A training loader of that kind that feeds no metric runs.)"""
 
     def __init__(self, why):
+        super().__init__()
         self.why = why
 
 
@@ -51,13 +103,13 @@ class _State:
     def innermost(self):
         """The pass of the loader whose batches a gather_for_metrics now gathers: the one
         iterated innermost (an eval loader inside a training loop), opened by this call;
-        None, or _ACCELERATE for a loader whose gathers stay Accelerate's."""
+        None, or a _Dispatched loader, whose gathers stay Accelerate's."""
         if not self.loops:
             return None
         lp = self.loops[-1]
         if isinstance(lp, _Uncounted):
             raise InvalidArgument(lp.why, -1)
-        if lp is not None and lp is not _ACCELERATE and not lp.opened:
+        if lp is not None and not isinstance(lp, _Dispatched) and not lp.opened:
             if self.group._in_pass:
                 raise InvalidArgument(
                     "deval.accelerate: this loader's first gather_for_metrics came while the "
@@ -89,9 +141,12 @@ def _make_methods(st):
         return _recursively(lambda t: g.gather(t), tensor)
 
     def gather_for_metrics(input_data, use_gather_object=False):
-        if st.innermost() is _ACCELERATE:  # Accelerate's own, over deval's gather
+        lp = st.innermost()
+        if isinstance(lp, _Dispatched):  # Accelerate's own, over deval's gather
             own = _METHODS_ORIG[(_patched_class(st.accelerator), "gather_for_metrics")]
-            return own(st.accelerator, input_data, use_gather_object=use_gather_object)
+            out = own(st.accelerator, input_data, use_gather_object=use_gather_object)
+            lp.gathered.append(out)  # (a metric updated with it takes every rank's rows)
+            return out
         if use_gather_object or not _all_tensors(input_data):
             if not g._in_pass:  # Accelerate's gather_object
                 return g.gather_object(input_data)
@@ -171,7 +226,8 @@ def _hooked_iter(cls):
         except (_loop.ShardedTwice, _loop.Uncountable) as e:
             raise InvalidArgument("deval.accelerate: %s" % e, -1) from None
         except _loop.Unsized:
-            params = _ACCELERATE  # sharded, but not counted: Accelerate's own remainder
+            # sharded, but not counted: Accelerate's own remainder
+            params = _Dispatched(self, st.group.rank)
         except ValueError as e:
             params = None  # not a sharded loader (one process, say): Accelerate's behaviour
             if st.group.world_size > 1 and cls is not tud_loader():
@@ -182,15 +238,17 @@ def _hooked_iter(cls):
                     "g.eval_loop(loader, num_samples=...), or prepare a loader without it" % e)
         # a pass of its own, opened by the first gather_for_metrics of this iteration; None:
         # a loader whose gathers keep Accelerate's behaviour, and hide outer loaders' passes
-        lp = params if params is None or params is _ACCELERATE or \
-            isinstance(params, _Uncounted) else _LoopPass(st.group, *params, self)
+        lp = params if params is None or isinstance(params, _Opaque) else \
+            _LoopPass(st.group, *params, self)
         base = getattr(self, "base_dataloader", None)
         st.loops.append(lp)
         if base is not None:
             st.bases.add(id(base))
         try:
-            if not isinstance(lp, _LoopPass):
+            if lp is None:
                 yield from orig(self)
+            elif isinstance(lp, _Opaque):
+                yield from lp.run(orig(self))
             else:
                 yield from lp.run(lambda: orig(self))
         finally:

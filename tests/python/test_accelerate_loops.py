@@ -232,3 +232,96 @@ def test_enable_in_a_process_on_its_own(daemon, monkeypatch):
                 k.startswith(("OMPI_COMM_WORLD_", "SLURM_")):
             monkeypatch.delenv(k)
     assert run_ranks(1, solo_rank) == [[(1, list(range(10)))] * 2]
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """An iterable with no len() of n samples: x = 1..n, y alternating."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield torch.tensor(float(i + 1)), torch.tensor(i % 2)
+
+
+def metrics_rank(rank, world, port, name, n, dispatch):
+    """torchmetrics updated on each rank over an iterable with no len(): dispatched from rank
+    0, exact (the dispatcher's remainder tells its padding); sharded on every rank, refused."""
+    set_env(rank, world, port)
+    import torchmetrics
+    import deval.torchmetrics
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        dispatch_batches=dispatch))
+    deval.accelerate.enable(acc, group=name)
+    deval.torchmetrics.enable()
+    try:
+        mean, count = torchmetrics.MeanMetric(), torchmetrics.SumMetric()
+        accuracy = torchmetrics.classification.BinaryAccuracy()
+        try:
+            for x, y in acc.prepare(DataLoader(Stream(n), batch_size=2)):
+                mean.update(x)
+                count.update(torch.ones_like(x))
+                accuracy.update(torch.ones_like(y), y)
+            return (count.compute().item(), mean.compute().item(), accuracy.compute().item())
+        except (deval.Mismatch, deval.InvalidArgument) as e:
+            return str(e)
+    finally:
+        deval.torchmetrics.enable(False)
+        deval.accelerate.disable()
+
+
+@pytest.mark.parametrize("n,world", [(7, 2), (7, 3), (8, 3), (3, 4)])
+def test_metrics_over_a_dispatched_iterable_are_exact(daemon, monkeypatch, n, world):
+    pytest.importorskip("torchmetrics")
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(world, metrics_rank, free_port(), group_name("dispatched-tm"), n, True,
+                    timeout=120)
+    ys = [i % 2 for i in range(n)]
+    want = (float(n), (n + 1) / 2, sum(ys) / n)
+    for r in res:
+        assert not isinstance(r, str), r
+        assert r[0] == want[0] and abs(r[1] - want[1]) < 1e-6 and abs(r[2] - want[2]) < 1e-6, \
+            (r, want)
+
+
+def test_metrics_over_an_uncounted_iterable_raise(daemon, monkeypatch):
+    pytest.importorskip("torchmetrics")
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, metrics_rank, free_port(), group_name("sharded-tm"), 7, False,
+                    timeout=120)
+    assert all(isinstance(r, str) and "give the dataset a __len__" in r for r in res), res
+
+
+def skipped_metrics_rank(rank, world, port, name):
+    """A metric fed by a loader Accelerate resumes with skip_first_batches, whose padding
+    deval cannot count: compute() raises rather than count the padding."""
+    set_env(rank, world, port)
+    import torchmetrics
+    import deval.torchmetrics
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+    acc = Accelerator(cpu=True)
+    deval.accelerate.enable(acc, group=name)
+    deval.torchmetrics.enable()
+    try:
+        count = torchmetrics.SumMetric()
+        loader = acc.prepare(DataLoader(TensorDataset(torch.arange(N)), batch_size=3))
+        for (x,) in acc.skip_first_batches(loader, 1):
+            count.update(torch.ones_like(x))
+        try:
+            return count.compute().item()
+        except deval.Mismatch as e:
+            return str(e)
+    finally:
+        deval.torchmetrics.enable(False)
+        deval.accelerate.disable()
+
+
+def test_metrics_over_skipped_batches_raise(daemon, monkeypatch):
+    pytest.importorskip("torchmetrics")
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, skipped_metrics_rank, free_port(), group_name("skipped-tm"), timeout=120)
+    assert all(isinstance(r, str) and "cannot tell which samples" in r for r in res), res

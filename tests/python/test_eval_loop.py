@@ -215,3 +215,62 @@ def test_a_known_loader_contradicted_is_refused(daemon):
     pytest.importorskip("torch")
     for got in run_ranks(2, contradicted, daemon.socket, group_name("contra")):
         assert got == list(range(10))
+
+
+
+def batch_sampler_as_sampler(rank, world, sock, name):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    ds = TensorDataset(torch.arange(10))
+    sampler = BatchSampler(DistributedSampler(ds, world, rank, shuffle=False), 2, False)
+    try:
+        for (x,) in g.eval_loop(DataLoader(ds, sampler=sampler, batch_size=None),
+                                num_samples=10, order="strided"):
+            g.gather_for_metrics(x)
+        return None
+    except deval.InvalidArgument as e:
+        return str(e)
+    finally:
+        g.leave()
+
+
+def test_a_batch_sampler_as_sampler_says_what_to_change(daemon):
+    res = run_ranks(2, batch_sampler_as_sampler, daemon.socket, group_name("bsampler"))
+    assert all(r and "pass it as batch_sampler=" in r for r in res), res
+
+
+PEEK = """
+import deval, torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+g = deval.join()
+ds = TensorDataset(torch.arange(10))
+loader = DataLoader(ds, batch_size=2, num_workers=1, persistent_workers=True,
+                    sampler=DistributedSampler(ds, g.world_size, g.rank, shuffle=False))
+next(iter(loader))  # a look at one batch before the loop
+try:
+    for (x,) in g.eval_loop(loader):
+        g.gather_for_metrics(x)
+except deval.InvalidArgument as e:
+    print("rank %d: %s" % (g.rank, e), flush=True)
+"""
+
+
+def test_a_peek_at_persistent_workers_says_what_to_change(daemon, tmp_path):
+    """With persistent_workers=True, a batch taken before the loop leaves the workers ahead
+    of the sampler: the loop refuses, and says why and what to do."""
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+    from conftest import ROOT
+    script = tmp_path / "peek.py"
+    script.write_text(PEEK)
+    env = dict(os.environ, DEVAL_SOCKET=daemon.socket, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    for k in ("RANK", "WORLD_SIZE"):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, "-m", "deval.launch", "-n", "2", str(script)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.stdout.count("persistent_workers=True") == 2, p.stdout + p.stderr
