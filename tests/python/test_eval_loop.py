@@ -219,7 +219,7 @@ def test_a_known_loader_contradicted_is_refused(daemon):
 
 
 def batch_sampler_as_sampler(rank, world, sock, name):
-    torch = pytest.importorskip("torch")
+    import torch
     from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     ds = TensorDataset(torch.arange(10))
@@ -236,6 +236,7 @@ def batch_sampler_as_sampler(rank, world, sock, name):
 
 
 def test_a_batch_sampler_as_sampler_says_what_to_change(daemon):
+    pytest.importorskip("torch")
     res = run_ranks(2, batch_sampler_as_sampler, daemon.socket, group_name("bsampler"))
     assert all(r and "pass it as batch_sampler=" in r for r in res), res
 
