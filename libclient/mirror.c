@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include "mirror.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "agree.h"
@@ -36,6 +37,27 @@ static bool tensor_ok(int32_t dtype, int32_t ndim, const int64_t *shape, uint64_
                 numel *= (uint64_t)shape[d]; /* 128^8 at most: no overflow */
         }
         return numel * dv_dtype_size(dtype) == nbytes;
+}
+
+static inline bool same_bits(double x, double y) {
+        uint64_t a, b;
+        memcpy(&a, &x, sizeof(a));
+        memcpy(&b, &y, sizeof(b));
+        return a == b;
+}
+
+/* Do records a and b describe the same step, in every field dv_agree() reads of them? */
+static inline bool same_description(const DvMirror *a, const DvMirror *b) {
+        if (a->op != b->op || a->dtype != b->dtype || a->ndim != b->ndim ||
+            a->nbytes != b->nbytes || a->reduce_op != b->reduce_op ||
+            a->valid_rows != b->valid_rows || a->keep_rows != b->keep_rows ||
+            a->order != b->order || a->pad_first != b->pad_first ||
+            !same_bits(a->pad_value, b->pad_value) || a->ndim < 0 || a->ndim > DEVAL_MAX_DIMS)
+                return false;
+        for (int d = 0; d < a->ndim; d++)
+                if (a->shape[d] != b->shape[d])
+                        return false;
+        return true;
 }
 
 /* Can this rank mirror the step of request q? A copy of its own request. */
@@ -107,6 +129,11 @@ bool dv_mirror_post(deval_group *g, uint32_t seq, uint64_t now) {
                 own->pad_first = q->pad_first;
                 memcpy(m->data, g->inl + t->offset, t->nbytes);
         }
+        /* a step dv_agree() accepted lately: records that all describe it again need not be
+         * asked about (same_step()) */
+        g->mirror.known = false;
+        for (int i = 0; on && i < g->mirror.nknown && !g->mirror.known; i++)
+                g->mirror.known = same_description(own, &g->mirror.known_steps[i]);
         /* up to seq, which goes last */
         memcpy((uint8_t *)m + sizeof(m->seq), (const uint8_t *)own + sizeof(own->seq),
                head - sizeof(m->seq));
@@ -154,15 +181,37 @@ static void record_request(const DvMirror *m, uint32_t call, DvRequest *q) {
         t->nbytes = m->nbytes;
 }
 
-/* Do the records (copies, this rank's own among them: every rank decides from the same
- * records) describe one step to mirror, as devald would check it? The try mode of
- * dv_agree(): what does not agree goes on as any step, whose runner or devald names it. */
-static bool same_step(deval_group *g, const DvMirror *recs) {
+/* dv_agree()'s answer for records that describe no step it accepted lately; a step it
+ * accepts is kept among those */
+static __attribute__((noinline)) bool agree_records(deval_group *g, const DvMirror *recs) {
         DvRequest *q = g->fast.reqs; /* the runner's, free while this step is mirrored */
         for (int k = 0; k < g->world; k++)
                 record_request(&recs[k], g->mirror.req.call, &q[k]);
         DvAgree a = {.q = q, .world = g->world, .desc = mirror_desc};
-        return dv_agree(&a) == 0;
+        if (dv_agree(&a) < 0)
+                return false;
+        DvMirrorState *ms = &g->mirror;
+        ms->known_steps[ms->next_known] = recs[0];
+        ms->next_known = (ms->next_known + 1) % DV_MIRROR_KNOWN;
+        ms->nknown = DV_MIN(ms->nknown + 1, DV_MIRROR_KNOWN);
+        return true;
+}
+
+/*
+ * Do the records (copies, this rank's own among them) describe one step to mirror, as
+ * devald would check it? The try mode of dv_agree(): what does not agree goes on as any
+ * step, whose runner or devald names it. Records that all describe one step dv_agree()
+ * accepted lately (this rank's own, g->mirror.known) are accepted without asking it again:
+ * copies of one record of an accepted step pass every check it makes, so every rank comes
+ * to the same answer, whether it asked or remembered.
+ */
+static bool same_step(deval_group *g, const DvMirror *recs) {
+        int k = 0;
+        while (g->mirror.known && k < g->world && same_description(&recs[k], &g->mirror.own))
+                k++;
+        if (g->mirror.known && k == g->world)
+                return true;
+        return agree_records(g, recs);
 }
 
 /* Gather the tensors the records describe (copies in recs) into g->mirror.out. Return: 0, or

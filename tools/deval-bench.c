@@ -406,7 +406,7 @@ int main(int argc, char **argv) {
                                 snprintf(n, sizeof(n), "%.1f", m99);
                                 snprintf(v, sizeof(v), "%.2fx", m50 / p50);
                         }
-                        printf("%-15s %5d %10.1f %10.1f %10s %10s %8s\n", names[kind - 1], world,
+                        printf("%-15s %5d %10.2f %10.2f %10s %10s %8s\n", names[kind - 1], world,
                                p50, p99, m, n, v);
                         fflush(stdout);
                 }
