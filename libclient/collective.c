@@ -175,8 +175,8 @@ int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, 
 }
 
 static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
-                          const deval_bytes items[], const deval_gather_opts *opts, size_t *out_n,
-                          const deval_bytes **out_items) {
+                          const deval_bytes items[], bool placed, const deval_gather_opts *opts,
+                          size_t *out_n, const deval_bytes **out_items) {
         const DvResult *res;
         int r;
 
@@ -206,6 +206,15 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
         if ((r = dv_coll_begin(g)) < 0)
                 return r;
         uint64_t blob_off = DV_ALIGN(n * 8, DV_ARENA_ALIGN);
+        if (placed) { /* dv_gather_object_placed(): one item, where the caller staged it */
+                const uint8_t *p = items[0].data;
+                if (n != 1 || !p || p < g->in + blob_off || p > g->in + g->in_keep ||
+                    items[0].len > (uint64_t)(g->in + g->in_keep - p) ||
+                    (uint64_t)(p - g->in) % DV_ARENA_ALIGN != 0)
+                        return dv_set_err(g, DEVAL_EINVAL,
+                                          "%s: the item is not where it was staged", fn);
+                blob_off = (uint64_t)(p - g->in);
+        }
         DvRequest *q;
         if ((r = dv_req_start(g, op, &q)) < 0)
                 return r;
@@ -218,7 +227,7 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
         for (size_t i = 0; i < n; i++) {
                 int64_t len = (int64_t)items[i].len;
                 memcpy(g->in + i * 8, &len, 8);
-                if (items[i].len)
+                if (items[i].len && !placed)
                         memcpy(g->in + blob_off + pos, items[i].data, items[i].len);
                 pos += items[i].len;
         }
@@ -265,7 +274,19 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
 int deval_gather_objects(deval_group *g, size_t n, const deval_bytes items[],
                          const deval_gather_opts *opts, size_t *out_n,
                          const deval_bytes **out_items) {
-        return objects_common(g, DV_OP_OBJECTS, "deval_gather_objects", n, items, opts, out_n,
+        return objects_common(g, DV_OP_OBJECTS, "deval_gather_objects", n, items, false, opts,
+                              out_n, out_items);
+}
+
+/**
+ * dv_gather_object_placed() - deval_gather_objects() of one item that the caller staged in
+ * g's input arena, in the region deval_input_buffer() lent: it goes where it lies, not copied.
+ * @item: 64-byte aligned, at least DV_OBJECT_PLACED_AT bytes in, ending inside the region;
+ *        the arena's first bytes take its length
+ */
+int dv_gather_object_placed(deval_group *g, deval_bytes item, const deval_gather_opts *opts,
+                            size_t *out_n, const deval_bytes **out_items) {
+        return objects_common(g, DV_OP_OBJECTS, "deval_gather_objects", 1, &item, true, opts, out_n,
                               out_items);
 }
 
@@ -279,7 +300,7 @@ int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes
                                      const deval_bytes **out_items) {
         const char *fn = "deval_gather_objects_for_metrics";
         if (!g || !g->ident)
-                return objects_common(g, DV_OP_OBJECTS_METRICS, fn, n, items, opts, out_n,
+                return objects_common(g, DV_OP_OBJECTS_METRICS, fn, n, items, false, opts, out_n,
                                       out_items);
         /* a pass with keys: each item travels behind its sample's key */
         const deval_bytes *call, *res;
@@ -292,7 +313,8 @@ int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes
                 return r;
         opts = &own;
         if ((r = dv_ident_items_call(g, fn, n, items, opts, &call)) < 0 ||
-            (r = objects_common(g, DV_OP_OBJECTS_METRICS, fn, n, call, opts, &res_n, &res)) < 0)
+            (r = objects_common(g, DV_OP_OBJECTS_METRICS, fn, n, call, false, opts, &res_n, &res)) <
+                    0)
                 return r;
         return dv_ident_items_result(g, fn, stream, res_n, res, own.same_rows & 1, out_n,
                                      out_items);

@@ -79,21 +79,24 @@ int dv_span_run(deval_group *g, const char *fn, bool pass_end, const DvResult **
 }
 
 /**
- * dv_span_reserve() - dv_reserve_input() for a spanning handle: its input is memory of its
- * own (inside its part's buffer, see dv_span_input_grow()), grown with what it held kept.
+ * dv_span_reserve() - dv_reserve_input() for a spanning handle: its input lies in its node
+ * group's input arena, DV_SPAN_IN_AT bytes in (span_state.h), grown with what
+ * deval_input_buffer() handed out kept.
  * @g: a spanning handle
  * @size: the bytes of input it needs
- * Return: 0; DEVAL_ENOMEM (with its message in g) past 2^46 bytes or out of memory.
+ * Return: 0; DEVAL_ENOMEM past 2^46 bytes, or the node group's failure to grow (its quota, a
+ * connection), with its message in g.
  */
 int dv_span_reserve(deval_group *g, uint64_t size) {
-        if (size <= g->in_size)
+        deval_group *L = g->span->local;
+        if (g->in && size <= g->in_size)
                 return 0;
         if (size > (1ull << 46))
                 return dv_set_err(g, DEVAL_ENOMEM, "an input of %" PRIu64 " bytes", size);
-        /* what deval_input_buffer() handed out moves along, as dv_span_grow() keeps the bytes */
-        if (!dv_span_input_grow(g, size))
-                return dv_set_err(g, DEVAL_ENOMEM, "out of memory for %" PRIu64 " bytes", size);
-        return 0;
+        L->in_keep = g->in ? DV_SPAN_IN_AT + g->in_keep : 0; /* moves along with the arena */
+        int r = dv_reserve_input(L, DV_SPAN_IN_AT + size);
+        dv_span_input_at(g);
+        return r < 0 ? dv_set_err(g, r, "%s", deval_errmsg(L)) : 0;
 }
 
 /**
@@ -117,7 +120,6 @@ void dv_span_free(deval_group *g) {
         free(sp->node_of);
         free(sp->node_ranks);
         free(sp->node_start);
-        free(sp->part);
         free(sp->reqs);
         free(sp->data);
         free(sp->dlen);
@@ -126,7 +128,7 @@ void dv_span_free(deval_group *g) {
         free(sp->srcs);
         dv_pass_deinit(&sp->pass);
         free(sp->out);
-        g->in = NULL; /* inside the part */
+        g->in = NULL; /* inside the node group's arena */
         g->out = NULL;
         free(sp);
         g->span = NULL;

@@ -28,6 +28,7 @@
 #include "deval.h"
 
 #include "handle.h"
+#include "span.h"
 #include "span_state.h"
 #include "span_wire.h"
 #include "util.h"
@@ -184,8 +185,8 @@ static int leader_swap(deval_group *g, int status, const char *why, const deval_
 
 /*
  * This rank's part: its request and the bytes it staged in g->in, up to its last tensor. The
- * head goes right in front of them (span_state.h: dv_span_input_grow()), so the part is whole
- * without a copy of the input; *ret points into the part's buffer.
+ * head goes right in front of them (span_state.h: DV_SPAN_IN_AT), so the part is whole, in the
+ * node group's input arena, without a copy of the input; *ret points there.
  */
 static int make_part(deval_group *g, const DvRequest *q, const uint8_t **ret, size_t *len) {
         DvSpan *sp = g->span;
@@ -197,9 +198,10 @@ static int make_part(deval_group *g, const DvRequest *q, const uint8_t **ret, si
                          .local_rank = sp->local_rank,
                          .local_world = sp->local_world};
         /* staged already (a part that carries no input still needs the room for its head) */
-        if (data > (1ull << 46) || !dv_span_input_grow(g, data))
-                return dv_set_err(g, DEVAL_ENOMEM, "out of memory for a %" PRIu64 "-byte part",
-                                  head + data);
+        int r = dv_span_reserve(g, data);
+        if (r < 0)
+                return r;
+        sp->local->in_keep = DV_SPAN_IN_AT + data; /* where dv_gather_object_placed() finds it */
         uint8_t *dst = g->in - head;
         dv_span_wire_part_write_head(dst, &who, q);
         *ret = dst;
@@ -207,20 +209,7 @@ static int make_part(deval_group *g, const DvRequest *q, const uint8_t **ret, si
         return 0;
 }
 
-/**
- * dv_span_exchange() - one exchange: this rank's part (g->req and the input it staged in
- * g->in) goes out, every rank's comes back into the state's reqs, data and dlen, by global
- * rank; data points into the node group's output, valid until its next collective.
- * @g: a spanning handle; its node's group is used, and a leader's engine
- * @fn: the user's call, to name in the failure of its step
- * @hello: the join's exchange: lay out node_of, node_ranks and node_start from the parts;
- *         else check each node's parts against them
- * Return: 0, or the failure of the group (it sticks: g->failed), with its message in g:
- * DEVAL_ENOMEM for this rank's part; the node group's failure, said in global ranks; the
- * engine's; another node's; DEVAL_EPROTO or DEVAL_EMISMATCH for parts that are malformed or
- * disagree on the layout (dv_span_wire_parse()).
- */
-int dv_span_exchange(deval_group *g, const char *fn, bool hello) {
+static int exchange(deval_group *g, const char *fn, bool hello) {
         DvSpan *sp = g->span;
         deval_group *L = sp->local;
         const uint8_t *part = NULL;
@@ -235,7 +224,7 @@ int dv_span_exchange(deval_group *g, const char *fn, bool hello) {
         size_t n = 0;
         deval_gather_opts to_leader = DEVAL_GATHER_OPTS_INIT;
         to_leader.root = 0;
-        r = deval_gather_objects(L, 1, &item, &to_leader, &n, &items);
+        r = dv_gather_object_placed(L, item, &to_leader, &n, &items);
         if (sp->local_rank != 0) {
                 if (r < 0 || (r = deval_broadcast_bytes(L, NULL, 0, 0, &view)) < 0)
                         return local_failed(g, fn, r);
@@ -272,4 +261,23 @@ int dv_span_exchange(deval_group *g, const char *fn, bool hello) {
         if ((r = dv_span_wire_parse(&parts, view.data, view.len, sp->msg, sizeof(sp->msg))) < 0)
                 return dv_span_step_failed(g, r, fn, sp->msg); /* (another node's, said) */
         return 0;
+}
+
+/**
+ * dv_span_exchange() - one exchange: this rank's part (g->req and the input it staged in
+ * g->in) goes out, every rank's comes back into the state's reqs, data and dlen, by global
+ * rank; data points into the node group's output, valid until its next collective.
+ * @g: a spanning handle; its node's group is used, and a leader's engine
+ * @fn: the user's call, to name in the failure of its step
+ * @hello: the join's exchange: lay out node_of, node_ranks and node_start from the parts;
+ *         else check each node's parts against them
+ * Return: 0, or the failure of the group (it sticks: g->failed), with its message in g:
+ * DEVAL_ENOMEM for this rank's part; the node group's failure, said in global ranks; the
+ * engine's; another node's; DEVAL_EPROTO or DEVAL_EMISMATCH for parts that are malformed or
+ * disagree on the layout (dv_span_wire_parse()).
+ */
+int dv_span_exchange(deval_group *g, const char *fn, bool hello) {
+        int r = exchange(g, fn, hello);
+        dv_span_input_at(g); /* a leader's global bytes may have moved the node group's arena */
+        return r;
 }

@@ -17,6 +17,7 @@
 
 #include "deval.h"
 
+#include "collective.h"
 #include "handle.h"
 #include "pass.h"
 #include "span_wire.h"
@@ -41,8 +42,6 @@ struct DvSpan {
         int *node_start; /* [nodes + 1] into node_ranks */
         bool laid_out;   /* the join's exchange filled them */
         /* the exchange's (span_exchange.c) */
-        uint8_t *part; /* this rank's part, around its input: g->in is at DV_SPAN_PART_HEAD_MAX */
-        size_t part_cap;
         uint8_t *round1; /* a leader's: every node's first round */
         size_t round1_cap;
         uint8_t *failure; /* a leader's: a failure it broadcasts to its node */
@@ -120,18 +119,17 @@ static inline bool dv_span_grow(uint8_t **p, size_t *cap, size_t need) {
 }
 
 /*
- * A rank's input (g->in) lies DV_SPAN_PART_HEAD_MAX bytes into the buffer of its part, so that
- * the exchange writes the part's head right in front of the staged input and sends the part
- * without copying the input. Make room for size bytes of input, what it held kept; false when
- * out of memory.
+ * Where a spanning handle's input (g->in) lies in its node group's input arena: past the room
+ * for the part's head, which the exchange writes right in front of the staged input, and past
+ * the item's length that the gather to the leader writes first (dv_gather_object_placed()).
+ * So the part is whole, and goes to the leader, where the rank staged its input: no copy.
  */
-static inline bool dv_span_input_grow(deval_group *g, uint64_t size) {
-        DvSpan *sp = g->span;
-        if (sp->part && size <= g->in_size)
-                return true;
-        if (!dv_span_grow(&sp->part, &sp->part_cap, DV_SPAN_PART_HEAD_MAX + size))
-                return false;
-        g->in = sp->part + DV_SPAN_PART_HEAD_MAX;
-        g->in_size = sp->part_cap - DV_SPAN_PART_HEAD_MAX;
-        return true;
+#define DV_SPAN_IN_AT (DV_OBJECT_PLACED_AT + DV_SPAN_PART_HEAD_MAX)
+
+/* g->in and g->in_size again, after a call on the node's group that may have moved its arena. */
+static inline void dv_span_input_at(deval_group *g) {
+        deval_group *L = g->span->local;
+        bool has = L->in && L->in_size >= DV_SPAN_IN_AT;
+        g->in = has ? L->in + DV_SPAN_IN_AT : NULL;
+        g->in_size = has ? L->in_size - DV_SPAN_IN_AT : 0;
 }
