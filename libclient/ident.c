@@ -21,6 +21,7 @@
 #define _GNU_SOURCE
 #include "ident.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,18 +233,57 @@ static uint64_t row_bytes(const deval_tensor *t) {
         return b;
 }
 
+/*
+ * msg, said of the tensors a gather of a pass with keys sent (the batch's keys, then the
+ * caller's), in the caller's numbering: "tensor 0" is the keys tensor, "tensor i + 1" the
+ * caller's tensor i, and a number of tensors is one more than the caller passed.
+ */
+static void say_callers(char *msg, size_t cap) {
+        char out[sizeof(((deval_group *)0)->errmsg)];
+        size_t o = 0;
+        bool counts = false; /* past "the number of tensors": each "has N" counts the keys */
+        for (const char *m = msg; *m && o + 1 < sizeof(out);) {
+                bool word = m == msg || !isalnum((unsigned char)m[-1]);
+                const char *d = NULL;
+                if (word && strncmp(m, "number of tensors", 17) == 0)
+                        counts = true;
+                if (word && strncmp(m, "tensor ", 7) == 0 && isdigit((unsigned char)m[7]))
+                        d = m + 7;
+                else if (counts && word && strncmp(m, "has ", 4) == 0 &&
+                         isdigit((unsigned char)m[4]))
+                        d = m + 4;
+                if (!d) {
+                        out[o++] = *m++;
+                        continue;
+                }
+                char *end;
+                unsigned long k = strtoul(d, &end, 10);
+                if (d == m + 7 && k == 0)
+                        o += (size_t)snprintf(out + o, sizeof(out) - o, "the keys tensor");
+                else
+                        o += (size_t)snprintf(out + o, sizeof(out) - o, "%.*s%lu", (int)(d - m), m,
+                                              k ? k - 1 : 0);
+                o = DV_MIN(o, sizeof(out) - 1);
+                m = end;
+        }
+        out[o] = '\0';
+        snprintf(msg, cap, "%s", out);
+}
+
 /**
- * dv_ident_explain() - a gather of a pass with keys failed with status r: when the ranks'
+ * dv_ident_explain() - a gather of a pass with keys failed with status r: say its message in
+ * the caller's numbering of tensors (the keys travel as one more, first), and when the ranks'
  * plan found rows that are not whole samples, say what it numbered. Return: r.
  */
 int dv_ident_explain(deval_group *g, int r) {
+        say_callers(g->errmsg, sizeof(g->errmsg));
         size_t len = strlen(g->errmsg);
         if (r == DEVAL_EMISMATCH && strstr(g->errmsg, "rows per sample"))
                 snprintf(g->errmsg + len, sizeof(g->errmsg) - len,
-                         " (in a pass with keys tensor 0 is the batch's keys, and your tensor i is "
-                         "tensor i+1); rows must be whole samples, the same number per sample on "
-                         "every rank: gather per-sample tensors ([batch, ...], padded), not rows "
-                         "flattened across samples");
+                         " (in a pass with keys, the keys tensor, one per sample, numbers the "
+                         "batch's samples); rows must be whole samples, the same number per "
+                         "sample on every rank: gather per-sample tensors ([batch, ...], padded), "
+                         "not rows flattened across samples");
         return r;
 }
 

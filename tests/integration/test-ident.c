@@ -231,6 +231,44 @@ static void test_rows_not_whole_samples(void **state) {
 }
 
 /*
+ * The keys travel as one more tensor, first; a failure names the caller's tensors as the
+ * caller numbered them: rank 1's second tensor has another dtype (its tensor 1, sent as 2),
+ * then rank 1 passes one tensor fewer (1 against 2, sent as 2 against 3).
+ */
+static int rank_numbered(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "numbered", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_eval_begin_keys(g, 4, 4), g);
+        int64_t keys[2] = {rank, rank + 2}, v[2] = {1, 2};
+        double d[2] = {1, 2};
+        deval_tensor in[2] = {
+                {.data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1},
+                {.data = rank ? (void *)d : (void *)v,
+                 .dtype = rank ? DEVAL_F64 : DEVAL_I64,
+                 .ndim = 1,
+                 .shape = {2},
+                 .device = -1}};
+        deval_tensor out[2];
+        CHECK_OK(deval_eval_batch_keys(g, 2, keys), g);
+        int r = deval_gather_for_metrics(g, 2, in, NULL, out);
+        CHECK(r == DEVAL_EMISMATCH &&
+                      strstr(deval_errmsg(g), "on tensor 1's dtype: rank 0 has i64"),
+              "rank %d: %s: %s", rank, deval_strerror(r), deval_errmsg(g));
+        r = deval_gather_for_metrics(g, rank ? 1 : 2, in, NULL, out);
+        CHECK(r == DEVAL_EMISMATCH &&
+                      strstr(deval_errmsg(g), "number of tensors: rank 0 has 2, rank 1 has 1"),
+              "rank %d: %s: %s", rank, deval_strerror(r), deval_errmsg(g));
+        deval_leave(g);
+        return 0;
+}
+
+static void test_failures_number_the_callers_tensors(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 2, rank_numbered, NULL, 30), 0);
+}
+
+/*
  * A pass by position: rank 2 breaks out of its loop after one batch while ranks 0 and 1 go
  * on. Every rank fails, naming rank 2 and its batch; none returns a result lacking its rows.
  * Ranks that all leave at the same batch end the pass as before.
@@ -397,6 +435,7 @@ int main(void) {
                 cmocka_unit_test(test_keys_order_and_duplicates),
                 cmocka_unit_test(test_keys_uneven_and_missing),
                 cmocka_unit_test(test_rows_not_whole_samples),
+                cmocka_unit_test(test_failures_number_the_callers_tensors),
                 cmocka_unit_test(test_rank_leaves_early),
                 cmocka_unit_test(test_rows_past_the_end),
                 cmocka_unit_test(test_rows_that_are_not_their_samples),
