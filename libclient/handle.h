@@ -52,7 +52,8 @@ struct deval_group {
         uint64_t dout_size;
         uint64_t dout_gen;
         uint32_t seq;
-        uint32_t restages;   /* steps posted again under a new seq: seq - restages is the call */
+        uint32_t restages;   /* steps posted again under a new seq (calls.h) */
+        uint32_t uncounted;  /* steps the binding made of its own (calls.h: dv_uncount()) */
         uint32_t call_as;    /* a spanning group's node group: the user's call its steps serve */
         DvTunables tun;      /* the environment's tunables, read once, at the join */
         bool batch;          /* deval_eval_batch() was called in this pass: calls count per site */

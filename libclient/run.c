@@ -18,6 +18,7 @@
 #include "deval.h"
 
 #include "arena.h"
+#include "calls.h"
 #include "dtype.h"
 #include "fast.h"
 #include "fault.h"
@@ -115,7 +116,7 @@ static int coll_arrive(deval_group *g, const char *fn, int *by) {
         const DvDoneHeader *d = g->done;
         DvSlot *slot = &h->slots[g->rank];
         uint32_t seq = ++g->seq;
-        uint32_t call = slot->req.call = g->call_as ? g->call_as : seq - g->restages;
+        uint32_t call = slot->req.call = g->call_as ? g->call_as : dv_call_no(g, seq);
         uint64_t start = dv_now_ns();
         /* on a crowded machine, waiting ranks leave their cores to the ranks still to come */
         bool crowded = g->crowd_aware && dv_crowded(&g->crowd, start);
@@ -312,7 +313,7 @@ int dv_coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResult *
                                 return dv_set_err(g, DEVAL_EPROTO,
                                                   "%s: rank %d turned collective #%u back "
                                                   "unrun, again",
-                                                  fn, g->hdr->fast.executor, g->seq - g->restages);
+                                                  fn, g->hdr->fast.executor, dv_call_no(g, g->seq));
                         g->restages++; /* the same call, under the next step's number */
                         q->seq = g->seq + 1;
                         if ((r = restage(g, fn, q)) < 0)

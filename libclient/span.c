@@ -27,6 +27,7 @@
 
 #include "deval.h"
 
+#include "calls.h"
 #include "check.h"
 #include "handle.h"
 #include "job.h"
@@ -55,7 +56,7 @@ int dv_span_run(deval_group *g, const char *fn, bool pass_end, const DvResult **
         g->in_keep = 0;
         for (;;) {
                 g->req->seq = g->seq + 1;
-                g->req->call = g->req->seq; /* a spanning group restages nothing */
+                g->req->call = dv_call_no(g, g->req->seq); /* (a spanning group restages nothing) */
                 if ((r = dv_span_exchange(g, fn, false)) < 0)
                         return r;
                 g->seq++;

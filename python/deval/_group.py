@@ -90,6 +90,21 @@ class Group:
                 self._pass_ended = True
             raise _ERRORS.get(r, Error)(msg, r)
 
+    @contextlib.contextmanager
+    def _own_steps(self, end=False):
+        """Steps the binding makes of its own (a pass's begin, its loader check, its end) are
+        not its user's calls: uncounted, so that a failure names the user's calls by their
+        count as the user made them (libdeval's calls.h). A pass's end uncounts one step: the
+        others' calls that devald answered for a rank whose loader ran out first stay
+        counted, as this rank replays them."""
+        before = _lib.dv_calls(self._h)
+        try:
+            yield
+        finally:
+            if self._h:
+                made = (_lib.dv_calls(self._h) - before) & 0xFFFFFFFF
+                _lib.dv_uncount(self._h, min(made, 1) if end else made)
+
     def __enter__(self):
         return self
 
@@ -275,20 +290,23 @@ class Group:
         """
         h = self._handle()
         n, o = self._pass_args(num_samples, order)
-        self._check(_lib.deval_eval_begin(h, n, o))
+        with self._own_steps():
+            self._check(_lib.deval_eval_begin(h, n, o))
         self._in_pass = True
         try:
             yield self
         except BaseException:
             self._in_pass = False
-            with contextlib.suppress(Error):  # the group may be what failed
-                self._check(_lib.deval_eval_abandon(self._handle()))
+            with contextlib.suppress(Error), self._own_steps(end=True):  # (the group may be
+                self._check(_lib.deval_eval_abandon(self._handle()))  # what failed)
             raise
         self._in_pass = False
-        self._check(_lib.deval_eval_end(self._handle()))
+        with self._own_steps(end=True):
+            self._check(_lib.deval_eval_end(self._handle()))
         missed = _lib.deval_eval_missed(self._h)
         if missed > 0:
-            _lib.deval_eval_replay_done(self._h)
+            with self._own_steps(end=True):
+                _lib.deval_eval_replay_done(self._h)
             raise Mismatch("deval.eval_pass: this rank left the pass %d batches before the "
                            "others, so its results lack theirs; use eval_loop(loader), which "
                            "replays them, or run as many batches on every rank" % missed, -2)

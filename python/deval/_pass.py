@@ -87,13 +87,14 @@ class _LoopPass:
                 "batch %d; its batches carry no dataset indices, so the samples of the batches "
                 "before cannot be told apart from the rest: gather from its first batch on"
                 % self.batches, -1)
-        self._same_loop(h)
-        if self.keys is not None:
-            g._check(_lib.deval_eval_begin_keys(h, self.n, self.num_keys))
-        else:
-            g._check(_lib.deval_eval_begin(h, self.n, self.o))
+        with g._own_steps():
+            self._same_loop(h)
+            if self.keys is not None:
+                g._check(_lib.deval_eval_begin_keys(h, self.n, self.num_keys))
+            else:
+                g._check(_lib.deval_eval_begin(h, self.n, self.o))
         if left is not None:
-            with contextlib.suppress(Error):
+            with contextlib.suppress(Error), g._own_steps(end=True):
                 g._check(_lib.deval_eval_abandon(h))
             raise type(left)("%s. This pass fails on every rank too, so that each learns it at "
                              "the same call; the next one runs" % left, left.status)
@@ -197,7 +198,8 @@ class _LoopPass:
                 # failed because a rank left it, which ended it for every rank (devald's too)
                 if self.opened and not done and not g._pass_ended:
                     try:
-                        g._check(_lib.deval_eval_abandon(g._handle()))
+                        with g._own_steps(end=True):
+                            g._check(_lib.deval_eval_abandon(g._handle()))
                     except Mismatch as e:  # they went on: they fail, and so will this rank
                         g._left_pass(e)
                     except Error:
@@ -212,13 +214,15 @@ class _LoopPass:
         if not self.opened:
             return
         keyed, g._keyed = g._keyed, False
-        g._check(_lib.deval_eval_complete(h))
+        with g._own_steps(end=True):
+            g._check(_lib.deval_eval_complete(h))
         missed = _lib.deval_eval_missed(h)
         if missed <= 0:
             return
         pad = self._padding(last)
         if pad is _END:
-            _lib.deval_eval_replay_done(h)
+            with g._own_steps(end=True):
+                _lib.deval_eval_replay_done(h)
             raise Mismatch("deval.eval_loop: this rank's loader had no batch, so it cannot "
                            "replay the %d batches the other ranks gathered; use fewer "
                            "processes than batches (or even_batches=True)" % missed, -2)
@@ -231,11 +235,13 @@ class _LoopPass:
                 self._declare()
                 yield pad
         except GeneratorExit:
-            _lib.deval_eval_replay_done(h)
+            with g._own_steps(end=True):
+                _lib.deval_eval_replay_done(h)
             raise
         finally:
             g._in_pass = g._keyed = g._replaying = False
-        g._check(_lib.deval_eval_replay_done(h))
+        with g._own_steps(end=True):
+            g._check(_lib.deval_eval_replay_done(h))
 
     def holds_gathered(self, args, kwargs):
         return holds_gathered(self.gathered, self.samples, args, kwargs)

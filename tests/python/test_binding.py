@@ -357,6 +357,29 @@ def test_eval_loop_says_its_own_reduce_is_its(daemon):
     assert msg.startswith("Group.eval_loop (its reduce that checks"), msg
 
 
+def _calls_counted(rank, world, sock, name):
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        # rank 0's loader has 3 batches, rank 1's 1: rank 1 replays 2. Then one more pass.
+        batches = [np.array([k], dtype=np.int64) for k in ((0, 1, 2) if rank == 0 else (3,))]
+        for b in g.eval_loop(batches, num_samples=4, order="rank"):
+            g.gather_for_metrics(b)
+            g.gather_for_metrics(b * 2)
+        with g.eval_pass(2):
+            g.gather_for_metrics(np.array([rank]))
+        g.gather(np.zeros(1))
+        with pytest.raises(deval.Mismatch) as e:
+            g.reduce(np.zeros(2 + rank))
+        return str(e.value)
+
+
+def test_messages_count_the_calls_the_user_made(daemon):
+    """A failure names the user's call by its count: 6 gathers in the loop (4 of them replayed
+    on rank 1), 1 in the pass, 1 gather, then the reduce, #9; the passes' own steps (their
+    begin, the loader check, their end) are not the user's calls."""
+    for msg in run_ranks(2, _calls_counted, daemon.socket, group_name("calls")):
+        assert msg.startswith("Group.reduce: collective #9 (reduce): "), msg
+
+
 # ---- torch ---------------------------------------------------------------------------------
 
 def _torch_ranks(rank, world, sock, name):
