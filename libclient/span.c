@@ -153,6 +153,21 @@ static int join_fail(deval_group *g, int status, const char *fmt, ...) {
         return dv_join_err(status, "%s", msg);
 }
 
+/* msg, which the join of node's group (named node_name) wrote, naming the group the user
+ * joined: "group 'x' (node 1's part of it, 'x.n1')" for "group 'x.n1'". */
+static void say_node_group(const char *msg, const char *node_name, const char *group, int node,
+                           char *out, size_t len) {
+        char quoted[DV_GROUP_NAME_MAX + 3];
+        snprintf(quoted, sizeof(quoted), "'%s'", node_name);
+        const char *at = strstr(msg, quoted);
+        if (!at) {
+                snprintf(out, len, "%s", msg);
+                return;
+        }
+        snprintf(out, len, "%.*s'%s' (node %d's part of it, %s)%s", (int)(at - msg), msg, group,
+                 node, quoted, at + strlen(quoted));
+}
+
 /* The largest result this rank takes: $DEVAL_SPAN_MAX_BYTES (read with the node group's
  * tunables, tunables.h), else a quarter of memory. */
 static uint64_t max_result(const DvTunables *t) {
@@ -303,7 +318,7 @@ int deval_join_spanning(const char *group, int rank, int world_size, int local_r
         lo.timeout_ms = t < 0 ? -1 : t + DV_SPAN_GRACE_MS;
         if ((r = deval_join(name, local_rank, local_world, &lo, &sp->local)) < 0) {
                 char msg[DV_MSG_MAX + 128];
-                snprintf(msg, sizeof(msg), "%s", deval_errmsg(NULL));
+                say_node_group(deval_errmsg(NULL), name, group, eng.node, msg, sizeof(msg));
                 dv_span_say_timeout(msg, sizeof(msg), lo.timeout_ms);
                 return join_fail(g, r, "%s", msg);
         }

@@ -28,7 +28,6 @@
 #include "deval.h"
 
 #include "handle.h"
-#include "span.h"
 #include "span_state.h"
 #include "span_wire.h"
 #include "util.h"
@@ -133,9 +132,12 @@ static int local_failed(deval_group *g, const char *fn, int status) {
         return dv_span_step_failed(g, status, fn, msg);
 }
 
+/* The engine failed; one that waited past the join's timeout says where that is set. */
 static int engine_failed(DvSpan *sp, int r, const char *why) {
-        return dv_span_fail(sp, r < DEVAL_ESYS ? DEVAL_EPROTO : r, "the engine between nodes: %s",
-                            why[0] ? why : deval_strerror(r));
+        return dv_span_fail(sp, r < DEVAL_ESYS ? DEVAL_EPROTO : r, "the engine between nodes: %s%s",
+                            why[0] ? why : deval_strerror(r),
+                            r == DEVAL_ETIMEDOUT ? " (the join's timeout; " DV_TIMEOUT_SET ")"
+                                                 : "");
 }
 
 /*
@@ -197,10 +199,11 @@ static int make_part(deval_group *g, const DvRequest *q, const uint8_t **ret, si
                          .nodes = sp->nodes,
                          .local_rank = sp->local_rank,
                          .local_world = sp->local_world};
-        /* staged already (a part that carries no input still needs the room for its head) */
-        int r = dv_span_reserve(g, data);
-        if (r < 0)
-                return r;
+        /* staged already, through dv_span_reserve(); the join's hello reserved the first room,
+         * so even a part that carries no input has its head's */
+        if (!g->in || data > g->in_size)
+                return dv_set_err(g, DEVAL_EPROTO,
+                                  "a %" PRIu64 "-byte part whose input was not staged", data);
         sp->local->in_keep = DV_SPAN_IN_AT + data; /* where dv_gather_object_placed() finds it */
         uint8_t *dst = g->in - head;
         dv_span_wire_part_write_head(dst, &who, q);

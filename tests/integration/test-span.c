@@ -191,7 +191,8 @@ static int rank_until_failure(const Harness *h, int rank, int world, void *arg) 
                 CHECK(r == DEVAL_EPEER && strstr(msg, "the cable is cut"), "rank %d: %s: %s", rank,
                       deval_strerror(r), msg);
         else if (sp->layout[rank] != 1) /* this engine's failed leader posts nothing */
-                CHECK(r == DEVAL_ETIMEDOUT && strstr(msg, "node 1 did not answer"),
+                CHECK(r == DEVAL_ETIMEDOUT && strstr(msg, "node 1 did not answer") &&
+                              strstr(msg, "the join's timeout; set timeout_ms"),
                       "rank %d: %s: %s", rank, deval_strerror(r), msg);
         /* the failure sticks */
         CHECK(deval_barrier(g) == r, "rank %d: a later call", rank);
@@ -265,6 +266,32 @@ static void test_rank_twice(void **state) {
         harness_stop(&h);
 }
 
+/* A node group's join fails (over devald's quota): the message names the group the user
+ * joined, and the node's part of it by the name devald knows. */
+static int rank_over_quota(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        char name[64], want[256];
+        snprintf(name, sizeof(name), "spanquota-%d", (int)getppid());
+        snprintf(want, sizeof(want), "group '%s' (node %d's part of it, '%s.n%d') needs", name,
+                 rank, name, rank);
+        deval_group *g = NULL;
+        int r = span_join_named(h, name, rank, world, rank, world, 0, 1, 10000, &g);
+        CHECK(r == DEVAL_ENOMEM && strstr(deval_errmsg(NULL), want), "rank %d: %s: %s", rank,
+              deval_strerror(r), deval_errmsg(NULL));
+        CHECK(g == NULL, "a handle on failure");
+        return 0;
+}
+
+static void test_join_failure_names_the_group(void **state) {
+        (void)state;
+        Harness h;
+        const char *const extra[] = {"--max-group-bytes", "4096", NULL};
+        harness_start(&h, extra);
+        span_engine_reset();
+        assert_int_equal(harness_run(&h, 2, rank_over_quota, NULL, 60), 0);
+        harness_stop(&h);
+}
+
 static void test_bad_arguments(void **state) {
         (void)state;
         deval_group *g = NULL;
@@ -296,6 +323,7 @@ int main(void) {
                 return 1;
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_bad_arguments),
+                cmocka_unit_test(test_join_failure_names_the_group),
                 cmocka_unit_test(test_two_by_two),
                 cmocka_unit_test(test_three_nodes),
                 cmocka_unit_test(test_interleaved),

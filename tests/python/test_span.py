@@ -97,6 +97,7 @@ def test_mpi_node_that_stops_answering_is_named(tmp_path, nodes):
     assert {ln.split(":")[1].strip() for ln in got} >= {"rank 0", "rank 1"}, p.stdout + p.stderr
     for ln in got:
         assert "no answer within 3000 ms from node 1" in ln, ln
+        assert "timeout= in deval.join()" in ln, ln  # where the figure is set
     assert took < 60, took
 
 
