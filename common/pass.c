@@ -140,8 +140,8 @@ bool dv_pass_counts_valid(const DvPassCounts *c, const int64_t *rows, int world)
 }
 
 /*
- * The close of a pass: no stream dropped more rows past the end than one round of batches
- * can pad, and when every rank's loader ran out (exhausted), every stream returned all
+ * The close of a pass: every stream dropped fewer rows past the end than one round of
+ * batches (its largest step) holds, as a sampler pads, and when every rank's loader ran out (exhausted), every stream returned all
  * num_samples samples. Counting by position, a row is a sample only while every call of the
  * stream is one batch's: a second call per batch, or a loader that yields its samples twice,
  * gathers past the end far more than a sampler pads, and is caught here.
@@ -165,13 +165,16 @@ static int pass_close(const DvPass *ps, bool exhausted, char *buf, size_t len) {
                                  kept, c->num_samples, st % DV_PASS_SITES + 1, kind);
                         return DEVAL_EMISMATCH;
                 }
-                if (c->total[st] - kept > c->most[st]) {
+                /* a sampler pads less than a round: the round's first row is a sample */
+                if (c->total[st] > kept && c->total[st] - kept >= c->most[st]) {
                         snprintf(buf, len,
                                  "call %d of each batch (%s) gathered %" PRId64
                                  " rows for a pass of %" PRId64 " samples: the %" PRId64
-                                 " rows past the end are more than a sampler pads (one round of "
-                                 "batches, %" PRId64 " rows), so the rows kept may not be the "
-                                 "samples. Make one call per batch (eval_pass; eval_loop counts "
+                                 " rows past the end are a round of batches (%" PRId64 " rows) or "
+                                 "more, more than any sampler pads, so the rows kept may not be "
+                                 "the samples: each row of a pass without dataset indices "
+                                 "counts as a sample ([batch*k, ...] outputs are k rows each). "
+                                 "Make one call per batch (eval_pass; eval_loop counts "
                                  "each call apart), give num_samples as all the loaders hold, "
                                  "and shard an IterableDataset by DataLoader worker too",
                                  st % DV_PASS_SITES + 1, kind, c->total[st], c->num_samples,

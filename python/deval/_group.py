@@ -18,7 +18,8 @@ import numpy as np
 from . import _loop
 from ._errors import _ERRORS, Error, InvalidArgument, Mismatch, _said
 from ._libdeval import _ORDERS, _REDUCTIONS, MAX_TENSORS, _Bytes, _GatherOpts, _lib, _Tensor
-from ._nest import _check_samples, _data_mask, _flatten, _object_items, _rebuild
+from ._nest import (_check_batch_rows, _check_samples, _data_mask, _flatten, _object_items,
+                    _rebuild)
 from ._pass import _LoopPass
 from ._plain import _GATHER, _GATHER_FOR_METRICS, _fast_path
 from ._tensors import _fill, _is_torch, _result
@@ -223,6 +224,9 @@ class Group:
         ``use_gather_object=True`` forces it.
         """
         keyed = self._keyed
+        lp = _loop.ACTIVE[-1] if self._in_pass and not keyed and _loop.ACTIVE else None
+        if lp is not None and getattr(lp, "g", None) is self and lp.samples is not None:
+            _check_batch_rows(x, lp.samples)  # (a pass by position: each row is a sample)
         # in a pass with keys, the tensors that are the batch's own data: duplicates repeat
         # them (and libdeval, not this rank, checks rows per sample: k whole rows each)
         mask = _data_mask(x, self._batch_ids) if keyed and self._batch_ids else 0
@@ -280,8 +284,10 @@ class Group:
     def eval_pass(self, num_samples, order="rank"):
         """Inside it, gather_for_metrics returns each of num_samples samples exactly once.
 
-        ONE gather_for_metrics call per batch (a tuple or dict of tensors is one call): every
-        call's rows count as the next samples of the dataset. For several calls per batch use
+        ONE gather_for_metrics call per batch (a tuple or dict of tensors is one call), ONE
+        row per sample: every call's rows count as the next samples of the dataset, and the
+        close catches k rows per sample ([batch*k, ...]) or a second call only once the rows
+        past the end reach a round of batches. For several calls per batch use
         eval_loop(loader), which knows where batches begin. A rank whose loader runs out
         first may leave the block early (devald answers the others' gathers for it), but its
         results then lack their last batches, so it raises Mismatch: use eval_loop to have

@@ -4,8 +4,9 @@ and other mappings (a ModelOutput) of them, nested. _flatten splits one into its
 (_tensors' _Leaf, in a fixed order) and a template that _rebuild fills with the results, so
 that a call with many tensors is one collective and answers in the caller's structure;
 _paths names a leaf's place for error messages, _check_samples checks what an eval pass needs
-of a call's tensors, _data_mask marks the leaves that are a batch's own data, and
-_object_items says what gather_object gathers of a value.
+of a call's tensors (and _check_batch_rows what a pass without indices needs), _data_mask
+marks the leaves that are a batch's own data, and _object_items says what gather_object
+gathers of a value.
 """
 
 import collections.abc
@@ -25,6 +26,37 @@ def _flatten(x, leaves, on_device=False):
         return (type(x), [_flatten(v, leaves, on_device) for v in x])
     leaves.append(_Leaf(x, on_device))
     return (None, len(leaves) - 1)
+
+
+def _check_batch_rows(x, samples, where="the input"):
+    """A pass without dataset indices counts each row a gather_for_metrics call gathers as a
+    sample, and drops the rows past the dataset's end as padding: each tensor of the call
+    (and a list of objects) must hold one row per sample of the batch, or samples are lost
+    without a word. Where the loop knows the batch's samples, anything else is refused."""
+    if isinstance(x, collections.abc.Mapping):
+        for k, v in x.items():
+            _check_batch_rows(v, samples, "%s[%r]" % ("" if where == "the input" else where, k))
+        return
+    if isinstance(x, (list, tuple)) and any(hasattr(v, "shape") or isinstance(
+            v, (list, tuple, collections.abc.Mapping)) for v in x):
+        for i, v in enumerate(x):
+            _check_batch_rows(v, samples, "%s[%d]" % ("" if where == "the input" else where, i))
+        return
+    if isinstance(x, list):
+        rows, what = len(x), "items"
+    elif hasattr(x, "shape") and len(x.shape):
+        rows, what = x.shape[0], "rows"
+    else:
+        return  # (a 0-d tensor or a scalar: _check_samples says what is wrong with it)
+    if rows != samples:
+        raise InvalidArgument(
+            "deval.gather_for_metrics: %s holds %d %s for the batch's %d samples; this pass "
+            "knows no dataset indices, so each row counts as a sample and the rows past the "
+            "dataset's end are dropped as padding: give each sample one row ([batch, k, ...] "
+            "for k outputs per sample, as generation with num_return_sequences=k makes: "
+            ".reshape(batch, k, -1)), or evaluate a map-style dataset through a DataLoader, "
+            "whose pass knows each sample's index and takes k rows per sample"
+            % (where, rows, what, samples), -1)
 
 
 def _data_mask(x, ids):

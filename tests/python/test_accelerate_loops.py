@@ -125,6 +125,40 @@ def test_an_iterable_shard_with_no_length_is_refused(daemon, monkeypatch):
     assert all(r and "give the dataset a __len__" in r for r in res), res
 
 
+class Prompts(torch.utils.data.IterableDataset):
+    """A streamed evaluation set that knows its length: Accelerate shards it, no indices."""
+
+    def __len__(self):
+        return N
+
+    def __iter__(self):
+        return iter(range(N))
+
+
+def generated_rank(rank, world, port, name):
+    """generate(num_return_sequences=2) gives [batch*2, length]: each row of a pass without
+    indices counts as a sample, so half the samples were lost without a word."""
+    set_env(rank, world, port)
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True)
+    deval.accelerate.enable(acc, group=name)
+    try:
+        for ids in acc.prepare(DataLoader(Prompts(), batch_size=4)):
+            acc.gather_for_metrics(torch.stack([ids, ids], dim=1).reshape(-1, 1))
+    except deval.InvalidArgument as e:
+        return str(e)
+    finally:
+        deval.accelerate.disable()
+    return None
+
+
+def test_k_rows_per_sample_of_an_iterable_shard_are_refused(daemon, monkeypatch):
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, generated_rank, free_port(), group_name("genrows"), timeout=120)
+    assert all(r and "holds 8 rows for the batch's 4 samples" in r for r in res), res
+
+
 @pytest.mark.parametrize("case,world,shuffle", [
     ("steps", 2, False), ("steps", 3, True), ("steps", 4, False),
     # (not shuffled: Accelerate syncs a shuffled loader's generator across ranks with

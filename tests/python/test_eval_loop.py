@@ -275,3 +275,38 @@ def test_a_peek_at_persistent_workers_says_what_to_change(daemon, tmp_path):
     p = subprocess.run([sys.executable, "-m", "deval.launch", "-n", "2", str(script)], env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.stdout.count("persistent_workers=True") == 2, p.stdout + p.stderr
+
+
+def k_rows(rank, world, sock, name, how):
+    """Generation's k=2 outputs per sample, [batch*2, ...], in passes without indices: 12
+    samples, contiguous shards of 6, batches of 3."""
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    mine = list(range(rank * 6, rank * 6 + 6))
+    batches = [np.array(mine[i:i + 3], dtype=np.int64) for i in (0, 3)]
+    got = []
+    try:
+        if how == "loop":
+            for b in g.eval_loop(iter(batches), num_samples=12, order="rank"):
+                got.append(g.gather_for_metrics(np.repeat(b, 2)))
+        else:
+            with g.eval_pass(12, order="rank"):
+                for b in batches:
+                    got.append(g.gather_for_metrics(np.repeat(b, 2)))
+    except (deval.InvalidArgument, deval.Mismatch) as e:
+        return type(e).__name__, str(e)
+    finally:
+        g.leave()
+    return "returned", sorted(set(np.concatenate(got).tolist()))
+
+
+def test_k_rows_per_sample_without_indices_never_loses_samples(daemon):
+    """Each row of a pass without indices counts as a sample: 2 rows per sample kept the
+    first 12 rows (samples 0-2 and 6-8 twice) and dropped the rest as padding, silently.
+    eval_loop counts the batch's samples and refuses the call; eval_pass, which cannot,
+    fails at its close once the rows past the end reach a round of batches."""
+    for kind, msg in run_ranks(2, k_rows, daemon.socket, group_name("krows"), "loop"):
+        assert kind == "InvalidArgument", (kind, msg)
+        assert "holds 6 rows for the batch's 3 samples" in msg, msg
+    for kind, msg in run_ranks(2, k_rows, daemon.socket, group_name("krowsp"), "pass"):
+        assert kind == "Mismatch" and "more than any sampler pads" in msg, (kind, msg)
+
