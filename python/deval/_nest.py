@@ -43,20 +43,20 @@ def _check_batch_rows(x, samples, where="the input"):
             _check_batch_rows(v, samples, "%s[%d]" % ("" if where == "the input" else where, i))
         return
     if isinstance(x, list):
-        rows, what = len(x), "items"
+        rows, what = len(x), "item"
     elif hasattr(x, "shape") and len(x.shape):
-        rows, what = x.shape[0], "rows"
+        rows, what = x.shape[0], "row"
     else:
         return  # (a 0-d tensor or a scalar: _check_samples says what is wrong with it)
     if rows != samples:
         raise InvalidArgument(
-            "deval.gather_for_metrics: %s holds %d %s for the batch's %d samples; this pass "
+            "deval.gather_for_metrics: %s holds %d %s%s for the batch's %d samples; this pass "
             "knows no dataset indices, so each row counts as a sample and the rows past the "
             "dataset's end are dropped as padding: give each sample one row ([batch, k, ...] "
             "for k outputs per sample, as generation with num_return_sequences=k makes: "
             ".reshape(batch, k, -1)), or evaluate a map-style dataset through a DataLoader, "
             "whose pass knows each sample's index and takes k rows per sample"
-            % (where, rows, what, samples), -1)
+            % (where, rows, what, "" if rows == 1 else "s", samples), -1)
 
 
 def _data_mask(x, ids):

@@ -97,7 +97,7 @@ def bad_inputs(rank, world, sock, name):
         with pytest.raises(deval.InvalidArgument, match=r"\['loss'\] is a 0-d tensor"):
             g.gather_for_metrics({"loss": np.float32(0.5) + np.zeros((), np.float32),
                                   "ids": batch["idx"]})
-        with pytest.raises(deval.InvalidArgument, match=r"\[1\] has 1 rows but \[0\] has 2"):
+        with pytest.raises(deval.InvalidArgument, match=r"\[1\] holds 1 row for the batch's 2"):
             g.gather_for_metrics((batch["idx"], np.zeros((1,), np.float32)))
         out.append(g.gather_for_metrics(batch["idx"]).tolist())
     # outside a pass a 0-d tensor gathers as one row per rank
