@@ -518,6 +518,22 @@ def batch_samples(batch):
     return inner.pop() if len(inner) == 1 and -1 not in inner else None
 
 
+def rows_agree(batch, b):
+    """Every tensor of the collated batch (alone, in a mapping, or among its fields) has b
+    rows, and every list of it b items: then b surely is its samples' count."""
+    fields = list(batch.values()) if _mapping(batch) else (
+        list(batch) if isinstance(batch, (list, tuple)) else [batch])
+    seen = False
+    for v in fields:
+        if _is_data(v):
+            if not len(v.shape) or v.shape[0] != b:
+                return False
+            seen = True
+        elif isinstance(v, (list, tuple)) and len(v) != b:
+            return False
+    return seen
+
+
 def batch_rows(batch):
     """How many samples a collated batch holds, where that is plain: a tensor's rows, or the
     rows of a mapping's first tensor. None otherwise (a tuple may hold fields of the batch or

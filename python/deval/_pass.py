@@ -56,6 +56,7 @@ class _LoopPass:
         self.dealt = 0  # samples of the iterable so far
         self.real = None  # the current batch's real samples (a bool array), when known
         self.samples = None  # how many samples the current batch holds, when known
+        self.counted = None  # the same, where each of the batch's tensors says it (no keys)
         self.gathered = []  # what the current batch's gathers for metrics returned
         self.seq = None  # which of this process's loops it is
         self.loader = loader
@@ -153,6 +154,7 @@ class _LoopPass:
                 self.real = np.array(self.keys.real, dtype=bool)
         else:
             self.samples = b = _loop.batch_samples(batch)
+            self.counted = b if b is not None and _loop.rows_agree(batch, b) else None
             if self.rows is not None and b is None:
                 self.rows = None  # (rows it cannot count: from here on, unknown)
             elif self.rows is not None:
@@ -228,7 +230,7 @@ class _LoopPass:
                            "processes than batches (or even_batches=True)" % missed, -2)
         g._in_pass, g._keyed, g._replaying = True, keyed, True
         g._batch_ids = _loop.data_ids(pad)
-        self.real, self.samples = np.zeros(1, dtype=bool), 1
+        self.real, self.samples, self.counted = np.zeros(1, dtype=bool), 1, None
         try:
             for _ in range(missed):
                 self.batches += 1
