@@ -35,7 +35,7 @@
 typedef struct {
         uint64_t *seen;  /* [num_keys bits]: keys this stream returned */
         uint64_t *sig;   /* [num_keys]: a hash of each returned sample's exact rows (sign()) */
-        uint64_t *shp;   /* [num_keys]: their shapes, padded and before (Entry) */
+        uint64_t *shp;   /* [num_keys]: of the padded shape they were hashed in */
         int64_t count;   /* how many */
         int64_t dropped; /* samples it dropped as repeats of a key it had returned */
         int64_t most;    /* the most samples one call brought: one round of batches */
@@ -47,8 +47,7 @@ typedef struct {
         int64_t key;
         int64_t at;   /* the sample's place in the result (for objects: its first item) */
         uint64_t sig; /* its rows' hash; 0: nothing exact to compare */
-        uint64_t shp; /* the shape of those rows, padded and as their rank sent them: a batch
-                       * padded otherwise (by its collate_fn, by this gather) holds other bytes */
+        uint64_t shp; /* the padded shape of those rows: another pads them otherwise */
 } Entry;
 
 struct DvIdent {
@@ -57,9 +56,6 @@ struct DvIdent {
         int64_t *keys; /* the batch's; nkeys < 0: a batch declared without keys */
         int64_t nkeys;
         size_t keys_cap;
-        int64_t *sent; /* [nkeys][2], what a call sends ahead of its tensors: each key, and the
-                        * shape of the rank's exact rows before the gather padded them */
-        size_t sent_cap;
         Stream st[DV_PASS_STREAMS];
         Entry *ent;
         size_t ent_cap;
@@ -92,7 +88,6 @@ void dv_ident_free(deval_group *g) {
                 free(id->st[s].shp);
         }
         free(id->keys);
-        free(id->sent);
         free(id->ent);
         free(id->buf);
         free(id->items);
@@ -197,36 +192,9 @@ static int whole(deval_group *g, const char *fn, const char *what, int i, int64_
                           fn, what, i, rows, b);
 }
 
-/*
- * The same sample comes back twice only as a sharding's duplicate, and then the batch's own
- * data in it (labels, ids: deval_gather_opts.same_rows; not a model's output, which another
- * batch may round otherwise) is the same: it is hashed, and a duplicate whose hash differs
- * in the same shape (as gathered, and as its rank sent it, before the gather padded it: a
- * collate_fn pads each batch to its own longest) means the rows are not the samples the keys
- * say (a collate_fn that reordered the batch, batches yielded out of the order they were
- * drawn in). 0 stands for nothing to compare.
- */
-static uint64_t sign(uint64_t h, const uint8_t *p, uint64_t n) {
-        for (; n >= 8; n -= 8, p += 8) {
-                uint64_t w;
-                memcpy(&w, p, 8);
-                h = (h ^ w) * 0x100000001b3ull;
-                h ^= h >> 29;
-        }
-        for (; n; n--, p++)
-                h = (h ^ *p) * 0x100000001b3ull;
-        return h;
-}
-
-/* Tensor i of the call repeats exactly for a sample's duplicate (deval_gather_opts). */
-static bool exact(uint64_t same_rows, int i) {
-        return same_rows >> i & 1;
-}
-
 /**
  * dv_ident_call() - the tensors a gather for metrics of a pass with keys sends: call[0] the
- * batch's keys, each beside the shape of this rank's exact rows (sign()), call[1..n] the
- * caller's in[]. Checks that each holds a whole number of rows
+ * batch's keys, call[1..n] the caller's in[]. Checks that each holds a whole number of rows
  * per sample of the batch. Return: 0; DEVAL_EINVAL (nothing was sent).
  */
 int dv_ident_call(deval_group *g, const char *fn, int n, const deval_tensor in[],
@@ -243,27 +211,16 @@ int dv_ident_call(deval_group *g, const char *fn, int n, const deval_tensor in[]
                 return dv_set_err(g, DEVAL_EINVAL, "%s: in is NULL", fn);
         if ((r = opts_plain(g, fn, opts)) < 0 || (r = batch_keys(g, fn)) < 0)
                 return r;
-        uint64_t shape = 0xcbf29ce484222325ull;
         for (int i = 0; i < n; i++) {
                 int64_t rows = in[i].ndim == 0 ? 1 : in[i].shape[0];
                 if ((r = whole(g, fn, "tensor", i, rows, id->nkeys)) < 0)
                         return r;
                 call[i + 1] = in[i];
-                if (exact(opts->same_rows, i) && in[i].ndim > 1)
-                        shape = sign(shape, (const uint8_t *)&in[i].shape[1],
-                                     (uint64_t)(in[i].ndim - 1) * sizeof(int64_t));
         }
-        if ((r = grow(g, fn, (void **)&id->sent, &id->sent_cap, (size_t)DV_MAX(id->nkeys, 1) * 2,
-                      sizeof(*id->sent))) < 0)
-                return r;
-        for (int64_t j = 0; j < id->nkeys; j++) {
-                id->sent[2 * j] = id->keys[j];
-                id->sent[2 * j + 1] = (int64_t)shape;
-        }
-        call[0] = (deval_tensor){.data = id->sent,
+        call[0] = (deval_tensor){.data = id->keys,
                                  .dtype = DEVAL_I64,
-                                 .ndim = 2,
-                                 .shape = {id->nkeys, 2},
+                                 .ndim = 1,
+                                 .shape = {id->nkeys},
                                  .device = -1};
         return 0;
 }
@@ -354,6 +311,31 @@ static int stream_use(deval_group *g, const char *fn, Stream *s) {
         return 0;
 }
 
+/*
+ * The same sample comes back twice only as a sharding's duplicate, and then the batch's own
+ * data in it (labels, ids: deval_gather_opts.same_rows; not a model's output, which another
+ * batch may round otherwise) is the same: it is hashed, and a duplicate whose hash differs
+ * in the same padded shape means the rows are not the samples the keys say (a collate_fn
+ * that reordered the batch, batches yielded out of the order they were drawn in). 0 stands
+ * for nothing to compare.
+ */
+static uint64_t sign(uint64_t h, const uint8_t *p, uint64_t n) {
+        for (; n >= 8; n -= 8, p += 8) {
+                uint64_t w;
+                memcpy(&w, p, 8);
+                h = (h ^ w) * 0x100000001b3ull;
+                h ^= h >> 29;
+        }
+        for (; n; n--, p++)
+                h = (h ^ *p) * 0x100000001b3ull;
+        return h;
+}
+
+/* Tensor i of the call repeats exactly for a sample's duplicate (deval_gather_opts). */
+static bool exact(uint64_t same_rows, int i) {
+        return same_rows >> i & 1;
+}
+
 static int differs(deval_group *g, const char *fn, int stream, int64_t key) {
         return dv_set_err(g, DEVAL_EMISMATCH,
                           "%s: call %d of the batch: sample %" PRId64
@@ -440,8 +422,7 @@ int dv_ident_result(deval_group *g, const char *fn, int stream, int n, const dev
         Stream *s = &id->st[stream];
         int r;
 
-        if (res[0].dtype != DEVAL_I64 || res[0].ndim != 2 || res[0].shape[1] != 2 ||
-            (res[0].shape[0] && !res[0].data))
+        if (res[0].dtype != DEVAL_I64 || res[0].ndim != 1 || (res[0].shape[0] && !res[0].data))
                 return dv_set_err(g, DEVAL_EPROTO, "%s: malformed keys in the result", fn);
         int64_t B = res[0].shape[0];
         int64_t k[DEVAL_MAX_TENSORS];
@@ -461,7 +442,7 @@ int dv_ident_result(deval_group *g, const char *fn, int stream, int n, const dev
                 return 0;
         if ((r = grow(g, fn, (void **)&id->ent, &id->ent_cap, (size_t)B, sizeof(Entry))) < 0)
                 return r;
-        const int64_t *sent = res[0].data; /* each key, and its rows' shape before padding */
+        const int64_t *keys = res[0].data;
         uint64_t block[DEVAL_MAX_TENSORS];
         bool any_exact = false;
         uint64_t shp = 0xcbf29ce484222325ull; /* the call's padded trailing dims */
@@ -473,22 +454,18 @@ int dv_ident_result(deval_group *g, const char *fn, int stream, int n, const dev
                                    (uint64_t)DV_MAX(out[i].ndim - 1, 0) * sizeof(int64_t));
         }
         for (int64_t j = 0; j < B; j++) {
-                int64_t key = sent[2 * j];
-                if (key < 0 || key >= id->num_keys)
+                if (keys[j] < 0 || keys[j] >= id->num_keys)
                         return dv_set_err(g, DEVAL_EPROTO,
                                           "%s: a rank sent key %" PRId64
                                           ", outside the pass's 0..%" PRId64,
-                                          fn, key, id->num_keys - 1);
+                                          fn, keys[j], id->num_keys - 1);
                 uint64_t sig = 0;
                 for (int i = 0; any_exact && i < n; i++)
                         if (exact(same_rows, i))
                                 sig = sign(sig ? sig : 0xcbf29ce484222325ull,
                                            (const uint8_t *)out[i].data + (uint64_t)j * block[i],
                                            block[i]);
-                id->ent[j] = (Entry){.key = key,
-                                     .at = j,
-                                     .sig = sig,
-                                     .shp = sign(shp, (const uint8_t *)&sent[2 * j + 1], 8)};
+                id->ent[j] = (Entry){.key = keys[j], .at = j, .sig = sig, .shp = shp};
         }
         size_t m;
         bool same;

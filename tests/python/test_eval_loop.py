@@ -310,35 +310,3 @@ def test_k_rows_per_sample_without_indices_never_loses_samples(daemon):
     for kind, msg in run_ranks(2, k_rows, daemon.socket, group_name("krowsp"), "pass"):
         assert kind == "Mismatch" and "more than any sampler pads" in msg, (kind, msg)
 
-
-def collate_padded(rank, world, sock, name):
-    import torch
-    from torch.utils.data import DataLoader, DistributedSampler
-    g = deval.join(name, rank, world, socket=sock, timeout=20)
-    ds = [torch.arange(1 + i % 5) for i in range(10)]  # sample i: 1 + i % 5 values
-
-    def collate(b):
-        return torch.nn.utils.rnn.pad_sequence(b, batch_first=True, padding_value=0)
-
-    loader = DataLoader(ds, batch_size=3, collate_fn=collate,
-                        sampler=DistributedSampler(ds, world, rank, shuffle=False))
-    rows = []
-    try:
-        for x in g.eval_loop(loader):
-            rows += g.gather_for_metrics(x, pad_index=-1).tolist()
-    finally:
-        g.leave()
-    return rows
-
-
-def test_a_duplicate_padded_by_its_own_batch_is_the_same_sample(daemon):
-    """DistributedSampler repeats sample 0 in the last batch; its collate_fn pads each batch to
-    its own longest with 0, and the gather pads to the longest of all with -1. The repeat's
-    rows differ only in how their batches padded them: exact, not a Mismatch."""
-    pytest.importorskip("torch")
-    for rows in run_ranks(3, collate_padded, daemon.socket, group_name("collpad")):
-        assert len(rows) == 10, rows
-        for i, row in enumerate(rows):
-            vals = [v for v in row if v != -1]
-            assert vals[:1 + i % 5] == list(range(1 + i % 5)), (i, row)
-            assert all(v == 0 for v in vals[1 + i % 5:]), (i, row)
