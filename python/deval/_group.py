@@ -226,7 +226,7 @@ class Group:
         keyed = self._keyed
         lp = _loop.ACTIVE[-1] if self._in_pass and not keyed and _loop.ACTIVE else None
         if lp is not None and getattr(lp, "g", None) is self and lp.counted is not None:
-            _check_batch_rows(x, lp.counted)  # (a pass by position: each row is a sample)
+            _check_batch_rows(x, lp.counted, objects=use_gather_object)  # (each row a sample)
         # in a pass with keys, the tensors that are the batch's own data: duplicates repeat
         # them (and libdeval, not this rank, checks rows per sample: k whole rows each)
         mask = _data_mask(x, self._batch_ids) if keyed and self._batch_ids else 0

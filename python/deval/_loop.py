@@ -519,10 +519,12 @@ def batch_samples(batch):
 
 
 def rows_agree(batch, b):
-    """Every tensor of the collated batch (alone, in a mapping, or among its fields) has b
-    rows, and every list of it b items: then b surely is its samples' count."""
-    fields = list(batch.values()) if _mapping(batch) else (
-        list(batch) if isinstance(batch, (list, tuple)) else [batch])
+    """The collated batch is a tensor of b rows, or a mapping whose every tensor has b rows
+    and every list b items: then b surely is its samples' count. (A list or tuple may be the
+    batch's fields or its samples themselves, images of 3 channels say: never sure.)"""
+    if not _mapping(batch) and not _is_data(batch):
+        return False
+    fields = list(batch.values()) if _mapping(batch) else [batch]
     seen = False
     for v in fields:
         if _is_data(v):

@@ -28,7 +28,7 @@ def _flatten(x, leaves, on_device=False):
     return (None, len(leaves) - 1)
 
 
-def _check_batch_rows(x, samples, where="the input"):
+def _check_batch_rows(x, samples, where="the input", objects=False):
     """A pass without dataset indices counts each row a gather_for_metrics call gathers as a
     sample, and drops the rows past the dataset's end as padding: each tensor of the call
     (and a list of objects) must hold one row per sample of the batch, or samples are lost
@@ -37,13 +37,15 @@ def _check_batch_rows(x, samples, where="the input"):
         for k, v in x.items():
             _check_batch_rows(v, samples, "%s[%r]" % ("" if where == "the input" else where, k))
         return
-    if isinstance(x, (list, tuple)) and any(hasattr(v, "shape") or isinstance(
-            v, (list, tuple, collections.abc.Mapping)) for v in x):
+    top = where == "the input"
+    if objects and not isinstance(x, list):
+        return  # (gather_object's items of one value: not per sample to count)
+    if isinstance(x, list) and top and (objects or not any(hasattr(v, "shape") for v in x)):
+        rows, what = len(x), "item"  # objects, one per sample: gather_for_metrics' own rule
+    elif isinstance(x, (list, tuple)):
         for i, v in enumerate(x):
-            _check_batch_rows(v, samples, "%s[%d]" % ("" if where == "the input" else where, i))
+            _check_batch_rows(v, samples, "%s[%d]" % ("" if top else where, i))
         return
-    if isinstance(x, list):
-        rows, what = len(x), "item"
     elif hasattr(x, "shape") and len(x.shape):
         rows, what = x.shape[0], "row"
     else:

@@ -310,3 +310,29 @@ def test_k_rows_per_sample_without_indices_never_loses_samples(daemon):
     for kind, msg in run_ranks(2, k_rows, daemon.socket, group_name("krowsp"), "pass"):
         assert kind == "Mismatch" and "more than any sampler pads" in msg, (kind, msg)
 
+
+
+def unsure_batches(rank, world, sock, name):
+    """Passes without indices whose batches the rows check must not miscount: a list of 4
+    images of 3 channels (the samples themselves, not fields of 3 rows), and a dict batch of 2
+    samples gathered as a list of per-sample lists of tags (objects, one per sample)."""
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    mine = [list(range(k, k + 4)) for k in range(4 * rank, 8 * world, 4 * world)]
+    images, tags = [], []
+    try:
+        for b in g.eval_loop(iter([[np.full((3, 2, 2), i) for i in ids] for ids in mine]),
+                             num_samples=8 * world, order="strided"):
+            images += g.gather_for_metrics(np.array([int(im[0, 0, 0]) for im in b])).tolist()
+        pairs = [[2 * j + k for k in range(2)] for j in range(rank, 4 * world, world)]
+        for ids in g.eval_loop(iter([{"input_ids": np.array(p)} for p in pairs]),
+                               num_samples=8 * world, order="strided"):
+            tags += g.gather_for_metrics([["t%d" % i] * 3 for i in ids["input_ids"]])
+    finally:
+        g.leave()
+    return images, tags
+
+
+def test_batches_the_rows_check_cannot_count_are_not_refused(daemon):
+    for images, tags in run_ranks(2, unsure_batches, daemon.socket, group_name("unsure")):
+        assert sorted(images) == list(range(16)), images
+        assert sorted(t[0] for t in tags) == sorted("t%d" % i for i in range(16)), tags
