@@ -19,10 +19,10 @@ from . import _loop
 from ._errors import _ERRORS, Error, InvalidArgument, Mismatch, _said
 from ._libdeval import _ORDERS, _REDUCTIONS, MAX_TENSORS, _Bytes, _GatherOpts, _lib, _Tensor
 from ._nest import (_check_batch_rows, _check_samples, _data_mask, _flatten, _object_items,
-                    _rebuild)
+                    _rebuild, _sends_objects)
 from ._pass import _LoopPass
 from ._plain import _GATHER, _GATHER_FOR_METRICS, _fast_path
-from ._tensors import _fill, _is_torch, _result
+from ._tensors import _fill, _result
 
 
 def _order_code(order):
@@ -226,7 +226,7 @@ class Group:
         keyed = self._keyed
         lp = _loop.ACTIVE[-1] if self._in_pass and not keyed and _loop.ACTIVE else None
         if lp is not None and getattr(lp, "g", None) is self and lp.counted is not None:
-            _check_batch_rows(x, lp.counted, objects=use_gather_object)  # (each row a sample)
+            _check_batch_rows(x, lp.counted, _sends_objects(x, use_gather_object))
         # in a pass with keys, the tensors that are the batch's own data: duplicates repeat
         # them (and libdeval, not this rank, checks rows per sample: k whole rows each)
         mask = _data_mask(x, self._batch_ids) if keyed and self._batch_ids else 0
@@ -245,10 +245,7 @@ class Group:
                 if type(r) is int:
                     self._check(r)
                 return r
-        # a list holding no tensor (an empty one included: a rank with no batch left) is a
-        # list of objects, so that every rank makes the same call
-        objects = use_gather_object or (isinstance(x, list) and not any(
-            isinstance(v, np.ndarray) or _is_torch(v) for v in x))
+        objects = _sends_objects(x, use_gather_object)
         opts = self._opts(pad_index, pad_first)
         if objects and keyed:
             mask = int(id(x) in self._batch_ids)

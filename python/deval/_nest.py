@@ -28,23 +28,32 @@ def _flatten(x, leaves, on_device=False):
     return (None, len(leaves) - 1)
 
 
-def _check_batch_rows(x, samples, where="the input", objects=False):
+def _sends_objects(x, forced=False):
+    """gather_for_metrics sends x as objects: when forced (use_gather_object), or x is a list
+    holding no tensor (an empty one included: a rank with no batch left), so that every rank
+    makes the same call."""
+    return forced or (isinstance(x, list) and not any(
+        isinstance(v, np.ndarray) or _is_torch(v) for v in x))
+
+
+def _check_batch_rows(x, samples, objects, where="the input"):
     """A pass without dataset indices counts each row a gather_for_metrics call gathers as a
     sample, and drops the rows past the dataset's end as padding: each tensor of the call
-    (and a list of objects) must hold one row per sample of the batch, or samples are lost
-    without a word. Where the loop knows the batch's samples, anything else is refused."""
-    if isinstance(x, collections.abc.Mapping):
-        for k, v in x.items():
-            _check_batch_rows(v, samples, "%s[%r]" % ("" if where == "the input" else where, k))
-        return
+    (or each object, when it sends objects: _sends_objects()) must be one sample of the
+    batch, or samples are lost without a word. Where the loop knows the batch's samples,
+    anything else is refused."""
     top = where == "the input"
-    if objects and not isinstance(x, list):
-        return  # (gather_object's items of one value: not per sample to count)
-    if isinstance(x, list) and top and (objects or not any(hasattr(v, "shape") for v in x)):
-        rows, what = len(x), "item"  # objects, one per sample: gather_for_metrics' own rule
+    if objects:
+        if not isinstance(x, list):
+            return  # (gather_object's items of one value: not per sample to count)
+        rows, what = len(x), "item"
+    elif isinstance(x, collections.abc.Mapping):
+        for k, v in x.items():
+            _check_batch_rows(v, samples, False, "%s[%r]" % ("" if top else where, k))
+        return
     elif isinstance(x, (list, tuple)):
         for i, v in enumerate(x):
-            _check_batch_rows(v, samples, "%s[%d]" % ("" if top else where, i))
+            _check_batch_rows(v, samples, False, "%s[%d]" % ("" if top else where, i))
         return
     elif hasattr(x, "shape") and len(x.shape):
         rows, what = x.shape[0], "row"
