@@ -101,30 +101,6 @@ def loops_rank(rank, world, port, name, case, shuffle):
     return outs
 
 
-def unsized_rank(rank, world, port, name):
-    """An iterable with no len() that Accelerate shards on every rank (dispatch_batches=False):
-    its padding cannot be told from samples, by deval or by Accelerate."""
-    set_env(rank, world, port)
-    from accelerate import Accelerator, DataLoaderConfiguration
-    from torch.utils.data import DataLoader
-    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
-    deval.accelerate.enable(acc, group=name)
-    try:
-        for batch in acc.prepare(DataLoader(Unsized(), batch_size=3)):
-            acc.gather_for_metrics(batch)
-    except deval.InvalidArgument as e:
-        return str(e)
-    finally:
-        deval.accelerate.disable()
-    return None
-
-
-def test_an_iterable_shard_with_no_length_is_refused(daemon, monkeypatch):
-    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
-    res = run_ranks(3, unsized_rank, free_port(), group_name("unsized"), timeout=120)
-    assert all(r and "give the dataset a __len__" in r for r in res), res
-
-
 class Prompts(torch.utils.data.IterableDataset):
     """A streamed evaluation set that knows its length: Accelerate shards it, no indices."""
 
@@ -135,17 +111,31 @@ class Prompts(torch.utils.data.IterableDataset):
         return iter(range(N))
 
 
-def generated_rank(rank, world, port, name):
-    """generate(num_return_sequences=2) gives [batch*2, length]: each row of a pass without
-    indices counts as a sample, so half the samples were lost without a word."""
+# Loops over an iterable Accelerate shards, which deval refuses: (dataset, batch size,
+# dispatch_batches, the body's gather).
+REFUSED = {
+    # no len() and sharded on every rank: its padding cannot be told from samples, by deval
+    # or by Accelerate
+    "unsized": (Unsized, 3, False, lambda acc, b: acc.gather_for_metrics(b)),
+    # generate(num_return_sequences=2) gives [batch*2, length]: each row of a pass without
+    # indices counts as a sample, so half the samples were lost without a word
+    "generated": (Prompts, 4, None,
+                  lambda acc, ids: acc.gather_for_metrics(
+                      torch.stack([ids, ids], dim=1).reshape(-1, 1))),
+}
+
+
+def refused_rank(rank, world, port, name, case):
+    dataset, batch_size, dispatch, body = REFUSED[case]
     set_env(rank, world, port)
-    from accelerate import Accelerator
+    from accelerate import Accelerator, DataLoaderConfiguration
     from torch.utils.data import DataLoader
-    acc = Accelerator(cpu=True)
+    acc = Accelerator(cpu=True,
+                      dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
     deval.accelerate.enable(acc, group=name)
     try:
-        for ids in acc.prepare(DataLoader(Prompts(), batch_size=4)):
-            acc.gather_for_metrics(torch.stack([ids, ids], dim=1).reshape(-1, 1))
+        for batch in acc.prepare(DataLoader(dataset(), batch_size=batch_size)):
+            body(acc, batch)
     except deval.InvalidArgument as e:
         return str(e)
     finally:
@@ -153,9 +143,17 @@ def generated_rank(rank, world, port, name):
     return None
 
 
+def test_an_iterable_shard_with_no_length_is_refused(daemon, monkeypatch):
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, refused_rank, free_port(), group_name("unsized"), "unsized",
+                    timeout=120)
+    assert all(r and "give the dataset a __len__" in r for r in res), res
+
+
 def test_k_rows_per_sample_of_an_iterable_shard_are_refused(daemon, monkeypatch):
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
-    res = run_ranks(3, generated_rank, free_port(), group_name("genrows"), timeout=120)
+    res = run_ranks(3, refused_rank, free_port(), group_name("genrows"), "generated",
+                    timeout=120)
     assert all(r and "holds 8 rows for the batch's 4 samples" in r for r in res), res
 
 
