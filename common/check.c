@@ -40,6 +40,10 @@ int dv_msg_check(const void *buf, size_t n) {
         case DV_MSG_SPAN:
                 want = sizeof(DvSpanReq);
                 break;
+        case DV_MSG_JOURNAL:
+        case DV_MSG_JOURNALS:
+                want = sizeof(DvJournalReq);
+                break;
         case DV_MSG_OUTPUT:
         case DV_MSG_DEV_OUTPUT:
         case DV_MSG_LEAVE:

@@ -36,7 +36,9 @@ enum {
         X(DIRECT_MIN, "DEVAL_DIRECT_MIN", DV_TUN_COUNT, "bytes")                              \
         X(SPAN_MAX_BYTES, "DEVAL_SPAN_MAX_BYTES", DV_TUN_COUNT, "bytes")                      \
         X(GPU_WORKER_TIMEOUT_MS, "DEVAL_GPU_WORKER_TIMEOUT_MS", DV_TUN_COUNT, "milliseconds") \
-        X(CUDA_LEGACY_IPC, "DEVAL_CUDA_LEGACY_IPC", DV_TUN_BOOL, NULL)
+        X(CUDA_LEGACY_IPC, "DEVAL_CUDA_LEGACY_IPC", DV_TUN_BOOL, NULL)                        \
+        X(RESUME, "DEVAL_RESUME", DV_TUN_BOOL, NULL)                                          \
+        X(RESUME_WRITE_THROUGH, "DEVAL_RESUME_WRITE_THROUGH", DV_TUN_BOOL, NULL)
 
 #define DV_TUN_ENUM_(id, name, kind, unit) DV_TUN_##id,
 typedef enum {

@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  10
+#define DV_PROTO_VERSION  11
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -44,6 +44,10 @@ enum {
          * if need be (size 0: the current one). See DV_REQ_DIRECT. */
         DV_MSG_DIRECT = 12,
         DV_MSG_SPAN = 13, /* DvSpanReq -> DvReply: this member's group spans machines */
+        /* DvJournalReq -> DvReply + fd {the journal, size[0]} (DV_JOURNAL_OPEN, _GROW), or
+         * DvReply (DV_JOURNAL_DROP): a pass's journal (common/journal.h) */
+        DV_MSG_JOURNAL = 14,
+        DV_MSG_JOURNALS = 15, /* DvJournalReq -> DvJournalList: the caller's uid's journals */
 };
 
 typedef struct {
@@ -73,6 +77,49 @@ typedef struct {
         uint32_t device; /* 1: the device input arena */
         uint32_t reserved;
 } DvGrowReq;
+
+/* DvJournalReq.action */
+enum {
+        DV_JOURNAL_OPEN = 1, /* this rank's journal of the pass, made empty if there is none */
+        DV_JOURNAL_GROW,     /* the same, at least size bytes */
+        DV_JOURNAL_DROP,     /* forget this rank's journal of the pass */
+        DV_JOURNAL_DROP_KEY, /* forget every journal of key ("": every one of the uid's) */
+};
+#define DV_JOURNAL_REQ_FILE 1u /* DV_JOURNAL_OPEN: keep it in a file (write-through) */
+
+typedef struct {
+        DvMsgHdr hdr;
+        uint32_t action; /* DV_JOURNAL_* */
+        uint32_t flags;  /* DV_JOURNAL_REQ_* */
+        char key[64];    /* the job's resume key (DV_RESUME_KEY_MAX) */
+        char group[DV_GROUP_NAME_MAX];
+        uint32_t ordinal; /* which of the group's passes */
+        int32_t rank, world;
+        uint32_t reserved;
+        uint64_t size;
+} DvJournalReq;
+
+typedef struct {
+        char key[64];
+        char group[DV_GROUP_NAME_MAX];
+        uint32_t ordinal;
+        int32_t rank, world;
+        uint32_t file;  /* 1: written through to a file */
+        uint64_t bytes; /* devald holds */
+        uint64_t used;  /* of them, the whole batches' (the header says; untrusted) */
+        uint64_t batches;
+        uint64_t idle_s; /* since a rank last opened or grew it */
+} DvJournalInfo;
+
+#define DV_JOURNALS_MAX 256
+typedef struct {
+        DvMsgHdr hdr;
+        int32_t status;
+        uint32_t n;      /* entries that follow */
+        uint32_t total;  /* journals the uid has */
+        uint32_t keep_s; /* devald drops a journal idle this long */
+        DvJournalInfo j[];
+} DvJournalList;
 
 #define DV_REPLY_DEVICE 1u /* a device group: device arenas come with the join */
 

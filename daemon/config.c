@@ -24,6 +24,7 @@
 /* What an option sets and how its value is read. */
 typedef enum {
         OPT_SOCKET,  /* a path into d->socket_path */
+        OPT_DIR,     /* a directory into d->state_dir */
         OPT_BACKEND, /* arg_backend */
         OPT_LEVEL,   /* the log level */
         OPT_SIZE,    /* a uint64_t of d at field, > 0, with K, M or G */
@@ -81,6 +82,10 @@ static const Opt options[] = {
         {"exit-idle", 0, OPT_INT, FIELD(exit_idle_s), 0, 1000000000, true, "SECONDS",
          "exit after this long with no group and no client\n(default 0: never; a devald libdeval "
          "starts: 60)"},
+        {"resume-keep", 0, OPT_INT, FIELD(resume_keep_s), 0, 1000000000, true, "SECONDS",
+         "drop a pass's resume journal idle this long\n(default 3600; 0: never)"},
+        {"state-dir", 0, OPT_DIR, 0, 0, 0, false, "DIR",
+         "write resume journals through to DIR/journal\n(default: the socket's directory)"},
         {"config", 0, OPT_CONFIG, 0, 0, 0, true, "PATH",
          "options from PATH, one 'option = value' per line,\nbefore the command line's "
          "(default:\n" DEFAULT_CONFIG " if it exists; '' for none);\nSIGHUP reads it again"},
@@ -233,6 +238,16 @@ static int opt_apply(Daemon *d, const Opt *o, const char *v, int *level) {
                 }
                 snprintf(d->socket_path, sizeof(d->socket_path), "%s", v);
                 return 0;
+        case OPT_DIR:
+                if (strlen(v) >= sizeof(d->state_dir) - 16 || v[0] != '/') {
+                        fprintf(stderr,
+                                "devald: --state-dir needs an absolute path, shorter "
+                                "than %zu bytes: %s\n",
+                                sizeof(d->state_dir) - 16, v);
+                        return -EINVAL;
+                }
+                snprintf(d->state_dir, sizeof(d->state_dir), "%s", v);
+                return 0;
         case OPT_BACKEND:
                 if (strcmp(v, "host") && strcmp(v, "auto") && strcmp(v, "cuda")) {
                         fprintf(stderr, "devald: unknown backend '%s' (host, cuda, auto)\n", v);
@@ -335,6 +350,7 @@ int config_parse(Daemon *d, int argc, char **argv) {
         d->max_user_fds = 4096;
         d->max_world = DEVAL_MAX_WORLD;
         d->idle_timeout_s = 24 * 3600;
+        d->resume_keep_s = 3600;
         d->spin_us = -1;
         d->threads = (int)DV_MIN(DV_MAX(ncpu, 1), 8);
         if (dv_default_socket_path(d->socket_path, sizeof(d->socket_path)) < 0)

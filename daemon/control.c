@@ -17,6 +17,7 @@
 #include "group.h"
 #include "group_arena.h"
 #include "group_join.h"
+#include "journals.h"
 #include "log.h"
 #include "output.h"
 #include "proc.h"
@@ -232,6 +233,7 @@ bool control_handle(Daemon *d, Conn *c) {
                 DvGrowReq grow;
                 DvNameReq name;
                 DvSpanReq span;
+                DvJournalReq journal;
                 char raw[256];
         } m;
         char msg[DV_MSG_MAX] = "";
@@ -386,6 +388,10 @@ bool control_handle(Daemon *d, Conn *c) {
                                  strerror((int)-k));
                 return true;
         }
+        case DV_MSG_JOURNAL:
+        case DV_MSG_JOURNALS:
+                journals_request(d, c, &m.journal);
+                return true;
         case DV_MSG_GROUP:
         case DV_MSG_ABORT:
         case DV_MSG_DUMP:

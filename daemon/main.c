@@ -24,6 +24,7 @@
 #include "gpu_serve.h"
 #include "gpu_worker.h"
 #include "group.h"
+#include "journals.h"
 #include "log.h"
 #include "sd_daemon.h"
 #include "topo.h"
@@ -83,7 +84,8 @@ static int listen_on(Daemon *d, char *why, size_t whylen) {
  * Return: true when it is time to exit; else *next_ns is lowered to when it may be.
  */
 static bool exit_when_idle(Daemon *d, uint64_t now, int64_t *next_ns) {
-        if (d->exit_idle_s <= 0 || d->ngroups > 0 || d->conns) {
+        /* journals in memory alone would be lost: they hold devald until --resume-keep */
+        if (d->exit_idle_s <= 0 || d->ngroups > 0 || d->conns || journals_in_memory(d)) {
                 d->idle_since_ns = 0;
                 return false;
         }
@@ -142,6 +144,7 @@ int main(int argc, char **argv) {
         ev.data.ptr = &d.signal_fd;
         epoll_ctl(d.epfd, EPOLL_CTL_ADD, d.signal_fd, &ev);
         d.start_ns = dv_now_ns();
+        journals_load(&d);
         log_info("listening on %s%s (backend %s, %d copy threads, quota %" PRIu64
                  " bytes per group)",
                  d.socket_path, d.socket_activated ? " (from systemd)" : "",
@@ -155,6 +158,7 @@ int main(int argc, char **argv) {
                 conns_expire(&d, dv_now_ns(), &next_ns);
                 group_expire_joins(&d, dv_now_ns(), &next_ns);
                 group_expire_idle(&d, dv_now_ns(), &next_ns);
+                journals_expire(&d, dv_now_ns(), &next_ns);
                 if (exit_when_idle(&d, dv_now_ns(), &next_ns))
                         break;
                 if (d.watchdog_ns) { /* keep-alive at half the watchdog interval */
@@ -236,6 +240,7 @@ int main(int argc, char **argv) {
                         gpu_jobs_drain(&d);
         }
         gpu_jobs_drain(&d); /* what the groups' freeing gave back */
+        journals_close(&d);
         if (d.gpu)
                 gpuw_stop();
         if (!d.socket_activated) /* systemd owns an activated socket's file */

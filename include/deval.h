@@ -202,6 +202,14 @@ int deval_eval_abandon(deval_group *g);
  * with deval_eval_batch_keys() (instead of deval_eval_batch()). */
 int deval_eval_begin_keys(deval_group *g, int64_t num_samples, int64_t num_keys);
 int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]);
+/* A pass that survives a crash: after deval_eval_begin_keys(), before the first batch, every
+ * rank calls deval_eval_resume() (one collective), which keeps the pass's results in a journal
+ * devald holds for the job and returns K, the batches a run of the job that stopped already
+ * did: the pass's first K batches are answered from it. loader_digest names what the pass
+ * reads (a journal of another is not used; note says so); each batch's digest follows its
+ * deval_eval_batch_keys(). */
+int64_t deval_eval_resume(deval_group *g, uint64_t loader_digest, char *note, size_t note_len);
+int deval_eval_batch_digest(deval_group *g, uint64_t digest);
 /* After a pass: the other ranks' batches that ran after this rank's loader ran out. Run the
  * loop body that often more on empty inputs, each after deval_eval_batch(): its calls return
  * what the others got, with no collective; then deval_eval_replay_done(). */

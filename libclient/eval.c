@@ -15,22 +15,24 @@
 #include "handle.h"
 #include "ident.h"
 #include "replay.h"
+#include "resume.h"
 #include "run.h"
 #include "span.h"
 #include "span_step.h"
 #include "stage.h"
 
-static int batch_start(deval_group *g) {
+static int batch_start(deval_group *g, const char *fn) {
+        int r = 0;
         if (dv_replay_pending(g)) {
-                int r = dv_replay_batch(g);
-                if (r < 0)
+                if ((r = dv_replay_batch(g)) < 0)
                         return r;
         } else {
                 g->batch_no++;
+                r = dv_resume_batch(g, fn);
         }
         g->batch = true;
         g->site[0] = g->site[1] = 0;
-        return 0;
+        return r;
 }
 
 /**
@@ -45,7 +47,7 @@ int deval_eval_batch(deval_group *g) {
         if (!g)
                 return DEVAL_EINVAL;
         dv_ident_batch_unkeyed(g);
-        return batch_start(g);
+        return batch_start(g, "deval_eval_batch");
 }
 
 /**
@@ -58,7 +60,7 @@ int deval_eval_batch(deval_group *g) {
 int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]) {
         if (!g)
                 return DEVAL_EINVAL;
-        int r = batch_start(g);
+        int r = batch_start(g, "deval_eval_batch_keys");
         if (r < 0)
                 return r;
         return dv_ident_batch(g, "deval_eval_batch_keys", n, keys);
@@ -68,6 +70,7 @@ static int eval_end_step(deval_group *g, const char *fn, uint32_t flags) {
         const DvResult *res;
         int r;
 
+        int left = dv_resume_pass_end(g, fn, !(flags & DV_END_LEFT));
         g->batch = false;
         g->site[0] = g->site[1] = 0;
         if ((r = dv_coll_begin(g)) < 0)
@@ -77,9 +80,11 @@ static int eval_end_step(deval_group *g, const char *fn, uint32_t flags) {
         if ((r = dv_req_start(g, DV_OP_EVAL_END, &q)) < 0)
                 return r;
         q->flags = flags;
-        if (g->span)
-                return dv_span_run(g, fn, true, &res);
-        return dv_coll_wait(g, fn, /* pass_end= */ true, &res);
+        r = g->span ? dv_span_run(g, fn, true, &res)
+                    : dv_coll_wait(g, fn, /* pass_end= */ true, &res);
+        if (r == 0 && !deval_eval_open(g))
+                dv_resume_pass_closed(g); /* done with: nothing to resume */
+        return r < 0 ? r : left;
 }
 
 /*
@@ -111,6 +116,7 @@ static void pass_forget(deval_group *g) {
         g->batch_no = 0;
         dv_replay_clear(g);
         dv_ident_free(g);
+        dv_resume_pass_begin(g);
 }
 
 /**

@@ -18,6 +18,7 @@
 #include "mirror.h"
 #include "plan.h"
 #include "replay.h"
+#include "resume.h"
 #include "tunables.h"
 #include "wire.h"
 
@@ -62,6 +63,7 @@ struct deval_group {
         const uint8_t *view; /* where the last result's descriptors point: out, or a kept copy */
         uint64_t view_size;
         DvReplayState replay; /* what devald answered for this rank while parked (replay.h) */
+        DvResumeState resume; /* the pass's journal, and the batches it answers (resume.h) */
         int failed;           /* sticky status once the group is unusable */
         bool debug;
         uint64_t spin_ns;  /* busy-wait this long before sleeping on the futex */

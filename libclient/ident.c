@@ -665,3 +665,10 @@ int dv_ident_check(deval_group *g, const char *fn) {
         dv_ident_free(g);
         return r;
 }
+
+void dv_ident_sizes(const deval_group *g, int64_t *num_samples, int64_t *num_keys) {
+        if (num_samples)
+                *num_samples = g->ident ? g->ident->num_samples : 0;
+        if (num_keys)
+                *num_keys = g->ident ? g->ident->num_keys : 0;
+}

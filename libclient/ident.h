@@ -32,6 +32,8 @@ int dv_ident_items_result(deval_group *g, const char *fn, int stream, size_t n,
                           const deval_bytes res[], bool same_rows, size_t *out_n,
                           const deval_bytes **out);
 
+/* The pass's num_samples and num_keys (either pointer may be NULL); 0 without keys. */
+void dv_ident_sizes(const deval_group *g, int64_t *num_samples, int64_t *num_keys);
 void dv_ident_check_later(deval_group *g);
 bool dv_ident_check_due(const deval_group *g);
 int dv_ident_check(deval_group *g, const char *fn);

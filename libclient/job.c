@@ -57,7 +57,10 @@ typedef struct {
         const char *launcher;
         const char *present; /* the variable that says this launcher started us */
         const char *rank, *world;
-        const char *keys[5];  /* what makes the job unique, NULL-terminated */
+        const char *keys[5]; /* what makes the job unique, NULL-terminated */
+        /* what names the job across its restarts (resume.c); none: it restarts nothing */
+        const char *resume[3];
+        bool resume_parent;   /* with the process that restarts the ranks (torchrun's agent) */
         const char *local;    /* its ranks on this machine, if it says */
         const char *nodes[2]; /* the machines it runs on, if it says: the first set wins */
         const char *node[2];  /* which of them this process runs on, if it says: the first set */
@@ -72,6 +75,8 @@ static const Launcher launchers[] = {
          "RANK",
          "WORLD_SIZE",
          {"TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"},
+         {"TORCHELASTIC_RUN_ID"},
+         true,
          "LOCAL_WORLD_SIZE",
          {NULL},
          {"GROUP_RANK"}},
@@ -80,6 +85,8 @@ static const Launcher launchers[] = {
          "RANK",
          "WORLD_SIZE",
          {"MASTER_ADDR", "MASTER_PORT"},
+         {NULL},
+         false,
          "LOCAL_WORLD_SIZE",
          {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}, /* ranks srun started, or spawned under it */
          {"GROUP_RANK", "SLURM_NODEID"},           /* a torchrun agent's, or srun's */
@@ -89,16 +96,43 @@ static const Launcher launchers[] = {
          "OMPI_COMM_WORLD_RANK",
          "OMPI_COMM_WORLD_SIZE",
          {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"},
+         {NULL},
+         false,
          "OMPI_COMM_WORLD_LOCAL_SIZE"},
         {"srun",
          "SLURM_JOB_ID",
          "SLURM_PROCID",
          "SLURM_NTASKS",
          {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"},
+         {"SLURM_JOB_ID", "SLURM_STEP_ID"},
+         false,
          NULL,
          {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"},
          {"SLURM_NODEID"}},
 };
+
+/* The name of l's job that its restarts share, from l->resume; "" when it has none. */
+static void resume_key(const Launcher *l, char *key, size_t len) {
+        uint64_t h = 0xcbf29ce484222325ull;
+        char part[512];
+        key[0] = '\0';
+        if (!l->resume[0])
+                return;
+        for (int i = 0; i < 3 && l->resume[i]; i++) {
+                const char *v = env(l->resume[i]);
+                if (!v)
+                        return;
+                snprintf(part, sizeof(part), "%s=%s;", l->resume[i], v);
+                for (const char *c = part; *c; c++)
+                        h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+        }
+        if (l->resume_parent) {
+                snprintf(part, sizeof(part), "parent=%ld;", (long)getppid());
+                for (const char *c = part; *c; c++)
+                        h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+        }
+        snprintf(key, len, "%s-%016" PRIx64, l->launcher, h);
+}
 
 /**
  * dv_job_from_env() - the job this process belongs to, from its launcher's variables.
@@ -145,6 +179,7 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
                 memset(ret, 0, sizeof(*ret));
                 snprintf(ret->launcher, sizeof(ret->launcher), "%s", l->launcher);
                 snprintf(ret->name, sizeof(ret->name), "%s-%016" PRIx64, l->launcher, h);
+                resume_key(l, ret->resume, sizeof(ret->resume));
                 ret->rank = rank;
                 ret->world = world;
                 ret->local = ret->nodes = -1;
@@ -165,6 +200,21 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
                  "$SLURM_JOB_ID, $SLURM_PROCID and $SLURM_NTASKS (srun); name the group "
                  "and give the rank and world size (0 and 1 for a process on its own)");
         return DEVAL_EINVAL;
+}
+
+/**
+ * dv_job_resume_key() - the key every run of this job shares, its restarts' too: what
+ * names the job without the launcher's restart count (resume.c keeps a pass's results
+ * under it).
+ * Return: 0 with key; DEVAL_EINVAL when no launcher names a job that restarts alike.
+ */
+int dv_job_resume_key(char *key, size_t len) {
+        DvJob job;
+        char err[640];
+        if (dv_job_from_env(&job, err, sizeof(err)) < 0 || !job.resume[0])
+                return DEVAL_EINVAL;
+        snprintf(key, len, "%s", job.resume);
+        return 0;
 }
 
 /* $DEVAL_ONE_MACHINE=1: every rank runs here, whatever the launcher says. 1 when it says

@@ -12,6 +12,9 @@
 typedef struct {
         char launcher[DV_LAUNCHER_MAX]; /* "torchrun", "mpirun", "srun", "deval.launch", ... */
         char name[DV_GROUP_NAME_MAX];
+        /* the same for every run of the job: the name without the launcher's restart count
+         * (resume.c); "" when the launcher restarts nothing and its keys are the user's */
+        char resume[DV_GROUP_NAME_MAX];
         int rank;  /* -1: the launcher does not say */
         int world; /* -1: the launcher does not say */
         int local; /* of them, ranks on this machine; -1: the launcher does not say */
@@ -22,3 +25,5 @@ typedef struct {
 int dv_job_from_env(DvJob *ret, char *err, size_t errlen);
 int dv_job_one_machine(const DvJob *job, char *err, size_t errlen);
 int dv_env_int(const char *name);
+/* The job's resume key (DvJob.resume) into key; DEVAL_EINVAL when no launcher names one. */
+int dv_job_resume_key(char *key, size_t len);

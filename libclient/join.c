@@ -19,6 +19,7 @@
 #include "held.h"
 #include "ident.h"
 #include "job.h"
+#include "resume.h"
 #include "replay.h"
 #include "sock.h"
 #include "span.h"
@@ -49,6 +50,7 @@ static void group_free(deval_group *g) {
                 close(g->sock);
         dv_replay_clear(g);
         dv_ident_free(g);
+        dv_resume_free(g);
         free(g->fast.reqs);
         free(g->mirror.recs);
         free(g->mirror.shapes);
@@ -231,6 +233,8 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         if (g->timeout_ms < 0)
                 g->timeout_ms = -1;
         snprintf(g->name, sizeof(g->name), "%s", group);
+        /* a name the launcher gave changes with its restarts: the journal names it apart */
+        dv_resume_init(g, req.launcher[0] ? req.launcher : group);
         bool named;
         if (dv_client_socket_path(opts ? opts->socket_path : NULL, g->socket_path,
                                   sizeof(g->socket_path), &named) < 0 ||

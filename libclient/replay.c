@@ -98,6 +98,31 @@ static bool starts_batch(const deval_group *g, size_t i) {
 }
 
 /**
+ * dv_kept_match() - is q the call res answered where it was kept: the same op, call of the
+ * batch, number of tensors and dtypes? @what says where ("while replaying ..."), and @who who
+ * made the kept call ("they"), for the message. Return: 0; DEVAL_EMISMATCH naming what
+ * differs; q's own staging failure.
+ */
+int dv_kept_match(deval_group *g, const char *fn, const char *what, const char *who,
+                  const DvRequest *q, const DvResult *res) {
+        if (q->status < 0)
+                return dv_set_err(g, q->status, "%s: %.*s", fn, (int)sizeof(q->why), q->why);
+        if (res->op != q->op || res->site != q->site || res->ntensors != q->ntensors)
+                return dv_set_err(g, DEVAL_EMISMATCH,
+                                  "%s: %s, this call is %s (call %u of the batch, %u tensors) "
+                                  "where %s called %s (call %u, %u tensors); the loop body "
+                                  "must make the same calls on every rank",
+                                  fn, what, dv_op_name(q->op), q->site + 1, q->ntensors, who,
+                                  dv_op_name(res->op), res->site + 1, res->ntensors);
+        for (uint32_t t = 0; t < res->ntensors; t++)
+                if (res->t[t].dtype != q->t[t].dtype)
+                        return dv_set_err(g, DEVAL_EMISMATCH,
+                                          "%s: %s, tensor %u has dtype %d where %s had %d", fn,
+                                          what, t, q->t[t].dtype, who, res->t[t].dtype);
+        return 0;
+}
+
+/**
  * dv_replay_take() - answer the collective in q with the next kept result, when it is what
  * the others called there. The views point into the kept copy until the next call on g.
  * Return: 0; DEVAL_EMISMATCH naming what differs (the body replayed is not the one the others
@@ -106,6 +131,7 @@ static bool starts_batch(const deval_group *g, size_t i) {
 int dv_replay_take(deval_group *g, const char *fn, const DvRequest *q, const DvResult **ret) {
         size_t i = g->replay.next;
         const DvResult *res = g->replay.kept[i].res;
+        int r;
 
         if (q->status < 0)
                 return dv_set_err(g, q->status, "%s: %.*s", fn, (int)sizeof(q->why), q->why);
@@ -115,19 +141,8 @@ int dv_replay_take(deval_group *g, const char *fn, const DvRequest *q, const DvR
                                   "than they did; the batch they ran made %s its next call after "
                                   "deval_eval_batch()",
                                   fn, dv_op_name(res->op));
-        if (res->op != q->op || res->site != q->site || res->ntensors != q->ntensors)
-                return dv_set_err(g, DEVAL_EMISMATCH,
-                                  "%s: while replaying the others' batches, this call is %s (call "
-                                  "%u of the batch, %u tensors) where they called %s (call %u, %u "
-                                  "tensors); the loop body must make the same calls on every rank",
-                                  fn, dv_op_name(q->op), q->site + 1, q->ntensors,
-                                  dv_op_name(res->op), res->site + 1, res->ntensors);
-        for (uint32_t t = 0; t < res->ntensors; t++)
-                if (res->t[t].dtype != q->t[t].dtype)
-                        return dv_set_err(g, DEVAL_EMISMATCH,
-                                          "%s: while replaying the others' batches, tensor %u "
-                                          "has dtype %d where theirs had %d",
-                                          fn, t, q->t[t].dtype, res->t[t].dtype);
+        if ((r = dv_kept_match(g, fn, "while replaying the others' batches", "they", q, res)) < 0)
+                return r;
         g->replay.next++;
         g->view = g->replay.kept[i].data;
         g->view_size = g->replay.kept[i].size;

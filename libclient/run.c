@@ -26,6 +26,7 @@
 #include "mirror.h"
 #include "plan.h"
 #include "replay.h"
+#include "resume.h"
 #include "span.h"
 #include "util.h"
 
@@ -53,7 +54,7 @@ int dv_coll_begin(deval_group *g) {
         int r = dv_coll_owner(g);
         if (r < 0)
                 return r;
-        if (g->replay.on && dv_replay_pending(g))
+        if ((g->replay.on && dv_replay_pending(g)) || dv_resume_answers(g))
                 return 0; /* answered from what was kept, whatever the group did since */
         if (g->failed)
                 return g->failed;
@@ -359,14 +360,19 @@ int dv_coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResult *
 
 /*
  * dv_coll_run() - dv_coll_wait() for any collective but eval_end. While this rank replays what
- * devald answered for it in its last pass, the next kept result answers instead.
+ * devald answered for it in its last pass, the next kept result answers instead; in a batch
+ * a resumed pass kept, the journal's (resume.h). A batch's results go to the pass's journal.
  */
 int dv_coll_run(deval_group *g, const char *fn, const DvResult **ret) {
         if (g->replay.on && dv_replay_pending(g))
                 return dv_replay_take(g, fn, g->req, ret);
-        if (g->span)
-                return dv_span_run(g, fn, false, ret);
-        return dv_coll_wait(g, fn, /* pass_end= */ false, ret);
+        if (dv_resume_answers(g))
+                return dv_resume_take(g, fn, g->req, ret);
+        int r = g->span ? dv_span_run(g, fn, false, ret)
+                        : dv_coll_wait(g, fn, /* pass_end= */ false, ret);
+        if (g->batch) /* (a pass that keeps no journal: nothing) */
+                dv_resume_keep(g, r == 0 ? *ret : NULL);
+        return r;
 }
 
 /*

@@ -594,6 +594,77 @@ static int cmd_dump(const char *name) {
         return 0;
 }
 
+/* resume: the journals devald keeps of this uid's passes that may resume. */
+static int cmd_resume(void) {
+        DvJournalReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_JOURNALS}};
+        size_t cap = sizeof(DvJournalList) + DV_JOURNALS_MAX * sizeof(DvJournalInfo);
+        _cleanup_(freep) DvJournalList *r = calloc(1, cap);
+        if (!r)
+                return 1;
+        ssize_t n = ctl_request(&req, sizeof(req), r, cap);
+        if (n < 0)
+                return 1;
+        if (n < (ssize_t)sizeof(*r) || r->hdr.type != DV_MSG_JOURNALS || r->n > DV_JOURNALS_MAX ||
+            (size_t)n != sizeof(*r) + r->n * sizeof(DvJournalInfo)) {
+                if (n >= (ssize_t)sizeof(DvReply) && ctl_failed((DvReply *)r, n))
+                        return 1;
+                fprintf(stderr, "deval-ctl: devald sent a malformed answer\n");
+                return 1;
+        }
+        if (arg_json)
+                printf("{\"keep_s\": %u, \"total\": %u, \"journals\": [", r->keep_s, r->total);
+        else if (r->n)
+                printf("%-28s %-24s %4s %9s %8s %12s %8s %s\n", "KEY", "GROUP", "PASS", "RANK",
+                       "BATCHES", "BYTES", "IDLE_S", "KEPT IN");
+        for (uint32_t i = 0; i < r->n; i++) {
+                DvJournalInfo *j = &r->j[i];
+                j->key[sizeof(j->key) - 1] = j->group[sizeof(j->group) - 1] = '\0';
+                if (arg_json) {
+                        printf("%s{\"key\": ", i ? ", " : "");
+                        json_string(j->key);
+                        printf(", \"group\": ");
+                        json_string(j->group);
+                        printf(", \"pass\": %u, \"rank\": %d, \"world\": %d, \"batches\": "
+                               "%" PRIu64 ", \"bytes\": %" PRIu64 ", \"used\": %" PRIu64
+                               ", \"idle_s\": %" PRIu64 ", \"file\": %s}",
+                               j->ordinal, j->rank, j->world, j->batches, j->bytes, j->used,
+                               j->idle_s, j->file ? "true" : "false");
+                        continue;
+                }
+                char rank[24];
+                snprintf(rank, sizeof(rank), "%d/%d", j->rank, j->world);
+                printf("%-28s %-24s %4u %9s %8" PRIu64 " %12" PRIu64 " %8" PRIu64 " %s\n", j->key,
+                       j->group, j->ordinal, rank, j->batches, j->bytes, j->idle_s,
+                       j->file ? "file" : "memory");
+        }
+        if (arg_json)
+                printf("]}\n");
+        else if (!r->n)
+                printf("no resume journals (devald drops one idle for %u s)\n", r->keep_s);
+        else if (r->total > r->n)
+                printf("... and %u more\n", r->total - r->n);
+        return 0;
+}
+
+/* resume drop KEY|all: forget the journals of a job (every one of the uid's). */
+static int cmd_resume_drop(const char *key) {
+        DvJournalReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_JOURNAL},
+                            .action = DV_JOURNAL_DROP_KEY};
+        DvReply r;
+        if (strlen(key) >= sizeof(req.key)) {
+                fprintf(stderr, "deval-ctl: no resume key is that long: %s\n", key);
+                return EXIT_USAGE;
+        }
+        if (strcmp(key, "all") != 0)
+                snprintf(req.key, sizeof(req.key), "%s", key);
+        ssize_t n = ctl_request(&req, sizeof(req), &r, sizeof(r));
+        if (n < 0 || ctl_failed(&r, n))
+                return 1;
+        if (!arg_json)
+                printf("%.*s\n", (int)sizeof(r.msg), r.msg);
+        return 0;
+}
+
 static int run_command(const char *cmd, int nargs, char **args);
 
 /*
@@ -629,6 +700,10 @@ static int run_command(const char *cmd, int nargs, char **args) {
                 return cmd_status(true);
         if (strcmp(cmd, "topo") == 0 && nargs == 0)
                 return cmd_topo();
+        if (strcmp(cmd, "resume") == 0 && nargs == 0)
+                return cmd_resume();
+        if (strcmp(cmd, "resume") == 0 && nargs == 2 && strcmp(args[0], "drop") == 0)
+                return cmd_resume_drop(args[1]);
         if (strcmp(cmd, "watch") == 0 && nargs <= 1)
                 return cmd_watch(nargs ? args[0] : NULL);
         if ((strcmp(cmd, "group") == 0 || strcmp(cmd, "abort") == 0 || strcmp(cmd, "dump") == 0) &&
@@ -659,7 +734,9 @@ static void help(void) {
                "  abort NAME              fail every rank's collectives with DEVAL_EABORTED\n"
                "                          (the group's owner or root)\n"
                "  dump NAME               the group's flight recorder (JSON): its last\n"
-               "                          collectives, each rank's call and arrival\n\n"
+               "                          collectives, each rank's call and arrival\n"
+               "  resume                  the journals kept of passes that may resume\n"
+               "  resume drop KEY|all     forget a job's journals (all: every one of yours)\n\n"
                "Exit status: 0 done, 1 devald said no (no such group, not permitted),\n"
                "2 usage error, 3 devald could not be reached.\n\n"
                "Options:\n"

@@ -129,9 +129,11 @@ static void test_documented(void **state) {
         }
         /* and every number or switch the pages document is the table's: the pages' other
          * variables name things (paths, nodes, launchers) or are the tests' own */
-        const char *others[] = {"DEVAL_SOCKET",    "DEVALD",           "DEVAL_NODE",
-                                "DEVAL_GPU_FAKE",  "DEVAL_FAULT",      "DEVAL_CUDA_LIBRARY",
-                                "DEVAL_LAUNCH_ID", "LOCAL_WORLD_SIZE", NULL};
+        const char *others[] = {"DEVAL_SOCKET",     "DEVALD",
+                                "DEVAL_NODE",       "DEVAL_GPU_FAKE",
+                                "DEVAL_FAULT",      "DEVAL_CUDA_LIBRARY",
+                                "DEVAL_LAUNCH_ID",  "LOCAL_WORLD_SIZE",
+                                "DEVAL_RESUME_KEY", NULL};
         char *pages[] = {lib, daemon};
         for (int i = 0; i < 2; i++) {
                 for (const char *p = strstr(pages[i], "\nENVIRONMENT\n"); p && *p; p++) {
