@@ -9,7 +9,9 @@
    predictions and labels of a 16-sample batch once per batch, through deval and through
    Accelerate's gather_for_metrics over gloo (when torch and accelerate are installed), in
    the same run. The figure is the slowest rank's mean time per batch.
-3. Per batch of a pass over a DataLoader: by position, and with the batch's keys.
+3. Per batch of a pass over a DataLoader: by position, with the batch's keys, and with keys
+   and the resume journal (each batch's results written where a restarted job finds them),
+   and the journal's bytes per sample of the pass.
 4. Per batch of a pass whose body updates a torchmetrics metric on each rank, plain and
    attached to deval (which cuts the sampler's padding out of each update).
 
@@ -217,6 +219,67 @@ def in_pass():
         print("%5d %12.1f %14.1f %10.1f %22.1f" % (world, lo, po, ke, ke - po))
 
 
+def journal_rank(rank, world, name, q):
+    """Passes with keys over the loader of pass_rank, in turn on a group that keeps the resume
+    journal (joined with a resume key) and on one that does not, so that both see the same
+    machine: the per-batch time of each, pass by pass."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    torch.set_num_threads(1)
+    n = BATCHES * 16 * world
+    gen = torch.Generator().manual_seed(0)
+    lo = torch.rand(n, 10, generator=gen)
+    ds = TensorDataset(lo, lo.argmax(1), torch.randint(0, 10, (n,), generator=gen))
+    dl = DataLoader(ds, batch_size=16, sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    os.environ["DEVAL_RESUME_KEY"] = name
+    kept = deval.join(name + "k", rank, world, timeout=60)
+    del os.environ["DEVAL_RESUME_KEY"]
+    plain = deval.join(name + "p", rank, world, timeout=60)
+    times = []
+    for _ in range(REPEATS * 2):
+        pair = []
+        for g in (kept, plain):
+            g.barrier()
+            t0 = time.perf_counter()
+            for b in g.eval_loop(dl):
+                g.gather_for_metrics(b)
+            pair.append((time.perf_counter() - t0) / BATCHES * 1e6)
+        times.append(pair)
+    kept.leave()
+    plain.leave()
+    q.put((rank, times))
+
+
+def journal_cost():
+    """What keeping the resume journal costs a pass that never fails, per batch."""
+    try:
+        import torch
+    except ImportError:
+        return
+    from deval import _loop
+    b = (torch.rand(16, 10), torch.randint(0, 10, (16,)), torch.randint(0, 10, (16,)))
+    digest = median_us(lambda: _loop.digest(b, list(range(16))), 2000)
+    print("\nper batch of the same pass, keeping the resume journal or not (passes in turn; "
+          "of it, the batch's digest in Python: %.1f us)" % digest)
+    print("%5s %12s %14s %12s" % ("ranks", "keys us", "journal us", "journal-keys"))
+    for world in (2, 4):
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        tag = "pybench-journal-%d-%d" % (os.getpid(), world)
+        ps = [ctx.Process(target=journal_rank, args=(r, world, tag, q)) for r in range(world)]
+        for p in ps:
+            p.start()
+        got = [q.get(timeout=600) for _ in ps]
+        for p in ps:
+            p.join(60)
+        n = len(got[0][1])
+        kept = statistics.median(max(t[i][0] for _, t in got) for i in range(n))
+        plain = statistics.median(max(t[i][1] for _, t in got) for i in range(n))
+        diff = statistics.median(max(t[i][0] for _, t in got) - max(t[i][1] for _, t in got)
+                                 for i in range(n))
+        print("%5d %12.1f %14.1f %12.1f" % (world, plain, kept, diff))
+
+
 def metric_rank(rank, world, name, attached, q):
     """A torchmetrics Accuracy updated on each rank per batch of a pass over a padded
     DistributedSampler, attached to deval or not (then it counts the padding)."""
@@ -267,4 +330,5 @@ if __name__ == "__main__":
     binding_cost()
     per_batch()
     in_pass()
+    journal_cost()
     metric_update()

@@ -482,6 +482,62 @@ class Keys:
         return base.collate_fn([sample] if base._auto_collation else sample)
 
 
+_DIGEST_ELEMS = 256  # a tensor's first and last elements a digest reads
+
+
+def _sample_bytes(x):
+    """The bytes of x's first and last _DIGEST_ELEMS elements: a host tensor's or array's;
+    None for a tensor on a device (its shape and dtype say enough with the indices)."""
+    if hasattr(x, "untyped_storage"):  # torch
+        if x.device.type != "cpu":
+            return None
+        flat = x.detach().reshape(-1)
+        n = flat.shape[0]
+        parts = [flat[:_DIGEST_ELEMS]] + ([flat[-_DIGEST_ELEMS:]] if n > _DIGEST_ELEMS else [])
+        import torch
+        return b"".join(p.contiguous().view(torch.uint8).numpy().tobytes() for p in parts)
+    try:
+        import numpy as np
+        flat = np.asarray(x).reshape(-1)
+    except Exception:
+        return None
+    if flat.dtype == object:
+        return repr(flat[:_DIGEST_ELEMS].tolist()).encode()
+    return flat[:_DIGEST_ELEMS].tobytes() + flat[-_DIGEST_ELEMS:].tobytes()
+
+
+def digest(batch, keys=None):
+    """A 64-bit digest of a batch: its dataset indices (keys), its structure, its tensors'
+    shapes and dtypes, their first and last elements, and its other leaves (text, numbers).
+    Two runs of one loader give equal digests; another dataset, order or preprocessing almost
+    surely does not. Costs a few microseconds whatever the batch's size."""
+    import hashlib
+    h = hashlib.blake2b(digest_size=8)
+    if keys is not None:
+        h.update(repr(list(keys)).encode())
+    todo = [batch]
+    while todo:
+        x = todo.pop()
+        if _is_data(x):
+            h.update(repr((type(x).__name__, tuple(x.shape), str(x.dtype))).encode())
+            b = _sample_bytes(x)
+            if b is not None:
+                h.update(b)
+        elif _mapping(x):
+            h.update(b"{")
+            for k in x.keys():
+                h.update(repr(k).encode())
+                todo.append(x[k])
+        elif isinstance(x, (list, tuple)):
+            h.update(b"[%d" % len(x))
+            todo.extend(reversed(x))
+        elif x is None or isinstance(x, (str, bytes, int, float, bool)):
+            h.update(repr(x).encode())
+        else:
+            h.update(type(x).__name__.encode())
+    return int.from_bytes(h.digest(), "little")
+
+
 def data_ids(batch):
     """The ids of every tensor, array and list a batch is made of: a gather_for_metrics of one
     of them gathers the loader's own data (labels, ids), which a sample's duplicate repeats

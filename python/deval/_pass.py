@@ -10,6 +10,7 @@ between that and a group's calls.
 
 import contextlib
 import ctypes
+import sys
 
 import numpy as np
 
@@ -65,9 +66,14 @@ class _LoopPass:
         self.opened = False
         self.batches = 0  # batches yielded so far
         self.cur = None  # the current batch's keys
+        self.current = None  # the current batch, as the loader gave it
+        self.digest = 0  # the current batch's (_loop.digest())
+        self.resumed = 0  # the pass's first batches answered from a run that stopped
+        self.first = 0  # self.batches before the pass's first batch
+        self.pad_now = False  # the body gets a padding sample for the current batch
 
-    def open(self):
-        """Open the pass now (at the current batch), once."""
+    def open(self, batch=None):
+        """Open the pass now (at the current batch, or before batch, the first), once."""
         if self.opened:
             return
         g = self.g
@@ -92,6 +98,7 @@ class _LoopPass:
             self._same_loop(h)
             if self.keys is not None:
                 g._check(_lib.deval_eval_begin_keys(h, self.n, self.num_keys))
+                self._resume(h, batch if batch is not None else self.current)
             else:
                 g._check(_lib.deval_eval_begin(h, self.n, self.o))
         if left is not None:
@@ -103,6 +110,19 @@ class _LoopPass:
         g._in_pass, g._keyed = True, self.keys is not None
         if self.batches:
             self._declare()
+
+    def _resume(self, h, batch):
+        """The batches of this pass that a run of the job that stopped already did, which
+        libdeval answers from its journal: the body gets a batch of one padding sample for
+        them, as in a replay."""
+        note = ctypes.create_string_buffer(768)
+        self.first = max(self.batches - 1, 0)
+        k = _lib.deval_eval_resume(h, _loop.digest(batch), note, len(note))
+        if k < 0:
+            self.g._check(k)
+        self.resumed = k
+        if note.value and self.g.rank == 0:
+            print(note.value.decode(errors="replace"), file=sys.stderr, flush=True)
 
     def _same_loop(self, h):
         """Every rank opens the pass of the same loader: a rank that left a loop before it
@@ -137,21 +157,37 @@ class _LoopPass:
             self.g._check(_lib.deval_eval_batch(h))
             return
         ks = self.cur or ()
+        if self.pad_now:
+            ks = ks[:1]  # (the padding sample the body gets)
         arr = (ctypes.c_int64 * max(1, len(ks)))(*ks)
         self.g._check(_lib.deval_eval_batch_keys(h, len(ks), arr))
+        self.g._check(_lib.deval_eval_batch_digest(h, self.digest))
 
     def _batch(self, batch):
+        """Take batch, the loader's next; return what the body gets: batch, or, for a batch
+        the pass answers from the journal of a run that stopped, one padding sample."""
         self.real = None
         self.gathered = []
+        self.current = batch
+        self.pad_now = False
         if self.keys is not None:
             try:
                 self.cur = self.keys.next(batch)
             except ValueError as e:
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
+            self.digest = _loop.digest(batch, self.cur)
             self.g._batch_ids = _loop.data_ids(batch)
             self.samples = len(self.cur)
             if self.keys.real is not None:
                 self.real = np.array(self.keys.real, dtype=bool)
+            if self.opened and self.resumed and self.batches + 1 - self.first <= self.resumed:
+                self.batches += 1
+                self.pad_now = True
+                pad = self._padding(batch)
+                self.g._batch_ids = _loop.data_ids(pad)
+                self.real, self.samples, self.counted = np.zeros(1, dtype=bool), 1, None
+                self._declare()
+                return pad
         else:
             self.samples = b = _loop.batch_samples(batch)
             self.counted = b if b is not None and _loop.rows_agree(batch, b) else None
@@ -164,6 +200,7 @@ class _LoopPass:
         self.batches += 1
         if self.opened:
             self._declare()
+        return batch
 
     def run(self, make_iter):
         _loop.LOOPS[0] += 1
@@ -184,13 +221,13 @@ class _LoopPass:
                 it = make_iter()
                 batch = next(it, _END)  # (a generator's loader starts its iterator here)
             if self.open_now:
-                self.open()
+                self.open(None if batch is _END else batch)
             g._pass_ended = False
             try:
                 while batch is not _END:
-                    self._batch(batch)
+                    body = self._batch(batch)
                     last = batch
-                    yield batch
+                    yield body
                     batch = next(it, _END)
                 done = True
             finally:

@@ -188,6 +188,13 @@ class _Update:
                 x.__dict__.setdefault("_deval_gathered", set()).add((lp.seq, lp.batches))
         elif lp is not None:
             real = lp.real
+            if getattr(lp, "resumed", 0):
+                _taint(m, (
+                    "%s.update() at batch %d of loop #%d took this rank's own rows in a pass "
+                    "that resumed where a run that stopped left it: the rows of its first %d "
+                    "batches were in that run's metric, which is gone. Update the metric with "
+                    "gather_for_metrics results on one rank (they hold every batch), or run "
+                    "with DEVAL_RESUME=0" % (type(m).__name__, lp.batches, lp.seq, lp.resumed)))
             if real is None:
                 _count(m, lp)
             elif real.all():

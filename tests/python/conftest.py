@@ -117,3 +117,36 @@ def run_ranks(world, fn, *args, timeout=60, allow_death=()):
 
 def group_name(prefix):
     return "%s-%d-%d" % (prefix, os.getpid(), next(_names))
+
+
+def devalds(socket):
+    """pids of the devalds listening on socket."""
+    pids = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % p, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"devald" and socket.encode() in argv:
+            pids.append(int(p))
+    return pids
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    """A private $XDG_RUNTIME_DIR; yields the socket path libdeval will use there."""
+    d = tmp_path / "run"
+    d.mkdir(mode=0o700)
+    monkeypatch.delenv("DEVAL_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
+    monkeypatch.setenv("DEVAL_IDLE_EXIT", "2")
+    for k in ("RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR", "DEVAL_LAUNCH_ID",
+              "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
+    sock = str(d / "deval" / "devald.sock")
+    yield sock
+    for pid in devalds(sock):
+        os.kill(pid, signal.SIGKILL)
