@@ -93,6 +93,50 @@ static void test_torchrun(void **state) {
         assert_string_not_equal(job().name, a.name);
 }
 
+/* The resume key: what every run of one job shares (its restarts'), and no other job. */
+static void test_resume_key(void **state) {
+        (void)state;
+        torchrun("29500", "0", "2");
+        DvJob a = job();
+        assert_true(strncmp(a.resume, "torchrun-", 9) == 0);
+        assert_string_not_equal(a.resume, a.name);
+        torchrun("29777", "1", "3"); /* restarted: another port, another group, the same key */
+        DvJob b = job();
+        assert_string_equal(b.resume, a.resume);
+        assert_string_not_equal(b.name, a.name);
+        setenv("TORCHELASTIC_RUN_ID", "another", 1); /* another job */
+        assert_string_not_equal(job().resume, a.resume);
+        char key[64];
+        assert_int_equal(dv_job_resume_key(key, sizeof(key)), 0);
+        assert_string_equal(key, job().resume);
+
+        clear();
+        setenv("SLURM_JOB_ID", "77", 1);
+        setenv("SLURM_STEP_ID", "0", 1);
+        setenv("SLURM_PROCID", "5", 1);
+        setenv("SLURM_NTASKS", "8", 1);
+        DvJob s = job();
+        setenv("SLURM_RESTART_COUNT", "1", 1); /* requeued */
+        DvJob t = job();
+        assert_string_equal(s.resume, t.resume);
+        assert_string_not_equal(s.name, t.name);
+        setenv("SLURM_JOB_ID", "78", 1);
+        assert_string_not_equal(job().resume, s.resume);
+
+        /* launchers that restart nothing: each run is a job of its own */
+        clear();
+        setenv("DEVAL_LAUNCH_ID", "123-456", 1);
+        setenv("RANK", "0", 1);
+        setenv("WORLD_SIZE", "2", 1);
+        assert_string_equal(job().resume, "");
+        assert_int_equal(dv_job_resume_key(key, sizeof(key)), DEVAL_EINVAL);
+        clear();
+        setenv("MASTER_PORT", "12355", 1);
+        setenv("RANK", "0", 1);
+        setenv("WORLD_SIZE", "2", 1);
+        assert_string_equal(job().resume, "");
+}
+
 /* A job named by $MASTER_PORT alone (mp.spawn): the name in a child of this process. */
 static void spawned_name(char *buf, size_t len, bool grandchild) {
         int fds[2];
@@ -294,6 +338,7 @@ static void test_node(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_torchrun),
+                cmocka_unit_test(test_resume_key),
                 cmocka_unit_test(test_master_port_alone),
                 cmocka_unit_test(test_mpirun_srun_launch),
                 cmocka_unit_test(test_nothing_names_the_job),
