@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -241,3 +242,32 @@ def test_a_journal_past_the_quota_stops_and_the_pass_goes_on(tmp_path, capfd):
     assert "the resume journal of pass #1 stops at batch" in err, err
     assert "--max-user-bytes" in err, err
 
+
+
+def dying_rank(rank, world, name, sock):
+    import deval
+    os.environ["DEVAL_RESUME_KEY"] = name
+    g = deval.join(name, rank, world, socket=sock, timeout=30)
+    for i, batch in enumerate(g.eval_loop(loader(rank, world))):
+        g.gather_for_metrics(batch)
+        if i == 3:
+            g.barrier()
+            os._exit(0)  # (a crash in batch 4: 3 are whole, nothing ends the pass)
+
+
+def test_idle_journals_are_dropped_after_resume_keep(tmp_path):
+    from conftest import Daemon, group_name, run_ranks
+    d = Daemon(["--resume-keep", "2"])
+    ctl = [os.path.join(BUILD, "deval-ctl"), "-s", d.socket, "resume", "--json"]
+    try:
+        run_ranks(2, dying_rank, group_name("keep"), d.socket, allow_death=(0, 1))
+        listed = json.loads(subprocess.run(ctl, capture_output=True, text=True).stdout)
+        assert listed["total"] == 2 and listed["keep_s"] == 2, listed
+        assert all(j["batches"] == 3 and not j["file"] for j in listed["journals"]), listed
+        deadline = time.monotonic() + 10
+        while listed["total"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+            listed = json.loads(subprocess.run(ctl, capture_output=True, text=True).stdout)
+        assert listed["total"] == 0, listed
+    finally:
+        d.stop()
