@@ -244,7 +244,8 @@ int64_t deval_eval_resume(deval_group *g, uint64_t loader_digest, char *note, si
                 snprintf(note, note_len,
                          "deval: resuming pass #%u of this job at batch %" PRId64 ": its first "
                          "%" PRId64 " batches are answered from the results kept by the run "
-                         "that stopped%s",
+                         "that stopped%s; what a rank counted by itself in them (a running "
+                         "sum of its own rows) is not, so gather what you count",
                          s->ordinal, k + 1, k, when);
         }
         return k;
