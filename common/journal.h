@@ -54,6 +54,10 @@ typedef struct {
         uint32_t reserved;
 } DvJournalBatch;
 
+/* The op of a step that is no collective: bytes of the caller's own, kept with the batch
+ * (deval_eval_batch_state()), one U8 tensor. */
+#define DV_JOURNAL_STATE 0u
+
 /* A step: this header, then its result's head and res.ntensors descriptors (offsets from
  * the step's data), then, at data, the data. */
 typedef struct {

@@ -210,6 +210,11 @@ int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]);
  * deval_eval_batch_keys(). */
 int64_t deval_eval_resume(deval_group *g, uint64_t loader_digest, char *note, size_t note_len);
 int deval_eval_batch_digest(deval_group *g, uint64_t digest);
+/* Bytes of the caller's own (its random generators' state at the end of a batch's body) kept
+ * with the batch being written; in a batch answered from the journal, the latest kept. */
+int deval_eval_journaled(const deval_group *g);
+int deval_eval_batch_state(deval_group *g, const void *data, size_t len);
+int deval_eval_kept_state(deval_group *g, const void **data, size_t *len);
 /* After a pass: the other ranks' batches that ran after this rank's loader ran out. Run the
  * loop body that often more on empty inputs, each after deval_eval_batch(): its calls return
  * what the others got, with no collective; then deval_eval_replay_done(). */

@@ -8,6 +8,10 @@
  * ordinal and the rank name it. A batch counts once whole: a rank killed in the middle of
  * one leaves the batches before it.
  *
+ * Only where asked for ($DEVAL_RESUME=1, or a $DEVAL_RESUME_KEY of the user's): a loop whose
+ * body keeps state of its own across batches (a running sum, a carried hidden state) would
+ * lose the kept batches' part of it, so resuming is the user's call.
+ *
  * When the job starts again (its launcher restarts it, or the user reruns it with the same
  * $DEVAL_RESUME_KEY), deval_eval_resume() finds each rank's journal of the pass and the
  * ranks agree, in one reduce, on the batches every rank kept whole: K. The pass's first K
@@ -53,6 +57,9 @@ static void reset(DvResumeState *s) {
         s->on = s->stopped = s->writing = false;
         s->kept = s->step = s->rec_end = s->rec = s->tail = s->digest = 0;
         s->steps_left = s->nsteps = 0;
+        s->state = NULL;
+        s->state_len = 0;
+        s->state_scanned = 0;
 }
 
 void dv_resume_init(deval_group *g, const char *group) {
@@ -61,6 +68,9 @@ void dv_resume_init(deval_group *g, const char *group) {
         snprintf(s->group, sizeof(s->group), "%s", group);
         char key[DV_RESUME_KEY_MAX] = "";
         const char *v = secure_getenv("DEVAL_RESUME_KEY");
+        /* asked for: $DEVAL_RESUME=1, or a resume key of the user's (unless $DEVAL_RESUME=0) */
+        if (!dv_tun_or(&g->tun, DV_TUN_RESUME, v && *v))
+                return;
         if (v && *v) {
                 uint64_t h = dv_journal_hash(DV_JOURNAL_HASH0, v, strlen(v));
                 snprintf(key, sizeof(key), "user-%016" PRIx64, h);
@@ -168,7 +178,7 @@ static uint64_t pass_ident(const deval_group *g, uint64_t loader_digest) {
  * @note: (may be NULL) what happened, for the user: empty when nothing was kept.
  * Return: K >= 0; DEVAL_EINVAL (no pass with keys just begun); the collective's failures.
  * Returns 0 without a collective where no journal is kept: a device or spanning group, a
- * job with no resume key, $DEVAL_RESUME=0.
+ * job with no resume key, resume not asked for ($DEVAL_RESUME=1, or $DEVAL_RESUME_KEY).
  */
 int64_t deval_eval_resume(deval_group *g, uint64_t loader_digest, char *note, size_t note_len) {
         const char *fn = "deval_eval_resume";
@@ -182,7 +192,7 @@ int64_t deval_eval_resume(deval_group *g, uint64_t loader_digest, char *note, si
                                   "%s: call it once per pass with keys, after "
                                   "deval_eval_begin_keys() and before its first batch",
                                   fn);
-        if (g->span || g->device >= 0 || !s->key[0] || !dv_tun_or(&g->tun, DV_TUN_RESUME, 1))
+        if (g->span || g->device >= 0 || !s->key[0])
                 return 0;
 
         uint64_t ident = pass_ident(g, loader_digest);
@@ -299,6 +309,20 @@ static bool room(deval_group *g, uint64_t n) {
         return true;
 }
 
+/* The collectives among the n steps of the batch record at s->step (a state is not one). */
+static uint32_t calls_in(const DvResumeState *s, uint32_t n) {
+        uint64_t at = s->step;
+        uint32_t calls = 0;
+        for (uint32_t i = 0; i < n && at; i++) {
+                DvResult r;
+                const uint8_t *d;
+                uint64_t size;
+                if ((at = dv_journal_step(s->base, at, s->rec_end, &r, &d, &size)))
+                        calls += r.op != DV_JOURNAL_STATE;
+        }
+        return calls;
+}
+
 int dv_resume_batch(deval_group *g, const char *fn) {
         DvResumeState *s = &g->resume;
         if (!s->on)
@@ -309,7 +333,8 @@ int dv_resume_batch(deval_group *g, const char *fn) {
                 return dv_set_err(g, DEVAL_EMISMATCH,
                                   "%s: batch %u, answered from the resume journal, made %u "
                                   "fewer calls than the run that kept it; the loop body must "
-                                  "make the same calls",
+                                  "make the same calls whatever its batch holds (here one "
+                                  "padding sample), or the job cannot resume: DEVAL_RESUME=0",
                                   fn, g->batch_no - 1, left);
         }
         commit(g);
@@ -320,7 +345,7 @@ int dv_resume_batch(deval_group *g, const char *fn) {
                 memcpy(&b, s->base + at, sizeof(b));
                 s->step = at + DV_ALIGN(sizeof(b), DV_JOURNAL_ALIGN);
                 s->rec_end = at + b.size;
-                s->steps_left = b.nsteps;
+                s->steps_left = calls_in(s, b.nsteps);
                 s->digest = b.digest;
                 return 0;
         }
@@ -365,6 +390,17 @@ int deval_eval_batch_digest(deval_group *g, uint64_t digest) {
                           batch);
 }
 
+/**
+ * deval_eval_journaled() - does the pass keep a resume journal (deval_eval_resume() made
+ * one, and it has not stopped)? Batch digests and states are kept only then.
+ * Return: 1 or 0; DEVAL_EINVAL when g is NULL.
+ */
+int deval_eval_journaled(const deval_group *g) {
+        if (!g)
+                return DEVAL_EINVAL;
+        return g->resume.on && !g->resume.stopped;
+}
+
 bool dv_resume_answers(const deval_group *g) {
         const DvResumeState *s = &g->resume;
         return s->kept && g->batch && g->batch_no >= 1 && g->batch_no <= s->kept && !g->replay.on;
@@ -380,11 +416,18 @@ int dv_resume_take(deval_group *g, const char *fn, const DvRequest *q, const DvR
                 return dv_set_err(g, DEVAL_EMISMATCH,
                                   "%s: batch %u, answered from the resume journal, calls more "
                                   "than the run that kept it did; the loop body must make the "
-                                  "same calls",
+                                  "same calls whatever its batch holds (here one padding "
+                                  "sample), or the job cannot resume: DEVAL_RESUME=0",
                                   fn, g->batch_no);
-        uint64_t next = dv_journal_step(s->base, s->step, s->rec_end, &s->res, &data, &data_size);
-        if (!next)
-                return dv_set_err(g, DEVAL_EPROTO, "%s: the resume journal is malformed", fn);
+        uint64_t next;
+        do { /* (a state the caller kept is not a call) */
+                next = dv_journal_step(s->base, s->step, s->rec_end, &s->res, &data, &data_size);
+                if (!next)
+                        return dv_set_err(g, DEVAL_EPROTO, "%s: the resume journal is malformed",
+                                          fn);
+                if (s->res.op == DV_JOURNAL_STATE)
+                        s->step = next;
+        } while (s->res.op == DV_JOURNAL_STATE);
         if ((r = dv_kept_match(g, fn, "in a batch answered from the resume journal",
                                "the run that stopped", q, &s->res)) < 0)
                 return r;
@@ -396,28 +439,21 @@ int dv_resume_take(deval_group *g, const char *fn, const DvRequest *q, const DvR
         return 0;
 }
 
-void dv_resume_keep(deval_group *g, const DvResult *res) {
+/* Append a step to the batch being written: res, its data at base + each offset (base holds
+ * size bytes). Return: false when it cannot be kept (the journal then ends before it). */
+static bool append(deval_group *g, const DvResult *res, const uint8_t *base, uint64_t size_in) {
         DvResumeState *s = &g->resume;
-        if (!s->writing || s->stopped)
-                return;
-        if (!res || res->status != 0 || res->ntensors > DEVAL_MAX_TENSORS) {
-                s->stopped = true; /* the batch is not whole: the journal ends before it */
-                return;
-        }
         uint32_t n = res->ntensors;
         uint64_t head = DV_ALIGN(DV_JOURNAL_STEP_HEAD(n), DV_JOURNAL_ALIGN), data = 0;
         for (uint32_t i = 0; i < n; i++) {
                 const DvTensorDesc *t = &res->t[i];
-                if (t->nbytes &&
-                    (t->offset > g->view_size || t->nbytes > g->view_size - t->offset)) {
-                        s->stopped = true; /* (its reader refused it already) */
-                        return;
-                }
+                if (t->nbytes && (t->offset > size_in || t->nbytes > size_in - t->offset))
+                        return false; /* (its reader refused it already) */
                 data = DV_ALIGN(data, DV_ARENA_ALIGN) + t->nbytes;
         }
         uint64_t size = head + DV_ALIGN(data, DV_JOURNAL_ALIGN);
         if (!room(g, size))
-                return;
+                return true; /* (stopped, and said) */
         uint8_t *at = s->base + s->tail;
         DvJournalStep st = {.size = size, .data = head};
         DvResult r;
@@ -426,7 +462,7 @@ void dv_resume_keep(deval_group *g, const DvResult *res) {
         for (uint32_t i = 0; i < n; i++) {
                 off = DV_ALIGN(off, DV_ARENA_ALIGN);
                 if (r.t[i].nbytes)
-                        memcpy(at + head + off, g->view + r.t[i].offset, r.t[i].nbytes);
+                        memcpy(at + head + off, base + r.t[i].offset, r.t[i].nbytes);
                 r.t[i].offset = off;
                 off += r.t[i].nbytes;
         }
@@ -435,6 +471,74 @@ void dv_resume_keep(deval_group *g, const DvResult *res) {
         memset(at + DV_JOURNAL_STEP_HEAD(n), 0, head - DV_JOURNAL_STEP_HEAD(n));
         s->tail += size;
         s->nsteps++;
+        return true;
+}
+
+void dv_resume_keep(deval_group *g, const DvResult *res) {
+        DvResumeState *s = &g->resume;
+        if (!s->writing || s->stopped)
+                return;
+        /* a failed call: the batch is not whole, and the journal ends before it */
+        if (!res || res->status != 0 || res->ntensors > DEVAL_MAX_TENSORS ||
+            !append(g, res, g->view, g->view_size))
+                s->stopped = true;
+}
+
+/**
+ * deval_eval_batch_state() - keep len bytes of the caller's own with the batch being written
+ * to the resume journal: what its process holds at the end of the batch's body (its random
+ * number generators' state, say), for a later run to take back with deval_eval_kept_state().
+ * Return: 1 when kept; 0 when the pass keeps no journal, or not this batch (one answered
+ * from it); DEVAL_EINVAL (g NULL, data NULL with len > 0).
+ */
+int deval_eval_batch_state(deval_group *g, const void *data, size_t len) {
+        if (!g || (!data && len))
+                return DEVAL_EINVAL;
+        DvResumeState *s = &g->resume;
+        if (!s->writing || s->stopped || !g->batch)
+                return 0;
+        DvResult r = {.ntensors = 1, .op = DV_JOURNAL_STATE};
+        r.t[0] = (DvTensorDesc){
+                .dtype = DEVAL_U8, .ndim = 1, .shape = {(int64_t)len}, .nbytes = len};
+        return append(g, &r, data, len) && !s->stopped;
+}
+
+/**
+ * deval_eval_kept_state() - in a batch answered from the resume journal: the bytes the run
+ * that stopped kept with deval_eval_batch_state() at the end of this batch, or of the latest
+ * batch before it that kept any. Valid until the pass ends.
+ * Return: 1 with *data and *len; 0 when it kept none up to this batch, or this batch is not
+ * answered from the journal; DEVAL_EINVAL (an argument NULL).
+ */
+int deval_eval_kept_state(deval_group *g, const void **data, size_t *len) {
+        if (!g || !data || !len)
+                return DEVAL_EINVAL;
+        DvResumeState *s = &g->resume;
+        if (!dv_resume_answers(g))
+                return 0;
+        for (; s->state_scanned < g->batch_no; s->state_scanned++) {
+                uint64_t at = s->at[s->state_scanned];
+                DvJournalBatch b;
+                memcpy(&b, s->base + at, sizeof(b));
+                uint64_t step = at + DV_ALIGN(sizeof(b), DV_JOURNAL_ALIGN);
+                for (uint32_t i = 0; i < b.nsteps; i++) {
+                        DvResult r;
+                        const uint8_t *d;
+                        uint64_t size;
+                        step = dv_journal_step(s->base, step, at + b.size, &r, &d, &size);
+                        if (!step)
+                                break; /* (scanned whole when the pass resumed) */
+                        if (r.op == DV_JOURNAL_STATE) {
+                                s->state = d + r.t[0].offset;
+                                s->state_len = r.t[0].nbytes;
+                        }
+                }
+        }
+        if (!s->state)
+                return 0;
+        *data = s->state;
+        *len = s->state_len;
+        return 1;
 }
 
 int dv_resume_pass_end(deval_group *g, const char *fn, bool whole) {
@@ -446,7 +550,8 @@ int dv_resume_pass_end(deval_group *g, const char *fn, bool whole) {
                 r = dv_set_err(g, DEVAL_EMISMATCH,
                                "%s: batch %u, answered from the resume journal, made %u fewer "
                                "calls than the run that kept it; the loop body must make the "
-                               "same calls",
+                               "same calls whatever its batch holds (here one padding "
+                               "sample), or the job cannot resume: DEVAL_RESUME=0",
                                fn, g->batch_no, s->steps_left);
                 s->steps_left = 0;
         }

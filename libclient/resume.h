@@ -33,6 +33,10 @@ typedef struct {
         uint32_t nsteps;
         uint64_t digest;
         DvResult res; /* the result being answered */
+        /* deval_eval_kept_state(): the latest state kept in the first state_scanned batches */
+        const uint8_t *state;
+        uint64_t state_len;
+        uint32_t state_scanned;
 } DvResumeState;
 
 /* At the join: the job's resume key, from $DEVAL_RESUME_KEY or the launcher (job.h), and

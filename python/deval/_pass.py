@@ -67,10 +67,12 @@ class _LoopPass:
         self.batches = 0  # batches yielded so far
         self.cur = None  # the current batch's keys
         self.current = None  # the current batch, as the loader gave it
-        self.digest = 0  # the current batch's (_loop.digest())
+        self.journaled = False  # the pass keeps a resume journal (libdeval's resume.c)
         self.resumed = 0  # the pass's first batches answered from a run that stopped
         self.first = 0  # self.batches before the pass's first batch
         self.pad_now = False  # the body gets a padding sample for the current batch
+        self.keeps = False  # the pass keeps the random generators' state in its journal
+        self.rng_at_open = self.rng_kept = None  # their state at the open; the last kept
 
     def open(self, batch=None):
         """Open the pass now (at the current batch, or before batch, the first), once."""
@@ -111,6 +113,31 @@ class _LoopPass:
         if self.batches:
             self._declare()
 
+    def _kept(self, n):
+        """Is the loader's batch n answered from the journal of a run that stopped?"""
+        return self.opened and 0 < n - self.first <= self.resumed
+
+    def _end_body(self):
+        """The body of the current batch is done. A batch answered from the journal takes
+        back the random generators' state the run that stopped had here; any other keeps
+        its own, when it changed, for a later run to take back (the bodies of the batches
+        answered from the journal run on one sample, so they draw otherwise)."""
+        if not self.keeps:
+            return
+        h = self.g._handle()
+        if self._kept(self.batches):
+            data, n = ctypes.c_void_p(), ctypes.c_size_t()
+            r = _lib.deval_eval_kept_state(h, ctypes.byref(data), ctypes.byref(n))
+            _rng_set(ctypes.string_at(data.value, n.value) if r > 0 else self.rng_at_open)
+            return
+        now = _rng_state()
+        if now is None or now == self.rng_kept:
+            return
+        blob = _rng_pack(now)
+        if _lib.deval_eval_batch_state(h, blob, len(blob)) <= 0:
+            self.keeps = False  # (no journal, or it stopped: nothing more is kept)
+        self.rng_kept = now
+
     def _resume(self, h, batch):
         """The batches of this pass that a run of the job that stopped already did, which
         libdeval answers from its journal: the body gets a batch of one padding sample for
@@ -121,6 +148,9 @@ class _LoopPass:
         if k < 0:
             self.g._check(k)
         self.resumed = k
+        self.journaled = _lib.deval_eval_journaled(h) == 1
+        self.rng_at_open = self.rng_kept = _rng_state() if self.journaled else None
+        self.keeps = self.rng_at_open is not None
         if note.value and self.g.rank == 0:
             print(note.value.decode(errors="replace"), file=sys.stderr, flush=True)
 
@@ -161,7 +191,8 @@ class _LoopPass:
             ks = ks[:1]  # (the padding sample the body gets)
         arr = (ctypes.c_int64 * max(1, len(ks)))(*ks)
         self.g._check(_lib.deval_eval_batch_keys(h, len(ks), arr))
-        self.g._check(_lib.deval_eval_batch_digest(h, self.digest))
+        if self.journaled:
+            self.g._check(_lib.deval_eval_batch_digest(h, _loop.digest(self.current, self.cur)))
 
     def _batch(self, batch):
         """Take batch, the loader's next; return what the body gets: batch, or, for a batch
@@ -175,17 +206,19 @@ class _LoopPass:
                 self.cur = self.keys.next(batch)
             except ValueError as e:
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
-            self.digest = _loop.digest(batch, self.cur)
             self.g._batch_ids = _loop.data_ids(batch)
             self.samples = len(self.cur)
             if self.keys.real is not None:
                 self.real = np.array(self.keys.real, dtype=bool)
-            if self.opened and self.resumed and self.batches + 1 - self.first <= self.resumed:
+            if self._kept(self.batches + 1):
+                # its first sample, cut from it: the dataset is not read again (which could
+                # draw random numbers the run that stopped did not)
                 self.batches += 1
-                self.pad_now = True
-                pad = self._padding(batch)
+                pad = _loop.head(batch)
+                self.pad_now = pad is not batch
                 self.g._batch_ids = _loop.data_ids(pad)
-                self.real, self.samples, self.counted = np.zeros(1, dtype=bool), 1, None
+                self.real = np.zeros(1 if self.pad_now else len(self.cur), dtype=bool)
+                self.samples, self.counted = len(self.real), None
                 self._declare()
                 return pad
         else:
@@ -228,6 +261,7 @@ class _LoopPass:
                     body = self._batch(batch)
                     last = batch
                     yield body
+                    self._end_body()
                     batch = next(it, _END)
                 done = True
             finally:
@@ -344,3 +378,43 @@ def real_rows():
     keeps of its own is exact when it takes only these rows; attached torchmetrics metrics
     take only these rows by themselves."""
     return _loop.ACTIVE[-1].real if _loop.ACTIVE else None
+
+
+def _rng_state():
+    """torch's random generators' states (the CPU's, and each GPU's once CUDA is in use), as
+    a list of bytes; None without torch. (numpy's and Python's own cost ~50 us a batch to
+    read: a body that draws from them is not made exact on a resume, as docs/python.md says.)
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    parts = [torch.get_rng_state().numpy().tobytes()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        parts += [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
+    return parts
+
+
+def _rng_pack(parts):
+    return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
+
+
+def _rng_set(blob):
+    """Set torch's generators to what _rng_pack() made of them (or a list of the parts); a
+    blob that is not one for this process's generators is left alone."""
+    torch = sys.modules.get("torch")
+    if torch is None or blob is None:
+        return
+    parts = blob
+    if isinstance(blob, bytes):
+        parts, at = [], 0
+        while at + 8 <= len(blob):
+            n = int.from_bytes(blob[at:at + 8], "little")
+            parts.append(blob[at + 8:at + 8 + n])
+            at += 8 + n
+    now = _rng_state()
+    if len(parts) < 1 or any(len(p) != len(q) for p, q in zip(parts, now)):
+        return
+    torch.set_rng_state(torch.frombuffer(bytearray(parts[0]), dtype=torch.uint8))
+    for i, p in enumerate(parts[1:len(now)]):
+        torch.cuda.set_rng_state(torch.frombuffer(bytearray(p), dtype=torch.uint8), i)
+

@@ -94,6 +94,7 @@ static int rank_job(const Harness *h, int rank, int world, void *arg) {
         CHECK_OK(deval_eval_begin_keys(g, N, N), g);
         int64_t k = deval_eval_resume(g, run->loader, note, sizeof(note));
         CHECK(k >= 0, "deval_eval_resume: %s", deval_errmsg(g));
+        CHECK(deval_eval_journaled(g) == 1, "no journal");
         CHECK(run->want_k < 0 ? k >= 1 : k == run->want_k, "k %lld want %lld", (long long)k,
               (long long)run->want_k);
         if (run->want_k == 0 && run->loader == 2)
@@ -155,6 +156,18 @@ static int rank_job(const Harness *h, int rank, int world, void *arg) {
                 const deval_bytes *got;
                 STEP(deval_gather_objects_for_metrics(g, PER, items, NULL, &n, &got));
                 CHECK(n == WORLD * PER, "objects: %zu", n);
+                /* the batch's own state: kept with a batch written, the kept one given back in
+                 * a batch answered from the journal (every other batch keeps one) */
+                char mine[16];
+                snprintf(mine, sizeof(mine), "s%d-%d", rank, b - b % 2);
+                const void *kept;
+                size_t kept_len;
+                r = deval_eval_kept_state(g, &kept, &kept_len);
+                if (b < k)
+                        CHECK(r == 1 && kept_len == strlen(mine) && !memcmp(kept, mine, kept_len),
+                              "kept state at batch %d: %d", b, r);
+                else if (b % 2 == 0)
+                        CHECK(deval_eval_batch_state(g, mine, strlen(mine)) == 1, "state %d", b);
                 for (size_t i = 0; i < n; i++) {
                         char want[16];
                         snprintf(want, sizeof(want), "w%lld",

@@ -51,10 +51,15 @@ def maybe_die(i):
 
 
 class Model(torch.nn.Module):
+    """A linear layer; with RANDOM=1 its output goes through dropout (left in training mode,
+    as Monte Carlo dropout does) and a sampled token is appended (as sampled generation
+    does), both drawing from torch's generator, seeded once."""
+
     def __init__(self):
         super().__init__()
         torch.manual_seed(7)
         self.lin = torch.nn.Linear(3, 4)
+        self.drop = torch.nn.Dropout(0.5)
         self.calls = 0
 
     def forward(self, x, labels=None):
@@ -64,6 +69,10 @@ class Model(torch.nn.Module):
         if real is None or real.any():
             os.write(fw, b".")
         logits = self.lin(x)
+        if os.environ.get("RANDOM") == "1":
+            logits = self.drop(logits)
+            token = torch.multinomial(torch.softmax(logits, -1), 1).float()
+            logits = torch.cat([logits[:, :3], token], 1)
         if labels is None:
             return logits
         loss = torch.nn.functional.cross_entropy(logits, labels)

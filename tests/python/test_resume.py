@@ -29,6 +29,9 @@ def resumable(runtime, monkeypatch):
     """A private runtime directory (conftest), with no resume setting of the caller's."""
     for k in ("DEVAL_RESUME", "DEVAL_RESUME_KEY", "DEVAL_RESUME_WRITE_THROUGH"):
         monkeypatch.delenv(k, raising=False)
+    # (devald may exit between two runs once idle for 2 s; a join that meets it exiting
+    # fails: the default 60 s keeps it for the job's next run)
+    monkeypatch.delenv("DEVAL_IDLE_EXIT", raising=False)
     yield runtime
 
 
@@ -37,7 +40,7 @@ def run(tmp_path, name, world, restarts=1, **env):
     out = tmp_path / name
     out.mkdir()
     e = env_for({"OUT": str(out), "N": str(N), "DEVAL_CTL": os.path.join(BUILD, "deval-ctl"),
-                 **{k: str(v) for k, v in env.items()}})
+                 "DEVAL_RESUME": "1", **{k: str(v) for k, v in env.items()}})
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc-per-node", str(world), "--max-restarts", str(restarts), JOB],
                        env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -122,9 +125,11 @@ def test_devald_killed_and_restarted_loses_nothing_written_through(resumable, tm
     assert forwards(done, 1, 0) <= batches(2) - 6
 
 
-def test_resume_off_runs_every_batch_again(resumable, tmp_path):
+def test_resume_is_off_unless_asked(resumable, tmp_path):
+    """A body may keep state of its own across batches, which a resumed pass cannot give
+    back: resuming is the user's call (DEVAL_RESUME=1, or a DEVAL_RESUME_KEY)."""
     whole, _ = run(tmp_path, "whole", 2, restarts=0)
-    done, log = run(tmp_path, "off", 2, KILL="1:5", DEVAL_RESUME=0)
+    done, log = run(tmp_path, "off", 2, KILL="1:5", DEVAL_RESUME="")
     same_results(whole, done, 2)
     assert "resuming" not in log
     assert forwards(done, 1, 0) == forwards(done, 1, 1) == batches(2)
@@ -174,7 +179,8 @@ def test_ctl_lists_and_drops_journals(resumable, tmp_path):
 def run_fail(tmp_path, **env):
     out = tmp_path / "failed"
     out.mkdir()
-    e = env_for({"OUT": str(out), "N": str(N), **{k: str(v) for k, v in env.items()}})
+    e = env_for({"OUT": str(out), "N": str(N), "DEVAL_RESUME": "1",
+                 **{k: str(v) for k, v in env.items()}})
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc-per-node", "2", JOB], env=e, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=600)
@@ -271,3 +277,16 @@ def test_idle_journals_are_dropped_after_resume_keep(tmp_path):
         assert listed["total"] == 0, listed
     finally:
         d.stop()
+
+
+def test_random_bodies_resume_exact(resumable, tmp_path):
+    """Dropout left on and sampled tokens draw from torch's generator in every body: the
+    batches answered from the journal run on one sample and draw otherwise, so the pass takes
+    back the generator's state the stopped run had after each of them."""
+    whole, _ = run(tmp_path, "whole", 2, restarts=0, RANDOM=1)
+    again, _ = run(tmp_path, "again", 2, restarts=0, RANDOM=1)
+    same_results(whole, again, 2)  # (the job is deterministic)
+    done, log = run(tmp_path, "resumed", 2, KILL="1:6", RANDOM=1)
+    assert "resuming pass #1" in log, log[-3000:]
+    same_results(whole, done, 2)
+
