@@ -515,9 +515,14 @@ def digest(batch, keys=None):
     h = hashlib.blake2b(digest_size=8)
     if keys is not None:
         h.update(repr(list(keys)).encode())
-    todo = [batch]
+    todo, seen = [batch], set()
     while todo:
         x = todo.pop()
+        if id(x) in seen:  # (an object met twice, or a cycle)
+            h.update(b"@")
+            continue
+        if not isinstance(x, (str, bytes, int, float, bool)) and x is not None:
+            seen.add(id(x))
         if _is_data(x):
             h.update(repr((type(x).__name__, tuple(x.shape), str(x.dtype))).encode())
             b = _sample_bytes(x)
@@ -533,6 +538,11 @@ def digest(batch, keys=None):
             todo.extend(reversed(x))
         elif x is None or isinstance(x, (str, bytes, int, float, bool)):
             h.update(repr(x).encode())
+        elif hasattr(x, "__dict__") and not callable(x):  # a sample of a class of its own
+            h.update(type(x).__name__.encode() + b"(")
+            for k, v in vars(x).items():
+                h.update(repr(k).encode())
+                todo.append(v)
         else:
             h.update(type(x).__name__.encode())
     return int.from_bytes(h.digest(), "little")

@@ -267,6 +267,13 @@ class _LoopPass:
             finally:
                 if self.opened:
                     g._in_pass = False
+                if not done and self._kept(self.batches) and self.pad_now:
+                    print("deval: rank %d left the loop in batch %d, whose results came from "
+                          "the resume journal and whose body ran on the batch's first sample "
+                          "alone; a body that cannot (batch norm in training mode, a state "
+                          "carried from batch to batch, calls that depend on the batch's size) "
+                          "cannot resume: set DEVAL_RESUME=0" % (g.rank, self.batches),
+                          file=sys.stderr, flush=True)
                 # a break, or an exception: the others must hear, unless a step of the pass
                 # failed because a rank left it, which ended it for every rank (devald's too)
                 if self.opened and not done and not g._pass_ended:

@@ -290,3 +290,64 @@ def test_random_bodies_resume_exact(resumable, tmp_path):
     assert "resuming pass #1" in log, log[-3000:]
     same_results(whole, done, 2)
 
+
+
+def test_batch_digests_see_samples_of_any_kind():
+    """What a batch digest reads: equal batches agree, a changed value anywhere differs, a
+    dataclass's or a plain object's fields too (a collate_fn that keeps raw samples)."""
+    import dataclasses
+    from deval import _loop
+
+    @dataclasses.dataclass
+    class Sample:
+        text: str
+        label: int
+
+    class Plain:
+        def __init__(self, v):
+            self.v = v
+
+    torch = pytest.importorskip("torch")
+    a = {"x": torch.arange(600.0).reshape(200, 3), "s": [Sample("a", 1)], "p": [Plain(1)]}
+    same = {"x": torch.arange(600.0).reshape(200, 3), "s": [Sample("a", 1)], "p": [Plain(1)]}
+    assert _loop.digest(a, [1, 2]) == _loop.digest(same, [1, 2])
+    assert _loop.digest(a, [1, 2]) != _loop.digest(same, [2, 1])
+    for change in (lambda b: b["s"][0].__setattr__("label", 2),
+                   lambda b: b["p"][0].__setattr__("v", 2),
+                   lambda b: b["x"].__setitem__((0, 0), -1.0),
+                   lambda b: b["x"].__setitem__((199, 2), -1.0)):
+        b = {"x": a["x"].clone(), "s": [Sample("a", 1)], "p": [Plain(1)]}
+        change(b)
+        assert _loop.digest(b, [1, 2]) != _loop.digest(a, [1, 2])
+    loop = [1]
+    loop.append(loop)
+    assert _loop.digest(loop) == _loop.digest(loop)
+
+
+def one_sample_fails_rank(rank, world, name, sock, die):
+    import deval
+    os.environ["DEVAL_RESUME_KEY"] = name
+    g = deval.join(name, rank, world, socket=sock, timeout=30)
+    for i, (x, ix) in enumerate(g.eval_loop(loader(rank, world))):
+        if die and i == 3:
+            g.barrier()
+            os._exit(0)
+        if len(x) < 2:
+            raise RuntimeError("this body needs two samples")  # (batch norm in training)
+        g.gather_for_metrics((x, ix))
+    return True
+
+
+def test_a_body_that_cannot_run_on_one_sample_says_resume_is_why(tmp_path, capfd):
+    from conftest import Daemon, group_name, run_ranks
+    d = Daemon()
+    name = group_name("onesample")
+    try:
+        run_ranks(2, one_sample_fails_rank, name, d.socket, True, allow_death=(0, 1))
+        with pytest.raises(pytest.fail.Exception, match="needs two samples"):
+            run_ranks(2, one_sample_fails_rank, name, d.socket, False)
+    finally:
+        d.stop()
+    err = capfd.readouterr().err
+    assert "whose results came from the resume journal" in err, err
+    assert "set DEVAL_RESUME=0" in err, err
