@@ -229,6 +229,7 @@ def quota_rank(rank, world, name, q):
 
 def loader(rank, world):
     import torch
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     n = 600
     ds = torch.utils.data.TensorDataset(torch.arange(n * 512, dtype=torch.float32).reshape(n, 512),
                                         torch.arange(n))
