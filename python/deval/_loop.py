@@ -482,28 +482,36 @@ class Keys:
         return base.collate_fn([sample] if base._auto_collation else sample)
 
 
-_DIGEST_ELEMS = 256  # a tensor's first and last elements a digest reads
+_DIGEST_BYTES = 2048  # a tensor's first and last bytes a digest reads
 
 
 def _sample_bytes(x):
-    """The bytes of x's first and last _DIGEST_ELEMS elements: a host tensor's or array's;
-    None for a tensor on a device (its shape and dtype say enough with the indices)."""
+    """x's bytes, or its first and last _DIGEST_BYTES: a host tensor's or array's; None for a
+    tensor on a device (its shape and dtype say enough with the indices)."""
+    import numpy as np
     if hasattr(x, "untyped_storage"):  # torch
         if x.device.type != "cpu":
             return None
-        flat = x.detach().reshape(-1)
-        n = flat.shape[0]
-        parts = [flat[:_DIGEST_ELEMS]] + ([flat[-_DIGEST_ELEMS:]] if n > _DIGEST_ELEMS else [])
-        import torch
-        return b"".join(p.contiguous().view(torch.uint8).numpy().tobytes() for p in parts)
+        x = x.detach()
+        try:
+            a = x.numpy()
+        except (TypeError, RuntimeError):  # (a dtype numpy lacks: bfloat16)
+            a = x.contiguous().view(sys.modules["torch"].uint8).numpy()
+    else:
+        try:
+            a = np.asarray(x)
+        except Exception:
+            return None
+        if a.dtype == object:
+            return repr(a.reshape(-1)[:64].tolist()).encode()
     try:
-        import numpy as np
-        flat = np.asarray(x).reshape(-1)
-    except Exception:
-        return None
-    if flat.dtype == object:
-        return repr(flat[:_DIGEST_ELEMS].tolist()).encode()
-    return flat[:_DIGEST_ELEMS].tobytes() + flat[-_DIGEST_ELEMS:].tobytes()
+        mv = memoryview(np.ascontiguousarray(a) if a.size <= 512 else a).cast("B")
+    except (TypeError, ValueError):  # (strided: its first and last elements)
+        flat = a.reshape(-1)
+        return flat[:256].tobytes() + flat[-256:].tobytes()
+    n = len(mv)
+    return bytes(mv) if n <= 2 * _DIGEST_BYTES else \
+        bytes(mv[:_DIGEST_BYTES]) + bytes(mv[n - _DIGEST_BYTES:])
 
 
 def digest(batch, keys=None):

@@ -131,7 +131,7 @@ class _LoopPass:
             _rng_set(ctypes.string_at(data.value, n.value) if r > 0 else self.rng_at_open)
             return
         now = _rng_state()
-        if now is None or now == self.rng_kept:
+        if now is None or _rng_same(now, self.rng_kept):
             return
         blob = _rng_pack(now)
         if _lib.deval_eval_batch_state(h, blob, len(blob)) <= 0:
@@ -389,24 +389,30 @@ def real_rows():
 
 def _rng_state():
     """torch's random generators' states (the CPU's, and each GPU's once CUDA is in use), as
-    a list of bytes; None without torch. (numpy's and Python's own cost ~50 us a batch to
-    read: a body that draws from them is not made exact on a resume, as docs/python.md says.)
-    """
+    a list of uint8 tensors; None without torch. (numpy's and Python's own cost ~50 us a batch
+    to read: a body that draws from them is not made exact on a resume, as docs/python.md
+    says.)"""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    parts = [torch.get_rng_state().numpy().tobytes()]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        parts += [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
+    parts = [torch.get_rng_state()]
+    if torch.cuda.is_initialized():
+        parts += torch.cuda.get_rng_state_all()
     return parts
 
 
+def _rng_same(a, b):
+    torch = sys.modules["torch"]
+    return len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b))
+
+
 def _rng_pack(parts):
-    return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
+    return b"".join(len(b).to_bytes(8, "little") + b
+                    for b in (p.numpy().tobytes() for p in parts))
 
 
 def _rng_set(blob):
-    """Set torch's generators to what _rng_pack() made of them (or a list of the parts); a
+    """Set torch's generators to what _rng_pack() made of them (or to a list of states); a
     blob that is not one for this process's generators is left alone."""
     torch = sys.modules.get("torch")
     if torch is None or blob is None:
@@ -416,12 +422,12 @@ def _rng_set(blob):
         parts, at = [], 0
         while at + 8 <= len(blob):
             n = int.from_bytes(blob[at:at + 8], "little")
-            parts.append(blob[at + 8:at + 8 + n])
+            parts.append(torch.frombuffer(bytearray(blob[at + 8:at + 8 + n]), dtype=torch.uint8))
             at += 8 + n
     now = _rng_state()
-    if len(parts) < 1 or any(len(p) != len(q) for p, q in zip(parts, now)):
+    if not parts or len(parts) > len(now) or \
+            any(p.numel() != q.numel() for p, q in zip(parts, now)):
         return
-    torch.set_rng_state(torch.frombuffer(bytearray(parts[0]), dtype=torch.uint8))
-    for i, p in enumerate(parts[1:len(now)]):
-        torch.cuda.set_rng_state(torch.frombuffer(bytearray(p), dtype=torch.uint8), i)
-
+    torch.set_rng_state(parts[0])
+    for i, p in enumerate(parts[1:]):
+        torch.cuda.set_rng_state(p, i)
