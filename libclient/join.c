@@ -19,8 +19,8 @@
 #include "held.h"
 #include "ident.h"
 #include "job.h"
-#include "resume.h"
 #include "replay.h"
+#include "resume.h"
 #include "sock.h"
 #include "span.h"
 #include "tunables.h"
@@ -139,6 +139,22 @@ static int connect_devald(deval_group *g, const deval_join_opts *opts, bool name
                            g->socket_path, strerror(errno));
 }
 
+/* Wait, up to 2 s, until the devald at path that hung up on a join is gone (its socket no
+ * longer answers), so that the next connect starts a new one. */
+static void wait_gone(const char *path) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        for (int i = 0; i < 200; i++) {
+                int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+                bool answers = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+                if (fd >= 0)
+                        close(fd);
+                if (!answers)
+                        return;
+                usleep(10000);
+        }
+}
+
 /**
  * deval_join() - join group as rank of world_size ranks, waiting until every rank joined.
  * @opts: socket path and timeout; NULL for the defaults.
@@ -249,12 +265,6 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                                    "first",
                                    group, had->rank, had->world);
 
-        g->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-        if (g->sock < 0)
-                return dv_join_err(DEVAL_ESYS, "deval_join: socket: %s", strerror(errno));
-        if ((r = connect_devald(g, opts, named)) < 0)
-                return r;
-
         if (opts && opts->on_device) {
                 const DvGpuApi *gpu = dv_gpu();
                 int count = 0;
@@ -273,17 +283,39 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         req.rank = rank;
         req.world_size = world_size;
         req.timeout_ms = g->timeout_ms;
-        ssize_t n = dv_send_msg(g->sock, &req, sizeof(req), NULL, 0, 0);
-        if (n < 0) {
-                /* devald refusing the connection (a quota) answered and hung up already */
-                int nf = 0;
-                if (dv_recv_reply(g->sock, 0, &rep, fds, &nf) == 0 && rep.status < 0)
-                        return dv_join_err(rep.status, "deval_join: %.*s", DV_MSG_MAX, rep.msg);
-                return dv_join_err(DEVAL_EDAEMON, "devald at %s is gone: %s", g->socket_path,
-                                   strerror((int)-n));
+        /* a devald that libdeval started may be exiting, idle, as the join reaches it: it
+         * hangs up or says it is shutting down; once it is gone, a new one is started */
+        for (int attempt = 0;; attempt++) {
+                bool again = attempt == 0 && !named && autostart_on(g, opts);
+                if (attempt) {
+                        close(g->sock);
+                        wait_gone(g->socket_path);
+                }
+                g->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+                if (g->sock < 0)
+                        return dv_join_err(DEVAL_ESYS, "deval_join: socket: %s", strerror(errno));
+                if ((r = connect_devald(g, opts, named)) < 0)
+                        return r;
+                nfds = DV_MAX_FDS;
+                ssize_t n = dv_send_msg(g->sock, &req, sizeof(req), NULL, 0, 0);
+                if (n < 0) {
+                        /* devald refusing the connection (a quota) answered and hung up */
+                        int nf = 0;
+                        if (dv_recv_reply(g->sock, 0, &rep, fds, &nf) == 0 && rep.status < 0 &&
+                            !(again && rep.status == DEVAL_EDAEMON))
+                                return dv_join_err(rep.status, "deval_join: %.*s", DV_MSG_MAX,
+                                                   rep.msg);
+                        if (again)
+                                continue;
+                        return dv_join_err(DEVAL_EDAEMON, "devald at %s is gone: %s",
+                                           g->socket_path, strerror((int)-n));
+                }
+                r = dv_recv_reply(g->sock, g->timeout_ms < 0 ? -1 : g->timeout_ms + REPLY_GRACE_MS,
+                                  &rep, fds, &nfds);
+                if (again && (r == DEVAL_EDAEMON || (r == 0 && rep.status == DEVAL_EDAEMON)))
+                        continue;
+                break;
         }
-        r = dv_recv_reply(g->sock, g->timeout_ms < 0 ? -1 : g->timeout_ms + REPLY_GRACE_MS, &rep,
-                          fds, &nfds);
         if (r == DEVAL_ETIMEDOUT)
                 return dv_join_err(r,
                                    "devald at %s did not answer the join of group '%s' within "

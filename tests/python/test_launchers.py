@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -196,6 +197,30 @@ def test_idle_exit_and_reuse(runtime):
         time.sleep(0.1)
     assert devalds(runtime) == [], "devald did not exit when idle"
     assert not os.path.exists(runtime)
+
+
+def late_rank(rank, world, name):
+    import deval
+    import numpy as np
+    if rank == 1:
+        time.sleep(1.5)  # (after devald, stopped under rank 0's join, has gone)
+    with deval.join(name, rank, world, timeout=20) as g:
+        return g.gather(np.array([g.rank])).tolist()
+
+
+def test_a_join_that_meets_devald_exiting_starts_a_new_one(runtime):
+    """A devald libdeval started may exit (idle, or stopped) as a join reaches it: the join
+    then starts a new devald and joins there, instead of failing."""
+    res = run_ranks(1, race_rank, group_name("first"))  # (a devald to meet)
+    [old] = devalds(runtime)
+    stop = threading.Timer(0.5, os.kill, (old, signal.SIGTERM))
+    stop.start()
+    res = run_ranks(2, late_rank, group_name("late"))
+    stop.join()
+    assert res == [[0, 1]] * 2
+    assert len(devalds(runtime)) == 1 and devalds(runtime) != [old]
+    with open(os.path.join(os.path.dirname(runtime), "devald.log")) as f:
+        assert f.read().count("listening on") == 2
 
 
 def test_stale_socket_is_replaced(runtime):
