@@ -42,7 +42,8 @@ typedef struct {
         uint32_t flags;   /* DV_JOURNAL_*: devald's */
         char key[DV_RESUME_KEY_MAX];
         char group[DV_GROUP_NAME_MAX];
-        uint8_t reserved[72];
+        uint64_t loader; /* the loader_digest of the pass it keeps (deval_eval_resume()) */
+        uint8_t reserved[64];
 } DvJournalHdr;
 _Static_assert(sizeof(DvJournalHdr) == 256, "the journal header is 256 bytes");
 

@@ -84,6 +84,9 @@ enum {
         DV_JOURNAL_GROW,     /* the same, at least size bytes */
         DV_JOURNAL_DROP,     /* forget this rank's journal of the pass */
         DV_JOURNAL_DROP_KEY, /* forget every journal of key ("": every one of the uid's) */
+        /* forget this rank's journals of the group's other passes over the same loader
+         * (size: the loader digest): evaluations the job has run again since */
+        DV_JOURNAL_DROP_STALE,
 };
 #define DV_JOURNAL_REQ_FILE 1u /* DV_JOURNAL_OPEN: keep it in a file (write-through) */
 

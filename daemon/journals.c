@@ -279,6 +279,19 @@ void journals_request(Daemon *d, Conn *c, const DvJournalReq *r) {
                         journal_free(d, j, true);
                 conn_reply(c, 0, "");
                 return;
+        case DV_JOURNAL_DROP_STALE:
+                for (Journal *k = d->journals, *next; k; k = next) {
+                        DvJournalHdr h;
+                        next = k->next;
+                        if (k->uid != c->uid || k->rank != r->rank || k->ordinal == r->ordinal ||
+                            strcmp(k->key, r->key) != 0 || strcmp(k->group, r->group) != 0)
+                                continue;
+                        if (pread(k->fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) &&
+                            h.magic == DV_JOURNAL_MAGIC && h.loader == r->size)
+                                journal_free(d, k, true);
+                }
+                conn_reply(c, 0, "");
+                return;
         case DV_JOURNAL_DROP_KEY: {
                 int n = 0;
                 for (Journal *k = d->journals, *next; k; k = next) {

@@ -206,9 +206,10 @@ int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]);
  * rank calls deval_eval_resume() (one collective), which keeps the pass's results in a journal
  * devald holds for the job and returns K, the batches a run of the job that stopped already
  * did: the pass's first K batches are answered from it. loader_digest names what the pass
- * reads (a journal of another is not used; note says so); each batch's digest follows its
- * deval_eval_batch_keys(). */
-int64_t deval_eval_resume(deval_group *g, uint64_t loader_digest, char *note, size_t note_len);
+ * reads, state_digest where the job stands (a journal of another is not used; note says
+ * so); each batch's digest follows its deval_eval_batch_keys(). */
+int64_t deval_eval_resume(deval_group *g, uint64_t loader_digest, uint64_t state_digest, char *note,
+                          size_t note_len);
 int deval_eval_batch_digest(deval_group *g, uint64_t digest);
 /* Bytes of the caller's own (its random generators' state at the end of a batch's body) kept
  * with the batch being written; in a batch answered from the journal, the latest kept. */

@@ -111,7 +111,7 @@ static int journal_request(deval_group *g, uint32_t action, uint64_t size) {
                         close(fds[i]);
                 return dv_set_err(g, rep.status, "%.*s", DV_MSG_MAX, rep.msg);
         }
-        if (action == DV_JOURNAL_DROP)
+        if (action == DV_JOURNAL_DROP || action == DV_JOURNAL_DROP_STALE)
                 return 0;
         if (nfds != 1 || rep.size[0] < sizeof(DvJournalHdr) || rep.size[0] < size) {
                 for (int i = 0; i < nfds; i++)
@@ -134,12 +134,13 @@ static DvJournalHdr *hdr(const DvResumeState *s) {
 }
 
 /* Make the journal hold no batch, for the pass ident. */
-static void journal_start(deval_group *g, uint64_t ident) {
+static void journal_start(deval_group *g, uint64_t ident, uint64_t loader) {
         DvJournalHdr *h = hdr(&g->resume);
         atomic_store_explicit(&h->batches, 0, memory_order_release);
         atomic_store_explicit(&h->end, sizeof(*h), memory_order_release);
         g->resume.tail = sizeof(*h);
         h->ident = ident;
+        h->loader = loader;
         h->made_s = (uint64_t)time(NULL);
         h->rank = g->rank;
         h->world = g->world;
@@ -151,9 +152,14 @@ static void journal_start(deval_group *g, uint64_t ident) {
 }
 
 /* The pass this rank runs, as a journal names it: what it reads and where it stands. */
-static uint64_t pass_ident(const deval_group *g, uint64_t loader_digest) {
-        uint64_t v[6] = {loader_digest,     (uint64_t)g->world, (uint64_t)g->rank,
-                         g->resume.ordinal, dv_calls(g),        0};
+static uint64_t pass_ident(const deval_group *g, uint64_t loader_digest, uint64_t state_digest) {
+        uint64_t v[7] = {loader_digest,
+                         state_digest,
+                         (uint64_t)g->world,
+                         (uint64_t)g->rank,
+                         g->resume.ordinal,
+                         dv_calls(g),
+                         0};
         dv_ident_sizes(g, (int64_t *)&v[5], NULL);
         uint64_t h = dv_journal_hash(DV_JOURNAL_HASH0, v, sizeof(v));
         int64_t keys;
@@ -172,15 +178,19 @@ static uint64_t pass_ident(const deval_group *g, uint64_t loader_digest) {
  * every collective answered from the journal (checked against the call kept there), with no
  * collective and whatever the inputs hold; run the loop body on a batch of one padding
  * sample for them, as for a replay. A journal of another pass (another loader_digest:
- * dataset, order, first batch; another world, or another number of collectives before the
- * pass) is dropped and the pass starts over: note says so.
+ * dataset, order, first batch; another state_digest; another world, or another number of
+ * collectives before the pass) is dropped and the pass starts over: note says so. A journal
+ * of another of the group's passes over the same loader_digest is dropped too: the job has
+ * evaluated that loader again since (a training job restarted from a checkpoint).
  * @loader_digest: the caller's digest of what the pass reads (its first batch at least).
+ * @state_digest: the caller's digest of where the job stands (its random generators' state).
  * @note: (may be NULL) what happened, for the user: empty when nothing was kept.
  * Return: K >= 0; DEVAL_EINVAL (no pass with keys just begun); the collective's failures.
  * Returns 0 without a collective where no journal is kept: a device or spanning group, a
  * job with no resume key, resume not asked for ($DEVAL_RESUME=1, or $DEVAL_RESUME_KEY).
  */
-int64_t deval_eval_resume(deval_group *g, uint64_t loader_digest, char *note, size_t note_len) {
+int64_t deval_eval_resume(deval_group *g, uint64_t loader_digest, uint64_t state_digest, char *note,
+                          size_t note_len) {
         const char *fn = "deval_eval_resume";
         if (!g)
                 return DEVAL_EINVAL;
@@ -195,10 +205,15 @@ int64_t deval_eval_resume(deval_group *g, uint64_t loader_digest, char *note, si
         if (g->span || g->device >= 0 || !s->key[0])
                 return 0;
 
-        uint64_t ident = pass_ident(g, loader_digest);
+        uint64_t ident = pass_ident(g, loader_digest, state_digest);
         int64_t mine = 0, other = 0;
         uint64_t end = sizeof(DvJournalHdr), made = 0;
-        int r = journal_request(g, DV_JOURNAL_OPEN, 0);
+        /* a journal of another pass of the group over this loader is of an evaluation this
+         * run has made again (a training job restarted from a checkpoint evaluates the same
+         * loader after each epoch): its model may be older than the one this pass will have */
+        int r = journal_request(g, DV_JOURNAL_DROP_STALE, loader_digest);
+        if (r == 0)
+                r = journal_request(g, DV_JOURNAL_OPEN, 0);
         if (r == 0) {
                 DvJournalHdr *h = hdr(s);
                 uint64_t n = dv_journal_scan(s->base, s->size, &end, NULL, 0);
@@ -224,14 +239,14 @@ int64_t deval_eval_resume(deval_group *g, uint64_t loader_digest, char *note, si
                 return 0;
         }
         if (why || k == 0) {
-                journal_start(g, ident);
+                journal_start(g, ident, loader_digest);
                 s->on = true;
                 if (why == 1 && note && note_len)
                         snprintf(note, note_len,
                                  "deval: results kept from an earlier run of this job's pass "
                                  "#%u were of another pass (another dataset, first batch or "
-                                 "sampler order, world size, or other collectives before it), "
-                                 "so the pass starts over",
+                                 "sampler order, seed or random state, world size, or other "
+                                 "collectives before it), so the pass starts over",
                                  s->ordinal);
                 return 0;
         }

@@ -144,7 +144,12 @@ class _LoopPass:
         them, as in a replay."""
         note = ctypes.create_string_buffer(768)
         self.first = max(self.batches - 1, 0)
-        k = _lib.deval_eval_resume(h, _loop.digest(batch), note, len(note))
+        # what the pass reads, and where the job stands: torch's generators have drawn
+        # otherwise before another evaluation of the same loader (a later epoch's) or under
+        # another seed
+        rng = _rng_state()
+        where = _loop.digest([p.numpy().tobytes() for p in rng or ()])
+        k = _lib.deval_eval_resume(h, _loop.digest(batch), where, note, len(note))
         if k < 0:
             self.g._check(k)
         self.resumed = k

@@ -92,7 +92,7 @@ static int rank_job(const Harness *h, int rank, int world, void *arg) {
         setenv("DEVAL_RESUME_KEY", run->key, 1);
         CHECK_OK(harness_join(h, run->key, rank, world, 10000, &g), NULL);
         CHECK_OK(deval_eval_begin_keys(g, N, N), g);
-        int64_t k = deval_eval_resume(g, run->loader, note, sizeof(note));
+        int64_t k = deval_eval_resume(g, run->loader, 0, note, sizeof(note));
         CHECK(k >= 0, "deval_eval_resume: %s", deval_errmsg(g));
         CHECK(deval_eval_journaled(g) == 1, "no journal");
         CHECK(run->want_k < 0 ? k >= 1 : k == run->want_k, "k %lld want %lld", (long long)k,

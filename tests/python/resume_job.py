@@ -167,5 +167,44 @@ def trainer():
             json.dump(m, f)
 
 
-{"loop": loop, "accelerate": accelerate, "trainer": trainer}[MODE]()
+def snapshot():
+    """torchrun's fault-tolerant training pattern: a snapshot after each epoch's training,
+    loaded on a restart, and an evaluation of the same loader after each epoch. Each
+    evaluation's rows are checked against the model of its epoch."""
+    g = deval.join()
+    ds = Data()
+    sampler = torch.utils.data.DistributedSampler(ds, num_replicas=g.world_size, rank=g.rank,
+                                                  shuffle=False)
+    loader = torch.utils.data.DataLoader(ds, batch_size=B, sampler=sampler)
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    snap, start = os.path.join(OUT, "snapshot.pt"), 0
+    g.barrier()
+    if os.path.exists(snap):
+        s = torch.load(snap)
+        model.load_state_dict(s["model"])
+        opt.load_state_dict(s["opt"])
+        start = s["epoch"]
+    stale = 0
+    for epoch in range(start, 4):
+        for _ in range(5):  # full-batch training: no random draws, the same on every rank
+            loss = torch.nn.functional.cross_entropy(model.lin(ds.x), ds.y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if RANK == 0:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                        "epoch": epoch + 1}, snap + ".tmp")
+            os.replace(snap + ".tmp", snap)
+        g.barrier()
+        model.calls = 100 * epoch
+        for batch in g.eval_loop(loader):
+            with torch.no_grad():
+                out, ix = g.gather_for_metrics((model(batch["x"]), batch["idx"]))
+                stale += int((out != model.lin(ds.x[ix])).any(1).sum())
+    with open(os.path.join(OUT, "stale-%d" % RANK), "w") as f:
+        f.write(str(stale))
+
+
+{"loop": loop, "accelerate": accelerate, "trainer": trainer, "snapshot": snapshot}[MODE]()
 sys.exit(0)

@@ -352,3 +352,17 @@ def test_a_body_that_cannot_run_on_one_sample_says_resume_is_why(tmp_path, capfd
     err = capfd.readouterr().err
     assert "whose results came from the resume journal" in err, err
     assert "set DEVAL_RESUME=0" in err, err
+
+
+def test_a_job_restarted_from_a_checkpoint_never_resumes_an_older_model(resumable, tmp_path):
+    """A training job that evaluates the same loader after each epoch dies in epoch 1's
+    evaluation (its pass #2) and restarts from its last snapshot, taken after epoch 1's
+    training: its evaluations of epochs 2 and 3 are the new process's passes #1 and #2, and
+    the journal of the stopped pass #2 (epoch 1's model) must not answer epoch 3's, though
+    the collectives and random draws before it are the same. Every evaluated row is checked
+    against its epoch's model (48 of 101 rows were epoch 1's before the fix)."""
+    done, log = run(tmp_path, "snapshot", 2, MODE="snapshot", KILL="1:106")
+    assert "resuming" not in log, log[-3000:]
+    for r in range(2):
+        assert (done / ("stale-%d" % r)).read_text() == "0"
+
