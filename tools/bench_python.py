@@ -171,11 +171,9 @@ def per_batch():
             print("%5d %14.1f %14s %16s %8s" % (world, dn, "-", "(no torch)", "-"))
 
 
-def pass_rank(rank, world, name, how, q):
-    """Per batch of a whole eval pass over a DataLoader with torch's DistributedSampler:
-    "loader" iterates it alone; "positions" gathers in eval_pass (rows counted by position);
-    "keys" in eval_loop (each batch's dataset indices travel with it, the result ordered by
-    them on every rank)."""
+def pass_loader(rank, world):
+    """(samples, this rank's DataLoader) of the passes measured: BATCHES batches of 16 rows of
+    logits[10], preds and labels a rank, behind torch's DistributedSampler."""
     import torch
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
     torch.set_num_threads(1)
@@ -183,7 +181,16 @@ def pass_rank(rank, world, name, how, q):
     gen = torch.Generator().manual_seed(0)
     lo = torch.rand(n, 10, generator=gen)
     ds = TensorDataset(lo, lo.argmax(1), torch.randint(0, 10, (n,), generator=gen))
-    dl = DataLoader(ds, batch_size=16, sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    return n, DataLoader(ds, batch_size=16, sampler=DistributedSampler(ds, world, rank,
+                                                                      shuffle=False))
+
+
+def pass_rank(rank, world, name, how, q):
+    """Per batch of a whole eval pass over a DataLoader with torch's DistributedSampler:
+    "loader" iterates it alone; "positions" gathers in eval_pass (rows counted by position);
+    "keys" in eval_loop (each batch's dataset indices travel with it, the result ordered by
+    them on every rank)."""
+    n, dl = pass_loader(rank, world)
     with deval.join(name, rank, world, timeout=60) as g:
         times = []
         for _ in range(REPEATS):
@@ -223,14 +230,7 @@ def journal_rank(rank, world, name, q):
     """Passes with keys over the loader of pass_rank, in turn on a group that keeps the resume
     journal (joined with a resume key) and on one that does not, so that both see the same
     machine: the per-batch time of each, pass by pass."""
-    import torch
-    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-    torch.set_num_threads(1)
-    n = BATCHES * 16 * world
-    gen = torch.Generator().manual_seed(0)
-    lo = torch.rand(n, 10, generator=gen)
-    ds = TensorDataset(lo, lo.argmax(1), torch.randint(0, 10, (n,), generator=gen))
-    dl = DataLoader(ds, batch_size=16, sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    _, dl = pass_loader(rank, world)
     os.environ["DEVAL_RESUME_KEY"] = name
     kept = deval.join(name + "k", rank, world, timeout=60)
     del os.environ["DEVAL_RESUME_KEY"]
