@@ -168,14 +168,14 @@ struct Daemon {
         int max_user_groups;
         int max_user_conns;
         int max_user_fds;
-        int max_world;          /* ranks per group */
-        int idle_timeout_s;     /* a group without a collective this long fails; 0: never */
-        int exit_idle_s;        /* exit after this long without a group or a client; 0: never */
-        int resume_keep_s;      /* drop a resume journal idle this long; 0: never */
-        char state_dir[256];    /* where written-through journals go; "": the socket's dir */
-        Journal *journals;      /* the main thread's (journals.c) */
+        int max_world;       /* ranks per group */
+        int idle_timeout_s;  /* a group without a collective this long fails; 0: never */
+        int exit_idle_s;     /* exit after this long without a group or a client; 0: never */
+        int resume_keep_s;   /* drop a resume journal idle this long; 0: never */
+        char state_dir[256]; /* where written-through journals go; "": the socket's dir */
+        Journal *journals;   /* the main thread's (journals.c) */
         int njournals;
-        int journals_mem; /* of them, held in memory alone */
+        int journals_mem;       /* of them, held in memory alone */
         uint64_t idle_since_ns; /* main thread's: since when it has had neither; 0: it has */
         Usage *usage;
         uint64_t unexpected_fds; /* descriptors clients sent unasked, closed on arrival */
