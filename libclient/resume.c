@@ -338,20 +338,24 @@ static uint32_t calls_in(const DvResumeState *s, uint32_t n) {
         return calls;
 }
 
+/* The answered batch that ends now made fewer calls than the kept one: say so, once. */
+static int fewer_calls(deval_group *g, const char *fn, uint32_t batch) {
+        uint32_t left = g->resume.steps_left;
+        g->resume.steps_left = 0;
+        return dv_set_err(g, DEVAL_EMISMATCH,
+                          "%s: batch %u, answered from the resume journal, made %u fewer calls "
+                          "than the run that kept it; the loop body must make the same calls "
+                          "whatever its batch holds (here one padding sample), or the job "
+                          "cannot resume: DEVAL_RESUME=0",
+                          fn, batch, left);
+}
+
 int dv_resume_batch(deval_group *g, const char *fn) {
         DvResumeState *s = &g->resume;
         if (!s->on)
                 return 0;
-        if (s->steps_left) {
-                uint32_t left = s->steps_left;
-                s->steps_left = 0;
-                return dv_set_err(g, DEVAL_EMISMATCH,
-                                  "%s: batch %u, answered from the resume journal, made %u "
-                                  "fewer calls than the run that kept it; the loop body must "
-                                  "make the same calls whatever its batch holds (here one "
-                                  "padding sample), or the job cannot resume: DEVAL_RESUME=0",
-                                  fn, g->batch_no - 1, left);
-        }
+        if (s->steps_left)
+                return fewer_calls(g, fn, g->batch_no - 1);
         commit(g);
         s->digest = 0;
         if (g->batch_no <= s->kept) {
@@ -560,16 +564,7 @@ int dv_resume_pass_end(deval_group *g, const char *fn, bool whole) {
         DvResumeState *s = &g->resume;
         if (!s->on)
                 return 0;
-        int r = 0;
-        if (s->steps_left) {
-                r = dv_set_err(g, DEVAL_EMISMATCH,
-                               "%s: batch %u, answered from the resume journal, made %u fewer "
-                               "calls than the run that kept it; the loop body must make the "
-                               "same calls whatever its batch holds (here one padding "
-                               "sample), or the job cannot resume: DEVAL_RESUME=0",
-                               fn, g->batch_no, s->steps_left);
-                s->steps_left = 0;
-        }
+        int r = s->steps_left ? fewer_calls(g, fn, g->batch_no) : 0;
         if (whole)
                 commit(g);
         s->writing = false;
