@@ -202,6 +202,9 @@ int deval_eval_abandon(deval_group *g);
  * with deval_eval_batch_keys() (instead of deval_eval_batch()). */
 int deval_eval_begin_keys(deval_group *g, int64_t num_samples, int64_t num_keys);
 int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]);
+/* The key of a batch's sample that is a sharding's padding whose original the pass does not
+ * hold (Accelerate's skip_first_batches skipped it): its rows are dropped from every result. */
+#define DEVAL_KEY_PAD (-1)
 /* A pass that survives a crash: after deval_eval_begin_keys(), before the first batch, every
  * rank calls deval_eval_resume() (one collective), which keeps the pass's results in a journal
  * devald holds for the job and returns K, the batches a run of the job that stopped already

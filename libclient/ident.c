@@ -151,10 +151,10 @@ int dv_ident_batch(deval_group *g, const char *fn, int64_t n, const int64_t keys
         if (r < 0)
                 return r;
         for (int64_t j = 0; j < n; j++)
-                if (keys[j] < 0 || keys[j] >= id->num_keys)
+                if (keys[j] < DEVAL_KEY_PAD || keys[j] >= id->num_keys)
                         return dv_set_err(g, DEVAL_EINVAL,
                                           "%s: sample %" PRId64 " of the batch has key %" PRId64
-                                          ", outside the pass's 0..%" PRId64,
+                                          ", outside the pass's 0..%" PRId64 " (or DEVAL_KEY_PAD)",
                                           fn, j, keys[j], id->num_keys - 1);
         if (n)
                 memcpy(id->keys, keys, (size_t)n * sizeof(*keys));
@@ -363,9 +363,13 @@ static int select_new(deval_group *g, const char *fn, int stream, size_t nent, s
                 sorted = id->ent[j - 1].key < id->ent[j].key;
         if (!sorted)
                 qsort(id->ent, nent, sizeof(*id->ent), cmp_entry);
-        size_t m = 0;
+        size_t m = 0, pads = 0;
         for (size_t j = 0; j < nent; j++) {
                 int64_t key = id->ent[j].key;
+                if (key == DEVAL_KEY_PAD) { /* padding the loader named: never a sample */
+                        pads++;
+                        continue;
+                }
                 if (seen(s, key)) { /* an earlier call, or a lower rank of this one, has it */
                         if (id->ent[j].sig != s->sig[key] && id->ent[j].shp == s->shp[key])
                                 return differs(g, fn, stream, key);
@@ -377,7 +381,7 @@ static int select_new(deval_group *g, const char *fn, int stream, size_t nent, s
                 id->ent[m++] = id->ent[j];
         }
         s->count += (int64_t)m;
-        s->dropped += (int64_t)(nent - m);
+        s->dropped += (int64_t)(nent - pads - m);
         s->most = DV_MAX(s->most, (int64_t)nent);
         *kept = m;
         *same = sorted && m == nent;
@@ -454,7 +458,7 @@ int dv_ident_result(deval_group *g, const char *fn, int stream, int n, const dev
                                    (uint64_t)DV_MAX(out[i].ndim - 1, 0) * sizeof(int64_t));
         }
         for (int64_t j = 0; j < B; j++) {
-                if (keys[j] < 0 || keys[j] >= id->num_keys)
+                if (keys[j] < DEVAL_KEY_PAD || keys[j] >= id->num_keys)
                         return dv_set_err(g, DEVAL_EPROTO,
                                           "%s: a rank sent key %" PRId64
                                           ", outside the pass's 0..%" PRId64,
@@ -564,7 +568,7 @@ int dv_ident_items_result(deval_group *g, const char *fn, int stream, size_t n,
                 if (res[i].len < ITEM_HDR)
                         return dv_set_err(g, DEVAL_EPROTO, "%s: malformed result", fn);
                 memcpy(hdr, res[i].data, ITEM_HDR);
-                if (hdr[0] < 0 || hdr[0] >= id->num_keys || hdr[1] != 0)
+                if (hdr[0] < DEVAL_KEY_PAD || hdr[0] >= id->num_keys || hdr[1] != 0)
                         return dv_set_err(g, DEVAL_EPROTO, "%s: malformed keys in the result", fn);
                 size_t j = i + 1;
                 for (; j < n && res[j].len >= ITEM_HDR; j++) {

@@ -115,9 +115,9 @@ def pass_params(loader, world):
                 return n, "rank"
             per = ds.batch_size if ds.split_batches else ds.batch_size * world
             return n // per * per, "rank"
-        shard = loader.batch_sampler
+        shard, skip = skipped(loader.batch_sampler)
         if not isinstance(shard, acc.BatchSamplerShard):
-            shard = getattr(loader, "sampler", None)
+            shard, skip = skipped(getattr(loader, "sampler", None))
         if isinstance(shard, acc.BatchSamplerShard):
             if shard.num_processes != world:
                 raise ValueError("the loader is sharded over %d processes, the group has %d "
@@ -132,15 +132,19 @@ def pass_params(loader, world):
             bs = getattr(inner, "batch_size", None)
             if _batch_draws(inner) is not None:  # a sampler that may draw more than the dataset
                 n = len(inner.sampler)
-            if not getattr(inner, "drop_last", False):
-                return n, "rank"
-            if bs is None:
-                raise ValueError("its batch sampler drops a last batch but has no batch_size, "
-                                 "so eval_loop cannot tell how many samples it keeps; pass "
-                                 "num_samples=")
-            if shard.split_batches:
-                return n // bs * bs, "rank"
-            return n // bs // world * world * bs, "rank"
+            if skip and bs is None:
+                raise ValueError("it skips its first %d batches (skip_first_batches) of a batch "
+                                 "sampler with no batch_size, so eval_loop cannot tell how many "
+                                 "samples they held; pass num_samples=" % skip)
+            if getattr(inner, "drop_last", False):
+                if bs is None:
+                    raise ValueError("its batch sampler drops a last batch but has no "
+                                     "batch_size, so eval_loop cannot tell how many samples it "
+                                     "keeps; pass num_samples=")
+                n = n // bs * bs if shard.split_batches else n // bs // world * world * bs
+            # skip_first_batches: each rank skips its first batches, a round of them each
+            per = bs if shard.split_batches else (bs or 0) * world
+            return max(0, n - skip * per), "rank"
     ds_sampler = _dist_sampler(loader)
     if ds_sampler is not None:
         if ds_sampler.num_replicas != world:
@@ -287,6 +291,16 @@ def map_loader(loader):
         return None, None
 
 
+def skipped(index):
+    """(the batch sampler, batches it skips) of an index sampler: Accelerate's
+    skip_first_batches wraps a loader's in a SkipBatchSampler, which drops the first
+    skip_batches batches it draws."""
+    acc = _accelerate()
+    if acc is not None and type(index) is getattr(acc, "SkipBatchSampler", None):
+        return index.batch_sampler, index.skip_batches
+    return index, 0
+
+
 def _batch_draws(inner):
     """The sampler behind torch's own BatchSampler inner, when it has a length: each batch but
     the last holds inner.batch_size of its draws, in order. None otherwise."""
@@ -306,11 +320,17 @@ class Draws:
     p >= n the sharding's padding, a repeat of draw (p - n) % wrap. at(i, j, k) is the place
     of the k-th sample of the rank's i-th batch, the j-th sample it was dealt."""
 
-    def __init__(self, n, wrap, at):
-        self.n, self.wrap, self.at = n, wrap, at
+    def __init__(self, n, wrap, at, first=0):
+        self.n, self.wrap, self.at, self.first = n, wrap, at, first
 
     def key(self, p):
-        return p if p < self.n else (p - self.n) % self.wrap
+        """Draw p's key: itself, or the draw a padding draw repeats; DEVAL_KEY_PAD (-1) where
+        that one lies before first, among the draws the loader skipped (skip_first_batches),
+        so that no sample of the pass stands for it."""
+        if p < self.n:
+            return p
+        q = (p - self.n) % self.wrap
+        return q if q >= self.first else -1
 
 
 def draws(loader, base):
@@ -318,7 +338,7 @@ def draws(loader, base):
     knows exactly: torch's DistributedSampler, Accelerate's batch sampler shards. None for
     any other; its samples are told apart by dataset index alone."""
     tud = sys.modules["torch.utils.data"]
-    index = base.batch_sampler if base._auto_collation else base.sampler
+    index, skip = skipped(base.batch_sampler if base._auto_collation else base.sampler)
     acc = _accelerate()
     if acc is not None and type(index) is acc.BatchSamplerShard:
         inner, world, r = index.batch_sampler, index.num_processes, index.process_index
@@ -332,8 +352,12 @@ def draws(loader, base):
             if bs % world:
                 return None
             per = bs // world
-            return Draws(n, min(n, bs), lambda i, j, k: i * bs + r * per + k)
-        return Draws(n, min(n, world * bs), lambda i, j, k: (i * world + r) * bs + k)
+            return Draws(n, min(n, bs), lambda i, j, k: (i + skip) * bs + r * per + k,
+                         skip * bs)
+        return Draws(n, min(n, world * bs), lambda i, j, k: ((i + skip) * world + r) * bs + k,
+                     skip * world * bs)
+    if skip:
+        return None
     ds = index.sampler if type(index) is tud.BatchSampler else index
     if type(ds) is not tud.distributed.DistributedSampler:
         return None
@@ -403,6 +427,7 @@ class Keys:
         self.dealt = 0  # indices drawn so far
         self.real = None  # the last batch's real samples (a bool per sample), when known
         self.indices = None  # the last batch's dataset indices
+        self.lists = False  # batch_size=None over a sampler that yields lists (_collated)
 
     def __enter__(self):
         global _INDEX_SAMPLER, _TAPPING
@@ -445,9 +470,8 @@ class Keys:
         try:
             keys = [i.__index__() for i in b]
         except (AttributeError, TypeError):
-            raise ValueError("its sampler yields %s, not dataset indices (a BatchSampler "
-                             "passed as sampler= with batch_size=None: pass it as "
-                             "batch_sampler= instead)" % type(b).__name__) from None
+            raise ValueError("its sampler yields %s, neither dataset indices nor lists of "
+                             "them" % type(b).__name__) from None
         self.indices = keys
         if self.draws is not None:
             d, i, j = self.draws, self.batch - 1, self.dealt - len(keys)
@@ -460,16 +484,25 @@ class Keys:
                              "would be dropped; gather such an evaluation without a pass "
                              "(gather())" % keys)
         rows = batch_rows(batch)
-        if rows is not None and self.base._auto_collation and rows != len(keys):
+        if rows is not None and self._collated() and rows != len(keys):
             raise ValueError("a batch of %d rows came from a sampler batch of %d indices; a "
                              "collate_fn that changes the number of samples hides which "
                              "sample each row is" % (rows, len(keys)))
         return keys
 
+    def _collated(self):
+        """Each batch the sampler draws is a list of indices, collated as one batch: torch's
+        batch sampler, or (batch_size=None) a sampler that yields lists itself, the fast-fetch
+        pattern of a BatchSampler passed as sampler= over a dataset indexed by lists."""
+        return self.base._auto_collation or self.lists
+
     def _take(self):
         b = self.drawn.popleft()
         if not self.base._auto_collation:
-            b = [b]  # batch_size=None: each index is one batch of one sample
+            # batch_size=None: a draw is one sample, or a whole batch's list of indices
+            self.lists = not hasattr(b, "__index__") and hasattr(b, "__iter__")
+            if not self.lists:
+                b = [b]
         self.batch += 1
         self.dealt += len(b)
         return b
@@ -478,6 +511,8 @@ class Keys:
         """A batch of one padding sample, in the loader's own structure: the last batch's first
         sample, read and collated again."""
         base = self.base
+        if self.lists:  # (the dataset reads a list of indices at once)
+            return base.collate_fn(base.dataset[self.indices[:1]])
         sample = base.dataset[self.indices[0]]
         return base.collate_fn([sample] if base._auto_collation else sample)
 

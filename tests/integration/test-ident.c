@@ -393,6 +393,58 @@ static void test_rows_that_are_not_their_samples(void **state) {
 }
 
 /* Bad arguments: nothing is sent, the pass goes on. */
+/*
+ * Padding whose original the pass does not hold (the rounds Accelerate's skip_first_batches
+ * skipped held it): its key is DEVAL_KEY_PAD, and its rows and objects are in no result, nor
+ * counted as samples or as repeats. Keys below DEVAL_KEY_PAD are refused.
+ */
+static const int64_t PADDED[WORLD][2] = {
+        {4, 5}, {6, DEVAL_KEY_PAD}, {DEVAL_KEY_PAD, DEVAL_KEY_PAD}};
+
+static int rank_padding_keys(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "pad-keys", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_eval_begin_keys(g, 3, N), g);
+        int64_t bad[1] = {DEVAL_KEY_PAD - 1};
+        CHECK(deval_eval_batch_keys(g, 1, bad) == DEVAL_EINVAL &&
+                      strstr(deval_errmsg(g), "or DEVAL_KEY_PAD"),
+              "%s", deval_errmsg(g));
+        const int64_t *keys = PADDED[rank];
+        int32_t v[2];
+        char text[2][16];
+        deval_bytes items[2];
+        for (int j = 0; j < 2; j++) {
+                v[j] = keys[j] == DEVAL_KEY_PAD ? 999 : (int32_t)(keys[j] * 10);
+                snprintf(text[j], sizeof(text[j]), "s%lld", (long long)keys[j]);
+                items[j] = (deval_bytes){text[j], strlen(text[j])};
+        }
+        deval_tensor in = {.data = v, .dtype = DEVAL_I32, .ndim = 1, .shape = {2}, .device = -1};
+        deval_tensor out;
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        o.same_rows = 1;
+        CHECK_OK(deval_eval_batch_keys(g, 2, keys), g);
+        CHECK_OK(deval_gather_for_metrics(g, 1, &in, &o, &out), g);
+        const int32_t *r = out.data;
+        CHECK(out.shape[0] == 3 && r[0] == 40 && r[1] == 50 && r[2] == 60, "%lld rows: %d %d %d",
+              (long long)out.shape[0], r[0], out.shape[0] > 1 ? r[1] : -1,
+              out.shape[0] > 2 ? r[2] : -1);
+        size_t on;
+        const deval_bytes *oi;
+        CHECK_OK(deval_gather_objects_for_metrics(g, 2, items, NULL, &on, &oi), g);
+        CHECK(on == 3 && oi[0].len == 2 && memcmp(oi[0].data, "s4", 2) == 0 &&
+                      memcmp(oi[2].data, "s6", 2) == 0,
+              "%zu objects", on);
+        CHECK_OK(deval_eval_complete(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_padding_keys_are_dropped(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, WORLD, rank_padding_keys, NULL, 30), 0);
+}
+
 static int rank_bad_args(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g;
@@ -440,6 +492,7 @@ int main(void) {
                 cmocka_unit_test(test_rows_past_the_end),
                 cmocka_unit_test(test_rows_that_are_not_their_samples),
                 cmocka_unit_test(test_bad_arguments),
+                cmocka_unit_test(test_padding_keys_are_dropped),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

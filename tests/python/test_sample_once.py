@@ -489,9 +489,10 @@ def test_what_a_helper_found(daemon):
 
 
 def skip_rank(rank, world, port, name, sock):
-    """skip_first_batches under enable(): a loader deval cannot count. Iterated without a
-    gather (a resumed training epoch) it runs; its first gather_for_metrics says so, where
-    Accelerate's own would have kept a padding duplicate."""
+    """skip_first_batches under enable(): the batches each rank skipped are not in the pass,
+    and the padding that repeats one of them is no sample either. Iterated without a gather
+    (a resumed training epoch) it runs as well. Before: InvalidArgument at the first
+    gather_for_metrics ("cannot tell how DataLoaderShard is sharded")."""
     from test_accelerate_real import set_env
     set_env(rank, world, port)
     import os
@@ -501,24 +502,38 @@ def skip_rank(rank, world, port, name, sock):
     from torch.utils.data import DataLoader, TensorDataset
     acc = Accelerator(cpu=True)
     deval.accelerate.enable(acc, group=name)
-    ev = acc.prepare(DataLoader(TensorDataset(torch.arange(11)), batch_size=2))
-    seen = sum(len(x) for (x,) in acc.skip_first_batches(ev, 1))
-    try:
-        for (x,) in acc.skip_first_batches(ev, 1):
-            acc.gather_for_metrics(x)
-        said = None
-    except deval.InvalidArgument as e:
-        said = str(e)
+    out = {}
+    for shuffle in (False, True):
+        torch.manual_seed(0)
+        ev = acc.prepare(DataLoader(TensorDataset(torch.arange(11)), batch_size=2,
+                                    shuffle=shuffle))
+        for skip in (1, 2, 4):
+            seen = sum(len(x) for (x,) in acc.skip_first_batches(ev, skip))
+            got, mine = [], []
+            for (x,) in acc.skip_first_batches(ev, skip):
+                got += acc.gather_for_metrics(x).tolist()
+                mine.append(x.tolist())
+            # what one process reads after those batches: the rounds of every rank's batches
+            # of this very iteration, in rank order, cut where the sampler ran out
+            every = deval.accelerate._ACTIVE.group.gather_object([mine])
+            rounds = [i for r in range(len(mine)) for b in every for i in b[r]]
+            out[shuffle, skip] = seen, got, rounds[:max(0, 11 - skip * world * 2)]
     acc.wait_for_everyone()
-    return seen, said
+    deval.accelerate.disable()
+    return out
 
 
-def test_skip_first_batches_under_enable(daemon):
+@pytest.mark.parametrize("world", [2, 3])
+def test_skip_first_batches_under_enable(daemon, world):
     pytest.importorskip("accelerate")
     from test_accelerate_real import free_port
-    res = run_ranks(2, skip_rank, free_port(), group_name("skip"), daemon.socket, timeout=120)
-    for seen, said in res:
-        assert seen == 4 and said and "eval_loop(loader, num_samples=" in said, said
+    res = run_ranks(world, skip_rank, free_port(), group_name("skip"), daemon.socket,
+                    timeout=120)
+    for out in res:
+        for (shuffle, skip), (seen, got, want) in out.items():
+            assert got == want, (shuffle, skip, got, want)
+            assert seen >= len(got) // world, (shuffle, skip, seen)
+    assert res[0][False, 1][1] == list(range(2 * world, 11))
 
 
 def leave_rank(rank, world, sock, name):
