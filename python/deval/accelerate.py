@@ -24,6 +24,7 @@ import sys
 import numpy as np
 
 from . import InvalidArgument, _LoopPass, _loop, _pass, _spans_machines, join
+from . import _errors
 
 __all__ = ["enable", "disable"]
 
@@ -201,10 +202,60 @@ def _switch(cls):
             st = _ACTIVE
             if st is None or st.accelerator is not self:
                 return _own(self, *args, **kwargs)
-            return st.methods[_name](*args, **kwargs)
+            try:
+                return st.methods[_name](*args, **kwargs)
+            except _errors.Error as e:
+                peer = _peer_error(e)
+                if peer is None:
+                    raise
+                raise peer.with_traceback(e.__traceback__) from None
 
         functools.update_wrapper(method, own)
         setattr(cls, name, method)
+
+
+def _peer_classes():
+    """The classes Accelerate's own code raises where deval raises its: ranks that disagree
+    (Accelerate's debug mode, operations.DistributedOperationException), and a peer or the
+    transport lost (torch.distributed's DistBackendError)."""
+    import torch.distributed as dist
+    from accelerate.utils.operations import DistributedOperationException
+    return {_errors.Mismatch: DistributedOperationException,
+            _errors.PeerLost: dist.DistBackendError, _errors.DaemonLost: dist.DistBackendError,
+            _errors.Timeout: dist.DistBackendError}
+
+
+def _peer_class(ours):
+    """deval's class ours, made a subclass of the class Accelerate raises in its place too;
+    None where it has none. It is this module's (deval.accelerate.Mismatch, ...), made on
+    first use in each process (through __getattr__ when a pickle names it), so it pickles."""
+    theirs = _peer_classes().get(ours)
+    if theirs is None:
+        return None
+    cls = _PEERS.get(ours)
+    if cls is None:
+        cls = _PEERS[ours] = type(ours.__name__, (ours, theirs), {
+            "__module__": __name__, "__doc__": "%s; also Accelerate's %s" % (
+                (ours.__doc__ or ours.__name__).rstrip("."), theirs.__name__)})
+    return cls
+
+
+_PEERS = {}  # deval's class -> _peer_class()'s
+
+
+def __getattr__(name):
+    ours = getattr(_errors, name, None)
+    cls = _peer_class(ours) if isinstance(ours, type) else None
+    if cls is None:
+        raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    return cls
+
+
+def _peer_error(e):
+    """e as an instance of its deval class and of the class Accelerate raises in its place,
+    so that code catching either catches it; None where Accelerate has no class of its own."""
+    cls = _peer_class(type(e))
+    return cls(str(e), e.status) if cls is not None else None
 
 
 def _unswitch():

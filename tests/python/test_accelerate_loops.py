@@ -357,3 +357,47 @@ def test_metrics_over_skipped_batches_count_each_sample_once(daemon, monkeypatch
     res = run_ranks(world, skipped_metrics_rank, free_port(), group_name("skipped-tm"),
                     timeout=120)
     assert res == [N - world * 3] * world, res
+
+
+def peer_errors_rank(rank, world, port, name):
+    """Accelerate's test_op_checker loop under enable(), in debug mode: shapes that differ
+    across ranks raise Accelerate's DistributedOperationException (as deval.Mismatch too, and
+    it pickles); a peer that dies mid-collective raises torch.distributed's DistBackendError
+    (as deval.PeerLost too). Before: deval's classes only, which code catching Accelerate's
+    missed."""
+    set_env(rank, world, port)
+    import pickle
+    from accelerate import Accelerator
+    from accelerate.utils.operations import DistributedOperationException
+    acc = Accelerator(cpu=True)
+    deval.accelerate.enable(acc, group=name)
+    acc.state.debug = True
+    out = []
+    one = torch.tensor([[0.0, 1, 2, 3, 4]])
+    data = one if rank == 0 else torch.tensor([[[0.0, 1, 2, 3, 4, 5]]])
+    for op in (lambda: acc.pad_across_processes({"tensor": data}, dim=0),
+               lambda: acc.reduce({"tensor": data})):
+        try:
+            op()
+            out.append(None)
+        except DistributedOperationException as e:
+            twin = pickle.loads(pickle.dumps(e))
+            out.append((isinstance(e, deval.Mismatch), type(twin).__name__,
+                        isinstance(twin, DistributedOperationException), str(twin) == str(e)))
+    acc.state.debug = False
+    if rank == 1:
+        os._exit(0)  # (gone before the reduce rank 0 makes)
+    try:
+        acc.reduce(one)
+        out.append(None)
+    except torch.distributed.DistBackendError as e:
+        out.append(isinstance(e, deval.PeerLost))
+    deval.accelerate.disable()
+    return out
+
+
+def test_errors_are_accelerates_classes_too(daemon, monkeypatch):
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(2, peer_errors_rank, free_port(), group_name("peer-errors"),
+                    timeout=120, allow_death=(1,))
+    assert res[0] == [(True, "Mismatch", True, True)] * 2 + [True], res
