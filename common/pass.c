@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
+
 /*
  * Only a collective that counts samples is answered truly by a rank with none left: a plain
  * gather or object gather (a metric's state, synced by the others) would return the others'
@@ -80,7 +82,14 @@ bool dv_pass_park(DvPass *ps, const DvRequest *q, bool on_gpus, DvPark *pk) {
  */
 void dv_pass_park_msg(char *buf, size_t len, const DvPark *pk, const DvRequest *q, uint32_t seq,
                       const char *tmpl_name, const char *other_name) {
-        if (pk->left >= 0)
+        char why[sizeof(q->why)];
+        if (pk->left >= 0 && dv_printable(why, sizeof(why), q[pk->left].why, sizeof(q->why)))
+                snprintf(buf, len,
+                         "collective #%u: %s left the eval pass during its batch %u, raising "
+                         "\"%s\"; %s fails with it (it went on to call %s)",
+                         seq, other_name, q[pk->left].batch, why, tmpl_name,
+                         dv_op_name(q[pk->tmpl].op));
+        else if (pk->left >= 0)
                 snprintf(buf, len,
                          "collective #%u: %s left the eval pass during its batch %u (a break or "
                          "an exception in its loop) while %s went on to call %s; the samples "

@@ -328,7 +328,7 @@ typedef struct {
         uint32_t call;
         uint32_t reserved;
         uint64_t staged_bytes; /* with status: how much it tried to stage */
-        char why[256];         /* with status: the rank's own words (untrusted text) */
+        char why[256]; /* with status, or DV_END_LEFT: the rank's own words (untrusted text) */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
 } DvRequest;
 

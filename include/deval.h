@@ -196,6 +196,8 @@ int deval_eval_complete(deval_group *g);
 /* deval_eval_end() for a rank that leaves its loop early (a break, an exception): a rank that
  * still calls in the pass fails with DEVAL_EMISMATCH naming this one, on every rank. */
 int deval_eval_abandon(deval_group *g);
+/* deval_eval_abandon() that says why this rank leaves: the others' failure quotes it. */
+int deval_eval_abandon_why(deval_group *g, const char *why);
 /* An eval pass whose samples carry their identity, a key in [0, num_keys) each (a dataset
  * index): results in key order, each key once, whatever the sharding repeated or shifted; the
  * close checks that every call returned num_samples distinct keys. Each batch declares its keys

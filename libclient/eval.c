@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "deval.h"
@@ -66,7 +67,7 @@ int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]) {
         return dv_ident_batch(g, "deval_eval_batch_keys", n, keys);
 }
 
-static int eval_end_step(deval_group *g, const char *fn, uint32_t flags) {
+static int eval_end_step(deval_group *g, const char *fn, uint32_t flags, const char *why) {
         const DvResult *res;
         int r;
 
@@ -80,6 +81,8 @@ static int eval_end_step(deval_group *g, const char *fn, uint32_t flags) {
         if ((r = dv_req_start(g, DV_OP_EVAL_END, &q)) < 0)
                 return r;
         q->flags = flags;
+        if (why) /* the others' failure quotes it (common/pass.c) */
+                snprintf(q->why, sizeof(q->why), "%s", why);
         r = g->span ? dv_span_run(g, fn, true, &res)
                     : dv_coll_wait(g, fn, /* pass_end= */ true, &res);
         if (r == 0 && !deval_eval_open(g))
@@ -91,12 +94,12 @@ static int eval_end_step(deval_group *g, const char *fn, uint32_t flags) {
  * End this rank's pass. A pass with keys checks itself (ident.c), so devald is not asked to
  * count: it checks now, or after the replay of what this rank missed (@check).
  */
-static int eval_end(deval_group *g, const char *fn, uint32_t flags, bool check) {
+static int eval_end(deval_group *g, const char *fn, uint32_t flags, bool check, const char *why) {
         if (!g)
                 return DEVAL_EINVAL;
         if (!g->ident)
-                return eval_end_step(g, fn, flags | (check ? DV_END_EXHAUSTED : 0));
-        int r = eval_end_step(g, fn, flags);
+                return eval_end_step(g, fn, flags | (check ? DV_END_EXHAUSTED : 0), why);
+        int r = eval_end_step(g, fn, flags, why);
         bool replay = r == 0 && deval_eval_missed(g) > 0;
         if (r < 0 || (!replay && !check)) {
                 dv_ident_free(g);
@@ -181,7 +184,7 @@ int deval_eval_begin_keys(deval_group *g, int64_t num_samples, int64_t num_keys)
  * collective that failed after this rank ended the pass; the group's failures.
  */
 int deval_eval_end(deval_group *g) {
-        return eval_end(g, "deval_eval_end", 0, false);
+        return eval_end(g, "deval_eval_end", 0, false, NULL);
 }
 
 /**
@@ -193,7 +196,7 @@ int deval_eval_end(deval_group *g) {
  * returned fewer samples than num_samples.
  */
 int deval_eval_complete(deval_group *g) {
-        return eval_end(g, "deval_eval_complete", 0, true);
+        return eval_end(g, "deval_eval_complete", 0, true, NULL);
 }
 
 /**
@@ -205,7 +208,18 @@ int deval_eval_complete(deval_group *g) {
  * Return: as deval_eval_end().
  */
 int deval_eval_abandon(deval_group *g) {
-        return eval_end(g, "deval_eval_abandon", DV_END_LEFT, false);
+        return eval_end(g, "deval_eval_abandon", DV_END_LEFT, false, NULL);
+}
+
+/**
+ * deval_eval_abandon_why() - deval_eval_abandon() for a rank that leaves its loop because of
+ * an error of its own (a check that refused its batch, an exception of its body): the other
+ * ranks' failure quotes why (its first 255 bytes, printable ASCII), so that every rank
+ * learns at once which rank refused, and what.
+ * Return: as deval_eval_abandon().
+ */
+int deval_eval_abandon_why(deval_group *g, const char *why) {
+        return eval_end(g, "deval_eval_abandon", DV_END_LEFT, false, why);
 }
 
 /**

@@ -72,6 +72,11 @@ class Group:
             e, self._left = self._left, None
             self._addr = self._h.value if self._fast is not None else 0
             raise e
+        lp = _loop.ACTIVE[-1] if _loop.ACTIVE else None
+        if lp is not None and getattr(lp, "refused", None) is not None and lp.g is self:
+            raise type(lp.refused)("this rank refused its eval pass at batch %d, which failed it "
+                                   "on every rank; the loop's calls fail: %s"
+                                   % (lp.batches, lp.refused), lp.refused.status)
         return self._h
 
     def _left_pass(self, e):
@@ -89,7 +94,31 @@ class Group:
             # a rank left the pass while the others went on: the pass is over on every rank
             if self._in_pass and r == Mismatch.status and _lib.deval_eval_open(self._h) == 0:
                 self._pass_ended = True
-            raise _ERRORS.get(r, Error)(msg, r)
+            e = _ERRORS.get(r, Error)(msg, r)
+            if r == InvalidArgument.status:  # (this rank's own check: nothing was sent)
+                self._refuse(e)
+            raise e
+
+    def _refuse(self, e):
+        """This rank refuses the current batch of the loop pass it runs with e, an error of its
+        own that the others cannot see (a check of its call or of its batch): it leaves the
+        pass now, saying why, so that every other rank fails with e's words at its next call
+        instead of waiting for this one; this rank's next call raises e again. Outside a loop
+        pass (or in a pass already left) nothing. Until the loop ends, this rank's calls raise e
+        again (_handle()): the pass they belong to is over."""
+        lp = _loop.ACTIVE[-1] if _loop.ACTIVE else None
+        if lp is None or getattr(lp, "g", None) is not self or not lp.opened or \
+                not self._in_pass or self._pass_ended or lp.refused is not None:
+            return
+        lp.refused = e
+        why = ("rank %d: %s" % (self.rank, e)).encode(errors="replace")
+        try:
+            with self._own_steps(end=True):
+                _lib.deval_eval_abandon_why(self._h, why)
+        finally:
+            self._in_pass = self._keyed = False
+            self._pass_ended = True
+        self._addr = 0  # (the plain gather's fast path goes through _handle() meanwhile)
 
     @contextlib.contextmanager
     def _own_steps(self, end=False):
@@ -208,7 +237,11 @@ class Group:
 
     def gather_for_metrics(self, x, copy=True, use_gather_object=False, pad_index=0,
                            pad_first=False):
-        out = self._gather_for_metrics(x, copy, use_gather_object, pad_index, pad_first)
+        try:
+            out = self._gather_for_metrics(x, copy, use_gather_object, pad_index, pad_first)
+        except InvalidArgument as e:  # (the binding's own checks: every rank learns them)
+            self._refuse(e)
+            raise
         if _loop.ACTIVE:  # (a metric updated with it takes every rank's rows as they are)
             _loop.ACTIVE[-1].gathered.append(out)
         return out

@@ -73,6 +73,8 @@ class _LoopPass:
         self.pad_now = False  # the body gets a padding sample for the current batch
         self.keeps = False  # the pass keeps the random generators' state in its journal
         self.rng_at_open = self.rng_kept = None  # their state at the open; the last kept
+        self.refused = None  # the error of its own this rank left the pass with (_refuse())
+        self.broken = None  # a batch's identity failed before the pass opened: its error
 
     def open(self, batch=None):
         """Open the pass now (at the current batch, or before batch, the first), once."""
@@ -110,6 +112,11 @@ class _LoopPass:
                              "the same call; the next one runs" % left, left.status)
         self.opened = True
         g._in_pass, g._keyed = True, self.keys is not None
+        if self.broken is not None:
+            # a batch before this gather could not be told apart: this pass cannot be exact,
+            # and every rank learns why now, at the open it made with the others
+            g._refuse(self.broken)
+            raise self.broken
         if self.batches:
             self._declare()
 
@@ -206,11 +213,22 @@ class _LoopPass:
         self.gathered = []
         self.current = batch
         self.pad_now = False
-        if self.keys is not None:
+        if self.keys is not None and self.broken is None:
             try:
                 self.cur = self.keys.next(batch)
             except ValueError as e:
-                raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
+                err = InvalidArgument("deval.eval_loop: %s" % e, -1)
+                if self.opened or self.open_now:
+                    raise err from None
+                # a loader whose pass opens at its first gather_for_metrics (Accelerate's):
+                # it refuses then, on every rank at once; a loop that gathers nothing (a
+                # training loop) runs as it would without deval
+                self.broken = err
+        if self.broken is not None:  # (its identity is lost for good)
+            self.cur, self.samples, self.counted = None, _loop.batch_samples(batch), None
+            self.batches += 1
+            return batch
+        if self.keys is not None:
             self.g._batch_ids = _loop.data_ids(batch)
             self.samples = len(self.cur)
             if self.keys.real is not None:
@@ -249,11 +267,13 @@ class _LoopPass:
             yield from self._run(make_iter)
         finally:
             _loop.ACTIVE.remove(self)
+            if self.refused is not None and self.g._h:  # (_refuse() stopped the fast path)
+                self.g._addr = self.g._h.value if self.g._fast is not None else 0
 
     def _run(self, make_iter):
         g = self.g
         h = g._h or g._handle()  # (a pass this rank left says so when this one opens)
-        done, last = False, None
+        done, last, failure = False, None, None
         with self.keys if self.keys is not None else contextlib.nullcontext():
             with self.keys.drawing() if self.keys is not None else contextlib.nullcontext():
                 it = make_iter()
@@ -269,6 +289,11 @@ class _LoopPass:
                     self._end_body()
                     batch = next(it, _END)
                 done = True
+            except GeneratorExit:
+                raise
+            except BaseException as e:  # (the loader's or deval's own, raised here)
+                failure = e
+                raise
             finally:
                 if self.opened:
                     g._in_pass = False
@@ -282,11 +307,14 @@ class _LoopPass:
                 # a break, or an exception: the others must hear, unless a step of the pass
                 # failed because a rank left it, which ended it for every rank (devald's too)
                 if self.opened and not done and not g._pass_ended:
+                    why = None if failure is None else ("rank %d: %s: %s" % (
+                        g.rank, type(failure).__name__, failure)).encode(errors="replace")
                     try:
                         with g._own_steps(end=True):
-                            g._check(_lib.deval_eval_abandon(g._handle()))
+                            g._check(_lib.deval_eval_abandon_why(g._handle(), why))
                     except Mismatch as e:  # they went on: they fail, and so will this rank
-                        g._left_pass(e)
+                        if failure is None:  # (a break; an error raises here already)
+                            g._left_pass(e)
                     except Error:
                         pass  # the group is what failed: its next call says so
                     g._keyed = False
@@ -298,6 +326,8 @@ class _LoopPass:
             self.open()
         if not self.opened:
             return
+        if self.refused is not None:  # (a body that went on after this rank refused)
+            g._handle()
         keyed, g._keyed = g._keyed, False
         with g._own_steps(end=True):
             g._check(_lib.deval_eval_complete(h))

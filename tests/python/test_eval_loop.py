@@ -91,15 +91,24 @@ def test_distributed_sampler_is_strided(daemon, n, world, drop_last):
 
 
 def bad_inputs(rank, world, sock, name):
+    """Inputs a pass cannot take raise InvalidArgument on the rank that made them, and leave
+    the pass on every rank (test_refusals.py): the loop's later calls raise too."""
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     out = []
-    for batch in g.eval_loop(Batches([[0, 1]]), num_samples=2 * world, order="rank"):
-        with pytest.raises(deval.InvalidArgument, match=r"\['loss'\] is a 0-d tensor"):
-            g.gather_for_metrics({"loss": np.float32(0.5) + np.zeros((), np.float32),
-                                  "ids": batch["idx"]})
-        with pytest.raises(deval.InvalidArgument, match=r"\[1\] holds 1 row for the batch's 2"):
-            g.gather_for_metrics((batch["idx"], np.zeros((1,), np.float32)))
-        out.append(g.gather_for_metrics(batch["idx"]).tolist())
+    bad = [(r"\['loss'\] is a 0-d tensor",
+            lambda b: {"loss": np.float32(0.5) + np.zeros((), np.float32), "ids": b["idx"]}),
+           (r"\[1\] holds 1 row for the batch's 2",
+            lambda b: (b["idx"], np.zeros((1,), np.float32)))]
+    for words, make in bad:
+        for batch in g.eval_loop(Batches([[0, 1], [2, 3]]), num_samples=4 * world,
+                                 order="rank"):
+            with pytest.raises(deval.InvalidArgument, match=words):
+                g.gather_for_metrics(make(batch))
+            with pytest.raises(deval.InvalidArgument, match="refused its eval pass"):
+                g.gather_for_metrics(batch["idx"])
+            break
+    with g.eval_pass(2 * world):  # (the next pass runs)
+        out.append(g.gather_for_metrics(np.arange(2)).tolist())
     # outside a pass a 0-d tensor gathers as one row per rank
     out.append(g.gather_for_metrics(np.int64(rank) + np.zeros((), np.int64)).tolist())
     g.leave()
