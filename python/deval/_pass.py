@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from . import _loop
+from . import _collate, _loop
 from ._errors import Error, InvalidArgument, Mismatch
 from ._libdeval import _REDUCTIONS, _lib, _Tensor
 from ._tensors import _NP_TO_DEVAL, _fill
@@ -55,6 +55,7 @@ class _LoopPass:
         self.rows = _loop.shard_rows(loader) if loader is not None and self.keys is None \
             else None
         self.dealt = 0  # samples of the iterable so far
+        self.order_kept = None  # the collate keeps the draws' order (_collate); None: not told
         self.real = None  # the current batch's real samples (a bool array), when known
         self.samples = None  # how many samples the current batch holds, when known
         self.counted = None  # the same, where each of the batch's tensors says it (no keys)
@@ -229,7 +230,7 @@ class _LoopPass:
             self.batches += 1
             return batch
         if self.keys is not None:
-            self.g._batch_ids = _loop.data_ids(batch)
+            self.g._batch_ids = self._own_data(batch)
             self.samples = len(self.cur)
             if self.keys.real is not None:
                 self.real = np.array(self.keys.real, dtype=bool)
@@ -239,7 +240,7 @@ class _LoopPass:
                 self.batches += 1
                 pad = _loop.head(batch)
                 self.pad_now = pad is not batch
-                self.g._batch_ids = _loop.data_ids(pad)
+                self.g._batch_ids = self._own_data(pad)
                 self.real = np.zeros(1 if self.pad_now else len(self.cur), dtype=bool)
                 self.samples, self.counted = len(self.real), None
                 self._declare()
@@ -257,6 +258,14 @@ class _LoopPass:
         if self.opened:
             self._declare()
         return batch
+
+    def _own_data(self, batch):
+        """The ids of batch's own data, whose duplicates libdeval compares with their first
+        read (same_rows); none where the collate surely keeps the sampler's order, for there
+        a sample is its draw whatever its values (a dataset that augments at random)."""
+        if self.keys is not None and self.order_kept is None and self.keys.indices:
+            self.order_kept = _collate.keeps_order(self.keys)
+        return () if self.order_kept else _loop.data_ids(batch)
 
     def run(self, make_iter):
         _loop.LOOPS[0] += 1
@@ -342,7 +351,7 @@ class _LoopPass:
                            "replay the %d batches the other ranks gathered; use fewer "
                            "processes than batches (or even_batches=True)" % missed, -2)
         g._in_pass, g._keyed, g._replaying = True, keyed, True
-        g._batch_ids = _loop.data_ids(pad)
+        g._batch_ids = self._own_data(pad)
         self.real, self.samples, self.counted = np.zeros(1, dtype=bool), 1, None
         try:
             for _ in range(missed):

@@ -362,6 +362,70 @@ def test_loaders_whose_rows_cannot_be_told_apart_are_refused(daemon, case, world
     assert any(says in what for _, what in res), res
 
 
+class Reread(torch.utils.data.Dataset):
+    """Sample i's features differ on every read (random augmentation: noise in [0, 1) added to
+    i), and on each rank ("shifted": 100 * rank more, a dataset made unseeded per process);
+    its label is i."""
+
+    def __init__(self, n, shift=0):
+        self.n, self.shift = n, shift
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.rand(2) + i + self.shift, i
+
+
+def stack(samples):
+    """A collate_fn of the user's own that keeps the samples' order."""
+    return torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+
+
+def rank_reread(rank, world, sock, name, n, case):
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    ds = Reread(n, 100 * rank if case == "shifted" else 0)
+    collate = {"sorted": sort_by_length, "own": stack}.get(case)
+    if case == "sorted":
+        ds = ByLength(n)
+    dl = DataLoader(ds, batch_size=2, collate_fn=collate,
+                    sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    got = []
+    try:
+        for x, y in g.eval_loop(dl):
+            # the features are the batch's own data: a duplicate's differ from the first read
+            got.append(g.gather_for_metrics((y, x.flatten(1)[:, :2] if case == "sorted" else x)))
+    except deval.Error as e:
+        return type(e).__name__, str(e)
+    finally:
+        g.leave()
+    return "ok", (torch.cat([y for y, _ in got]).tolist(),
+                  torch.cat([x for _, x in got]).tolist())
+
+
+@pytest.mark.parametrize("case", ["augmented", "shifted", "own"])
+def test_samples_that_differ_between_reads_count_by_draw(daemon, case):
+    # 3 ranks deal 10 samples with 2 padding duplicates, each read a second time
+    n = 10
+    res = run_ranks(3, rank_reread, daemon.socket, group_name("reread"), n, case)
+    for kind, what in res:
+        assert kind == "ok", what
+        labels, x = what[0], torch.tensor(what[1])
+        assert labels == list(range(n))  # one process: each sample once, in order
+        shift = torch.tensor([100 * (i % 3) if case == "shifted" else 0 for i in range(n)])
+        # each row is a read of its own sample (the first), never the duplicate's neighbour
+        assert torch.equal(x.floor()[:, 0].long() - shift, torch.arange(n))
+        assert torch.equal(x.floor()[:, 1].long() - shift, torch.arange(n))
+    assert all(r[1][1] == res[0][1][1] for r in res)  # every rank the same rows
+
+
+def test_a_reordering_collate_is_still_refused_where_samples_differ(daemon):
+    res = run_ranks(3, rank_reread, daemon.socket, group_name("reread"), 10, "sorted")
+    assert all(kind == "Mismatch" for kind, _ in res), res
+    assert any("came back twice" in what for _, what in res), res
+
+
 class Twice(Sampler):
     """Each index of a DistributedSampler's share twice, the repeats in later batches (as
     test-time augmentation does)."""
