@@ -46,7 +46,8 @@ class Unsized(ValueError):
 
 
 class Uncountable(Unsized):
-    """An unsized loader whose sharding adds samples nothing can tell from the others."""
+    """An unsized loader whose sharding adds samples a pass cannot tell from the others when
+    it opens: only a rank that has read the stream to its end can (deval.accelerate)."""
 
 
 def _length(dataset, what, order="rank"):
@@ -107,9 +108,11 @@ def pass_params(loader, world):
             except Unsized:
                 raise Uncountable(
                     "Accelerate shards this iterable dataset, which has no len(), and pads "
-                    "its last round of batches with samples from its start, which no one can "
-                    "tell from the others (Accelerate's own gather_for_metrics keeps them): "
-                    "give the dataset a __len__, or iterate the loader with "
+                    "its last round of batches with samples from its start, which a pass "
+                    "that opens before the stream was read to its end cannot tell from the "
+                    "others (Accelerate's own gather_for_metrics keeps them; "
+                    "deval.accelerate.enable() counts the stream as it is read): give the "
+                    "dataset a __len__, or iterate the loader with "
                     "g.eval_loop(loader, num_samples=...)", "rank") from None
             if not ds.drop_last:
                 return n, "rank"

@@ -83,6 +83,86 @@ class _Dispatched(_Opaque):
         self.real = np.arange(b) < real
 
 
+class _Streamed(_Dispatched):
+    """An iterable with no len() that Accelerate shards on every rank (IterableDatasetShard,
+    dispatch_batches=False): each rank reads the whole stream, keeps its slice of each round
+    of batches, and pads the last round with the stream's first samples. Nobody knows the
+    count when the loop starts, but each rank has read the stream to its end by its last
+    batch (DataLoaderShard reads one batch ahead to know it is the last): so each counts what
+    its shard reads, and the real samples of the last round, its first ones, become the
+    loader's remainder, which Accelerate's gather_for_metrics truncates by, as for a
+    dispatched loader. (Each rank counts the same stream, so all set the same remainder.)"""
+
+    def __init__(self, loader, rank, shard):
+        super().__init__(loader, rank)
+        self.shard = shard
+        self.round = shard.batch_size if shard.split_batches else \
+            shard.batch_size * shard.num_processes
+        self.read = [0]  # the samples the shard read from the stream in this iteration
+
+    def run(self, it):
+        # the shard reads its .dataset when its iterator starts, at the loader's first batch;
+        # the stream it reads is the user's own again when the loop ends (an earlier loop
+        # over it left unfinished, whose iterator is not yet collected, leaves it to this one)
+        inner = self.shard.dataset
+        if isinstance(inner, _Counting):
+            inner = inner._inner
+        self.shard.dataset = counting = _Counting(inner, self.read)
+        try:
+            yield from super().run(it)
+        finally:
+            if self.shard.dataset is counting:
+                self.shard.dataset = inner
+
+    def batch(self, batch):
+        if getattr(self.loader, "end_of_dataloader", False) and not self.shard.drop_last:
+            n = self.read[0]
+            # the last round's samples: 1..round (a full round holds no padding)
+            self.loader.remainder = n - (n - 1) // self.round * self.round if n else 0
+        super().batch(batch)
+
+
+class _Counting:
+    """The stream an IterableDatasetShard reads, counting the samples each iteration of it
+    yields into read[0]; every other attribute is the stream's (set_epoch, a generator)."""
+
+    def __init__(self, inner, read):
+        self._inner, self._read = inner, read
+
+    def __iter__(self):
+        self._read[0] = 0
+        for x in self._inner:
+            self._read[0] += 1
+            yield x
+
+    def __getattr__(self, name):
+        inner = self.__dict__.get("_inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+
+def _unsized_shard(loader, rank):
+    """How deval.accelerate runs a loader over an IterableDatasetShard of a stream with no
+    len(), which pass_params cannot count up front: counted as it is read (_Streamed), where
+    the shard reads the stream in this process. With worker processes each reads its own
+    copy and pads its own last round where deval cannot see, so the loader's first
+    gather_for_metrics refuses, on every rank alike (they share the loader's settings), while
+    a training loop over it runs."""
+    base = getattr(loader, "base_dataloader", loader)
+    workers = getattr(base, "num_workers", 0)
+    if not workers:
+        return _Streamed(loader, rank, loader.dataset)
+    return _Uncounted(
+        "deval.accelerate: Accelerate shards this iterable dataset, which has no len(), on "
+        "every rank and pads its last round of batches with samples from its start; deval "
+        "counts the stream to tell them, but with num_workers=%d the stream is read in worker "
+        "processes (each its own copy, each padded) where no one can count it. Use "
+        "num_workers=0, give the dataset a __len__, prepare the loader with "
+        "dispatch_batches=True, or iterate it with g.eval_loop(loader, num_samples=...)"
+        % workers)
+
+
 class _Uncounted(_Opaque):
     """A loader Accelerate shards in a way deval cannot count (skip_first_batches, say): its
     first gather_for_metrics raises why, and an attached metric it updates raises from
@@ -274,8 +354,11 @@ def _hooked_iter(cls):
             return
         try:
             params = _loop.pass_params(self, st.group.world_size)
-        except (_loop.ShardedTwice, _loop.Uncountable) as e:
+        except _loop.ShardedTwice as e:
             raise InvalidArgument("deval.accelerate: %s" % e, -1) from None
+        except _loop.Uncountable:
+            # an iterable with no len() sharded on every rank: counted as it is read
+            params = _unsized_shard(self, st.group.rank)
         except _loop.Unsized:
             # sharded, but not counted: Accelerate's own remainder
             params = _Dispatched(self, st.group.rank)

@@ -35,7 +35,8 @@ class Batches:
 
 
 class Unsized(torch.utils.data.IterableDataset):
-    """An iterable dataset with no len(): Accelerate shards it, deval cannot count it."""
+    """An iterable dataset with no len(): dispatched from rank 0 (Accelerate's default), or
+    sharded on every rank (dispatch_batches=False), where deval counts it as it is read."""
 
     def __iter__(self):
         return iter(torch.arange(N)[:, None].unbind(0))
@@ -46,12 +47,16 @@ def loops_rank(rank, world, port, name, case, shuffle):
     from accelerate import Accelerator, DataLoaderConfiguration
     from torch.utils.data import DataLoader, TensorDataset
     acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
-        dispatch_batches=True if case == "dispatch" else None))
+        dispatch_batches={"dispatch": True, "unsized-sharded": False,
+                          "unsized-split": False}.get(case),
+        split_batches=case == "unsized-split"))
     deval.accelerate.enable(acc, group=name)
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    train = DataLoader(TensorDataset(torch.arange(80)), batch_size=4, shuffle=True)
+    # (split_batches splits the training loader's batches too)
+    train = DataLoader(TensorDataset(torch.arange(80)), batch_size=6 if "split" in case else 4,
+                       shuffle=True)
     if case.startswith("unsized"):
         evals = DataLoader(Unsized(), batch_size=3)
     elif case == "custom":  # a batch sampler of its own, with no batch_size
@@ -88,8 +93,16 @@ def loops_rank(rank, world, port, name, case, shuffle):
             if rank == 0:
                 next(iter(evals))  # a look at one batch, on one rank
             outs.append(evaluate())
-        elif case in ("custom", "unsized", "unsized-dispatched", "dispatch"):
+        elif case in ("custom", "unsized", "unsized-dispatched", "dispatch",
+                      "unsized-sharded", "unsized-split"):
+            if case == "unsized-sharded":
+                stream = evals.dataset.dataset
+                left = iter(evals)
+                next(left)  # a loop left at its first batch, its iterator still held
             outs.append(evaluate())
+            if case == "unsized-sharded":
+                assert evals.dataset.dataset is stream  # the user's own, as before
+                del left
         else:
             outs += [evaluate(), evaluate()]
             # what deval attached leaves the Accelerator as capable as before
@@ -112,49 +125,58 @@ class Prompts(torch.utils.data.IterableDataset):
 
 
 # Loops over an iterable Accelerate shards, which deval refuses: (dataset, batch size,
-# dispatch_batches, the body's gather).
+# dispatch_batches, the DataLoader's num_workers, the body's gather).
 REFUSED = {
-    # no len() and sharded on every rank: its padding cannot be told from samples, by deval
-    # or by Accelerate
-    "unsized": (Unsized, 3, False, lambda acc, b: acc.gather_for_metrics(b)),
+    # no len(), sharded on every rank, read in a worker process: each worker reads its own
+    # copy of the stream and pads its own last round, where deval cannot count it
+    "unsized": (Unsized, 3, False, 1, lambda acc, b: acc.gather_for_metrics(b)),
     # generate(num_return_sequences=2) gives [batch*2, length]: each row of a pass without
     # indices counts as a sample, so half the samples were lost without a word
-    "generated": (Prompts, 4, None,
+    "generated": (Prompts, 4, None, 0,
                   lambda acc, ids: acc.gather_for_metrics(
                       torch.stack([ids, ids], dim=1).reshape(-1, 1))),
 }
 
 
 def refused_rank(rank, world, port, name, case):
-    dataset, batch_size, dispatch, body = REFUSED[case]
+    """The loader iterated as a training loop (no gather_for_metrics: it runs, as without
+    deval), then with the body's gather, which refuses; (batches run, the error)."""
+    dataset, batch_size, dispatch, workers, body = REFUSED[case]
     set_env(rank, world, port)
     from accelerate import Accelerator, DataLoaderConfiguration
     from torch.utils.data import DataLoader
     acc = Accelerator(cpu=True,
                       dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
     deval.accelerate.enable(acc, group=name)
+    if workers:  # the suite's ranks are daemonic processes, which may not fork
+        import multiprocessing
+        multiprocessing.current_process()._config["daemon"] = False
+    loader = acc.prepare(DataLoader(dataset(), batch_size=batch_size, num_workers=workers))
     try:
-        for batch in acc.prepare(DataLoader(dataset(), batch_size=batch_size)):
+        trained = sum(1 for _ in loader)
+        for batch in loader:
             body(acc, batch)
     except deval.InvalidArgument as e:
-        return str(e)
+        return trained, str(e)
     finally:
         deval.accelerate.disable()
-    return None
+    return trained, None
 
 
-def test_an_iterable_shard_with_no_length_is_refused(daemon, monkeypatch):
+def test_an_iterable_shard_read_by_workers_is_refused(daemon, monkeypatch):
+    """Every rank refuses at the same gather; the same loader trains without a word."""
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
     res = run_ranks(3, refused_rank, free_port(), group_name("unsized"), "unsized",
                     timeout=120)
-    assert all(r and "give the dataset a __len__" in r for r in res), res
+    assert all(t > 0 and r and "num_workers=1" in r and "give the dataset a __len__" in r
+               for t, r in res), res
 
 
 def test_k_rows_per_sample_of_an_iterable_shard_are_refused(daemon, monkeypatch):
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
     res = run_ranks(3, refused_rank, free_port(), group_name("genrows"), "generated",
                     timeout=120)
-    assert all(r and "holds 8 rows for the batch's 4 samples" in r for r in res), res
+    assert all(r and "holds 8 rows for the batch's 4 samples" in r for _, r in res), res
 
 
 @pytest.mark.parametrize("case,world,shuffle", [
@@ -164,7 +186,11 @@ def test_k_rows_per_sample_of_an_iterable_shard_are_refused(daemon, monkeypatch)
     ("peek", 3, False), ("twice", 3, True), ("custom", 3, False),
     # rank 0 reading every batch for the others (no indices on them); an iterable with no
     # len() dispatched that way keeps Accelerate's own remainder
-    ("dispatch", 2, False), ("unsized-dispatched", 3, False)])
+    ("dispatch", 2, False), ("unsized-dispatched", 3, False),
+    # an iterable with no len() that every rank reads and shards (dispatch_batches=False),
+    # whole batches or split: counted as it is read. It used to raise InvalidArgument
+    # ("no one can tell"), and plain Accelerate keeps the last round's padding
+    ("unsized-sharded", 2, False), ("unsized-sharded", 3, False), ("unsized-split", 3, False)])
 def test_loops_of_the_example_scripts(daemon, monkeypatch, case, world, shuffle):
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
     res = run_ranks(world, loops_rank, free_port(), group_name("accloops"), case, shuffle,
@@ -238,6 +264,66 @@ def test_trainer_evaluating_every_k_steps(daemon, monkeypatch, tmp_path):
             assert ids == list(range(N)) and labels == [i % 3 for i in range(N)], (ids, labels)
 
 
+class IdStream(torch.utils.data.IterableDataset):
+    """Ids's samples as a stream with no len(), as transformers' own distributed Trainer tests
+    stream theirs."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return (Ids(self.n)[i] for i in range(self.n))
+
+
+def trainer_stream_rank(rank, world, port, name, tmp, dispatch, enable=True):
+    """A Trainer over streams with no len(): train() on one (its loader gathers nothing),
+    evaluating every 2 steps on another, then evaluate() and predict(); what compute_metrics
+    saw and what predict() returned, each (predictions, labels)."""
+    set_env(rank, world, port)
+    from transformers import Trainer, TrainingArguments
+    seen = []
+
+    def metrics(p):
+        seen.append((p.predictions.tolist(), p.label_ids.tolist()))
+        return {"n": float(len(p.predictions))}
+
+    args = TrainingArguments(output_dir=tmp, per_device_train_batch_size=2,
+                             per_device_eval_batch_size=3, eval_strategy="steps", eval_steps=2,
+                             max_steps=2, report_to=[], use_cpu=True, save_strategy="no",
+                             logging_strategy="no", disable_tqdm=True,
+                             accelerator_config={"dispatch_batches": dispatch})
+    tr = Trainer(model=Echo(), args=args, train_dataset=IdStream(40),
+                 eval_dataset=IdStream(N), compute_metrics=metrics)
+    if enable:
+        deval.accelerate.enable(tr, group=name)
+    try:
+        tr.train()
+        tr.evaluate()
+        p = tr.predict(IdStream(N))
+        seen.append((p.predictions.tolist(), p.label_ids.tolist()))
+    finally:
+        deval.accelerate.disable()
+    return seen
+
+
+@pytest.mark.parametrize("world,dispatch", [(3, None), (2, False)])
+def test_trainer_over_streams_with_no_length(daemon, monkeypatch, tmp_path, world, dispatch):
+    """Dispatched from rank 0 (Accelerate's default for an IterableDataset) or sharded on
+    every rank (dispatch_batches=False), evaluate() and predict() give what one process gives.
+    Sharded, it used to raise InvalidArgument ("no one can tell") as soon as train() iterated
+    its training loader."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    (tmp_path / "one").mkdir()
+    [want] = run_ranks(1, trainer_stream_rank, free_port(), None, str(tmp_path / "one"),
+                       dispatch, False, timeout=240)
+    assert len(want) == 4 and len(want[0][0]) == N, want  # (predict() computes metrics too)
+    res = run_ranks(world, trainer_stream_rank, free_port(), group_name("trainer-stream"),
+                    str(tmp_path), dispatch, timeout=240)
+    for seen in res:
+        assert seen == want, (seen, want)
+
+
 def solo_rank(rank, world):
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
@@ -278,8 +364,9 @@ class Stream(torch.utils.data.IterableDataset):
 
 
 def metrics_rank(rank, world, port, name, n, dispatch):
-    """torchmetrics updated on each rank over an iterable with no len(): dispatched from rank
-    0, exact (the dispatcher's remainder tells its padding); sharded on every rank, refused."""
+    """torchmetrics updated on each rank over an iterable with no len(), dispatched from rank
+    0 (the dispatcher's remainder tells its padding) or sharded on every rank (deval counts
+    the stream each rank reads): each sample once."""
     set_env(rank, world, port)
     import torchmetrics
     import deval.torchmetrics
@@ -305,26 +392,32 @@ def metrics_rank(rank, world, port, name, n, dispatch):
         deval.accelerate.disable()
 
 
-@pytest.mark.parametrize("n,world", [(7, 2), (7, 3), (8, 3), (3, 4)])
-def test_metrics_over_a_dispatched_iterable_are_exact(daemon, monkeypatch, n, world):
+def one_process_metrics(n):
+    """What metrics_rank's metrics compute in one process reading Stream(n) whole."""
+    import torchmetrics
+    mean, count = torchmetrics.MeanMetric(), torchmetrics.SumMetric()
+    accuracy = torchmetrics.classification.BinaryAccuracy()
+    for x, y in torch.utils.data.DataLoader(Stream(n), batch_size=2):
+        mean.update(x)
+        count.update(torch.ones_like(x))
+        accuracy.update(torch.ones_like(y), y)
+    return (count.compute().item(), mean.compute().item(), accuracy.compute().item())
+
+
+# (the sharded cases used to raise InvalidArgument: "no one can tell" the padding)
+@pytest.mark.parametrize("n,world,dispatch", [(7, 2, True), (7, 3, True), (8, 3, True),
+                                              (3, 4, True), (7, 2, False), (7, 3, False),
+                                              (2, 3, False)])
+def test_metrics_over_an_unsized_iterable_are_exact(daemon, monkeypatch, n, world, dispatch):
     pytest.importorskip("torchmetrics")
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
-    res = run_ranks(world, metrics_rank, free_port(), group_name("dispatched-tm"), n, True,
+    res = run_ranks(world, metrics_rank, free_port(), group_name("unsized-tm"), n, dispatch,
                     timeout=120)
-    ys = [i % 2 for i in range(n)]
-    want = (float(n), (n + 1) / 2, sum(ys) / n)
+    want = one_process_metrics(n)
     for r in res:
         assert not isinstance(r, str), r
         assert r[0] == want[0] and abs(r[1] - want[1]) < 1e-6 and abs(r[2] - want[2]) < 1e-6, \
             (r, want)
-
-
-def test_metrics_over_an_uncounted_iterable_raise(daemon, monkeypatch):
-    pytest.importorskip("torchmetrics")
-    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
-    res = run_ranks(3, metrics_rank, free_port(), group_name("sharded-tm"), 7, False,
-                    timeout=120)
-    assert all(isinstance(r, str) and "give the dataset a __len__" in r for r in res), res
 
 
 def skipped_metrics_rank(rank, world, port, name):
