@@ -76,6 +76,9 @@ class _LoopPass:
         self.rng_at_open = self.rng_kept = None  # their state at the open; the last kept
         self.refused = None  # the error of its own this rank left the pass with (_refuse())
         self.broken = None  # a batch's identity failed before the pass opened: its error
+        # called when the loop ran out with its pass never opened, where something in it
+        # must hear whether the other ranks' loops ran out too (deval.torchmetrics' syncs)
+        self.at_end = None
 
     def open(self, batch=None):
         """Open the pass now (at the current batch, or before batch, the first), once."""
@@ -334,6 +337,8 @@ class _LoopPass:
             # training loader's empty shard would stall its DDP anyway)
             self.open()
         if not self.opened:
+            if self.at_end is not None:
+                self.at_end(self)
             return
         if self.refused is not None:  # (a body that went on after this rank refused)
             g._handle()

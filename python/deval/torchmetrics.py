@@ -17,6 +17,7 @@ An attached metric:
 - raises Mismatch from compute() where it may hold a duplicate: an update() that carried
   padding in a value with no row per sample (a batch's mean loss), or a loop whose padding
   deval cannot tell that gave the metric more samples over the ranks than its loader holds;
+  and from a sync inside a loop whose loader ran out first on another rank (see _where());
 - pickles, torch.save()s, deep-copies and loads in another process still attached.
 
 sync(tensor) returns every rank's tensor, in rank order, whatever its shape on each rank. It
@@ -159,6 +160,35 @@ def _install():
 
     M.__init__, M.__setstate__, M.sync, M.reset = __init__, __setstate__, _sync, _reset
     M._sync_dist = _sync_dist
+    for cls in _tuple_gatherers():
+        cls._sync_dist = _whole_lists(cls._sync_dist)
+
+
+def _tuple_gatherers():
+    """The metrics whose own _sync_dist calls torch.distributed after Metric's: torchmetrics'
+    MeanAveragePrecision (and its older twin), whose segm masks, lists of tuples, it gathers
+    with all_gather_object."""
+    import importlib
+    found = []
+    for name in ("torchmetrics.detection.mean_ap", "torchmetrics.detection._mean_ap"):
+        try:
+            found.append(importlib.import_module(name).MeanAveragePrecision)
+        except (ImportError, AttributeError):
+            pass
+    return found
+
+
+def _whole_lists(own):
+    """A _sync_dist that is own for a metric not attached, and Metric's (_sync_dist) for an
+    attached one: that gathers every list state whole through deval, the masks' too, so the
+    torch.distributed gather own adds would fail with no process group, and with one gather
+    the masks again."""
+    @functools.wraps(own)
+    def sync_dist(self, dist_sync_fn=None, process_group=None):
+        if _on(self):
+            return _sync_dist(self, dist_sync_fn, process_group)
+        return own(self, dist_sync_fn, process_group)
+    return sync_dist
 
 
 def _hook(m):
@@ -354,15 +384,17 @@ def _count(m, lp):
 
 
 def _check(m):
-    """Mismatch on every rank when a rank's state of m may hold a duplicate sample."""
+    """Mismatch on every rank when a rank's state of m may hold a duplicate sample, or when a
+    rank's loop ran out while the others sync m in it."""
     g = _group()
     said = g.gather_object([(m.__dict__.get("_deval_taint"), m.__dict__.get("_deval_seen", {}),
-                             m.__dict__.get("_deval_gathered", set()))])
-    for rank, (taint, _, _) in enumerate(said):
+                             m.__dict__.get("_deval_gathered", set()), _where(m))])
+    _in_step(said)
+    for rank, (taint, _, _, _) in enumerate(said):
         if taint:
             raise Mismatch("deval.torchmetrics: rank %d: %s" % (rank, taint), -2)
     took = {}
-    for rank, (_, _, gathered) in enumerate(said):
+    for rank, (_, _, gathered, _) in enumerate(said):
         for seq, batch in gathered:
             took.setdefault((seq, batch), []).append(rank)
     for (seq, batch), ranks in sorted(took.items()):
@@ -374,7 +406,7 @@ def _check(m):
                 "with the gathered rows on one rank only, or make it with "
                 "sync_on_compute=False" % (type(m).__name__, ranks, batch, seq), -2)
     loops = {}
-    for _, seen, _ in said:
+    for _, seen, _, _ in said:
         for seq, (n, samples, _) in seen.items():
             loops.setdefault(seq, [n, 0])[1] += samples
     for seq, (n, samples) in sorted(loops.items()):
@@ -384,6 +416,50 @@ def _check(m):
                 "holds %d: its sharding repeats %d samples to even out the ranks, and deval "
                 "cannot tell which rows they are for this loader; %s"
                 % (type(m).__name__, samples, seq, n, samples - n, _KNOWN), -2)
+
+
+def _where(m):
+    """Where this rank syncs m, for _in_step: the batch of the innermost loop deval runs, where
+    that loop's pass has not opened (a hooked loader before its first gather_for_metrics, or
+    with none), else None. Such a loop then says, when it runs out, that it did (_ran_out): a
+    loop with a pass open already fails a sync a rank that ran out cannot answer (devald parks
+    that rank), one without a pass would pair this rank's sync with whatever the rank that ran
+    out calls next (its own compute() after the loop: a value of part of the samples; a
+    torch.distributed barrier: a hang)."""
+    lp = _loop.ACTIVE[-1] if _loop.ACTIVE else None
+    if lp is None or not hasattr(lp, "at_end") or lp.opened:
+        return None
+    lp.at_end = _ran_out
+    return ("sync", lp.batches, type(m).__name__)
+
+
+def _ran_out(lp):
+    """lp, a loop in which this rank synced a metric and whose pass never opened, ran out on
+    this rank: one object gather, which meets the others' at their own loop's end, or the
+    sync of a rank still in the loop, which then fails on every rank (_in_step)."""
+    _in_step(_group().gather_object([(None, {}, set(), ("ended", lp.batches, None))]))
+
+
+def _in_step(said):
+    """Mismatch on every rank where some ranks' loops ran out (_ran_out) while others sync a
+    metric in theirs: said is each rank's (taint, seen, gathered, where) at one object gather,
+    where _where()'s or _ran_out()'s."""
+    ended = {r: w for r, (_, _, _, w) in enumerate(said) if w is not None and w[0] == "ended"}
+    if not ended or len(ended) == len(said):
+        return
+    syncing = [(r, w) for r, (_, _, _, w) in enumerate(said) if r not in ended]
+    name = next((w[2] for _, w in syncing if w is not None), "a metric")
+    at = sorted({w[1] for _, w in syncing if w is not None})
+    raise Mismatch(
+        "deval.torchmetrics: rank%s %s synced %s (compute(), sync()) at batch %s of a loop "
+        "whose loader ran out on rank%s %s after batch %s: a rank whose loader ran out first "
+        "(even_batches=False, or shards of their own) has left the loop and cannot answer the "
+        "others' syncs, so each would pair with whatever it calls next. Sync the metric after "
+        "the loop (its value then is every sample's), or give every rank as many batches"
+        % ("s" if len(syncing) > 1 else "", ", ".join(str(r) for r, _ in syncing), name,
+           "/".join(map(str, at)) or "?", "s" if len(ended) > 1 else "",
+           ", ".join(map(str, sorted(ended))),
+           "/".join(map(str, sorted({w[1] for w in ended.values()})))), -2)
 
 
 def _sync(self, dist_sync_fn=None, process_group=None, should_sync=True,
