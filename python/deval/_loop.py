@@ -419,7 +419,8 @@ class Keys:
     ``with Keys(base) as keys:``, the loader's iterator started (and its first batch drawn)
     ``with keys.drawing():``, then ``keys.next(batch)`` for each batch. A sample's key is its
     place among the shared sampler's draws when the sharding is known (draws, a Draws), its
-    dataset index otherwise."""
+    dataset index otherwise (named(): the index in the dataset the ranks' parts were cut
+    from, where they read parts of their own)."""
 
     def __init__(self, base, skip=0, draws=None):
         self.base = base
@@ -431,6 +432,7 @@ class Keys:
         self.real = None  # the last batch's real samples (a bool per sample), when known
         self.indices = None  # the last batch's dataset indices
         self.lists = False  # batch_size=None over a sampler that yields lists (_collated)
+        self.index = None  # the root's index of each dataset index, where keys name its (named)
 
     def __enter__(self):
         global _INDEX_SAMPLER, _TAPPING
@@ -492,6 +494,14 @@ class Keys:
                              "collate_fn that changes the number of samples hides which "
                              "sample each row is" % (rows, len(keys)))
         return keys
+
+    def named(self, keys):
+        """The keys the pass declares for keys, what next() gave: where the ranks read parts of
+        one dataset (index, set by the pass), the indices of that one, which name each sample
+        alike on every rank; else keys as they are."""
+        if self.index is None or self.draws is not None:
+            return keys
+        return [int(self.index[k]) for k in keys]
 
     def _collated(self):
         """Each batch the sampler draws is a list of indices, collated as one batch: torch's

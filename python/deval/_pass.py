@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from . import _collate, _loop
+from . import _collate, _loop, _roots
 from ._errors import Error, InvalidArgument, Mismatch
 from ._libdeval import _REDUCTIONS, _lib, _Tensor
 from ._tensors import _NP_TO_DEVAL, _fill
@@ -42,13 +42,6 @@ class _LoopPass:
                 _loop.check_loader(loader, draws is not None)
             except ValueError as e:
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
-        if base is not None and self.n > self.num_keys:
-            raise InvalidArgument("deval.eval_loop: num_samples is %d, but this rank's dataset "
-                                  "holds %d samples: its indices name the samples, so every "
-                                  "rank must read the whole dataset (a shard or Subset of its "
-                                  "own on each rank makes them collide); give every rank the "
-                                  "whole dataset behind a DistributedSampler"
-                                  % (self.n, self.num_keys), -1)
         self.keys = _loop.Keys(base, getattr(loader, "skip_batches", 0), draws) \
             if base is not None else None
         # where the rows of an iterable Accelerate shards stand, to tell its padding
@@ -102,10 +95,18 @@ class _LoopPass:
                 "batch %d; its batches carry no dataset indices, so the samples of the batches "
                 "before cannot be told apart from the rest: gather from its first batch on"
                 % self.batches, -1)
+        root = self._root()
         with g._own_steps():
-            self._same_loop(h)
+            shared = self._same_loop(h, 0 if root is None else _roots.root_digest(root))
             if self.keys is not None:
-                g._check(_lib.deval_eval_begin_keys(h, self.n, self.num_keys))
+                short = self._name_samples(root, shared)
+                try:  # (a rank that refuses opens the pass too, then leaves it, saying why)
+                    g._check(_lib.deval_eval_begin_keys(h, self.n, max(self.n, self.num_keys)))
+                except Mismatch:
+                    if short is None:
+                        raise
+                    raise short from None  # (the others' begin says the ranks' counts differ)
+                self.broken = self.broken or short
                 self._resume(h, batch if batch is not None else self.current)
             else:
                 g._check(_lib.deval_eval_begin(h, self.n, self.o))
@@ -170,13 +171,53 @@ class _LoopPass:
         if note.value and self.g.rank == 0:
             print(note.value.decode(errors="replace"), file=sys.stderr, flush=True)
 
-    def _same_loop(self, h):
+    def _root(self):
+        """The Root of the dataset whose indices key this pass (_roots.root_of), or None where
+        its keys are no dataset's indices (no keys, or the draws of a sampler the ranks
+        share)."""
+        if self.keys is None or self.keys.draws is not None:
+            return None
+        return _roots.root_of(self.keys.base.dataset)
+
+    def _name_samples(self, root, shared):
+        """Which indices key the pass: the dataset's own where every rank reads it alike
+        (shared: results in its order, as one process reads it), else those of the dataset
+        the ranks' parts were cut from (root), which name each sample alike whichever rank
+        reads it. Sets num_keys; returns the refusal of a rank whose indices cannot name the
+        pass's samples (InvalidArgument), or None."""
+        if root is not None and not shared:
+            self.num_keys = root.size
+            if root.index is not None:
+                twice = _roots.repeated(root.index)
+                if twice is not None:
+                    return InvalidArgument(
+                        "deval.eval_loop: this rank's dataset holds sample %d of the dataset it "
+                        "was cut from twice (a Subset or ConcatDataset that repeats an index), "
+                        "and the ranks read parts of their own, which only that dataset's "
+                        "indices tell apart: one process would count both, a pass with keys "
+                        "one; give each rank a part without repeats, or every rank the whole "
+                        "dataset behind a DistributedSampler" % twice, -1)
+                self.keys.index = root.index
+        if self.n <= self.num_keys:
+            return None
+        return InvalidArgument(
+            "deval.eval_loop: num_samples is %d, but this rank's dataset holds %d samples: its "
+            "indices name the samples, so every rank must read the whole dataset, or a part of "
+            "it that says where its samples lie in it (a Subset, a ConcatDataset of Subsets of "
+            "it, a `datasets` shard of a dataset loaded from disk or with an indices mapping); "
+            "a dataset of its own on each rank, or a contiguous shard of a `datasets` Dataset "
+            "held in memory, does not (shard it with contiguous=False, or give every rank the "
+            "whole dataset behind a DistributedSampler)" % (self.n, self.num_keys), -1)
+
+    def _same_loop(self, h, dataset=0):
         """Every rank opens the pass of the same loader: a rank that left a loop before it
         opened its pass (a break at its first batch, a shard with no batch) would otherwise
         meet the others' pass with its next loader's, and each would get the other's samples.
-        One reduce per pass, before it opens; every rank raises alike."""
+        One reduce per pass, before it opens; every rank raises alike. It also tells whether
+        every rank reads its dataset alike (dataset, _roots.root_digest(), equal on every
+        rank): True then."""
         a = self.ident or 0
-        v = np.array([a, -a], dtype=np.int64)
+        v = np.array([a, -a, dataset, -dataset], dtype=np.int64)
         t = _Tensor()
         _fill(v, _NP_TO_DEVAL[v.dtype], t)
         try:
@@ -186,7 +227,7 @@ class _LoopPass:
                 "Group.reduce: ", "Group.eval_loop (its reduce that checks every rank opens "
                 "the pass of the same loader): ", 1), e.status) from None
         if v[0] == -v[1]:
-            return
+            return v[2] == -v[3]
         raise Mismatch(
             "deval: the ranks opened the eval passes of different loaders: this rank's is "
             "loader #%d, another rank's loader #%d (numbered in the order each process first "
@@ -205,6 +246,7 @@ class _LoopPass:
         ks = self.cur or ()
         if self.pad_now:
             ks = ks[:1]  # (the padding sample the body gets)
+        ks = self.keys.named(ks)
         arr = (ctypes.c_int64 * max(1, len(ks)))(*ks)
         self.g._check(_lib.deval_eval_batch_keys(h, len(ks), arr))
         if self.journaled:

@@ -441,21 +441,31 @@ class Twice(Sampler):
         return 2 * len(self.inner)
 
 
+def own(full, rows):
+    """A dataset of its own holding rows of full, copied out (as a contiguous .shard() of a
+    `datasets` Dataset held in memory gives): nothing says where its samples lie in full."""
+    return TensorDataset(*(t[list(rows)] for t in full.tensors))
+
+
 def rank_own_data(rank, world, sock, name, case):
     """Loops whose dataset indices do not name one sample across ranks."""
     torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     full = dataset(12)
     told = {}
-    if case.startswith("shards"):  # each rank evaluates a slice of its own, as .shard() gives
+    if case.startswith("shards"):  # each rank evaluates a slice of its own
         per = 12 // world if case == "shards" else 2  # (one batch each: no repeats to count)
-        dl = DataLoader(torch.utils.data.Subset(full, range(rank * per, (rank + 1) * per)),
-                        batch_size=2)
+        dl = DataLoader(own(full, range(rank * per, (rank + 1) * per)), batch_size=2)
         told = dict(num_samples=per * world)
-    elif case == "uneven-shards":
-        dl = DataLoader(torch.utils.data.Subset(full, range(rank * 5, rank * 6 + 5)),
-                        batch_size=2)
-        told = dict(num_samples=5)  # (what the smaller holds: the lengths still differ)
+    elif case in ("uneven-shards", "short-shard"):
+        dl = DataLoader(own(full, range(rank * 5, rank * 6 + 5)), batch_size=2)
+        # what the smaller holds (the lengths still differ), or the larger: the smaller
+        # refuses alone, and the other hears it at once instead of waiting for it
+        told = dict(num_samples=5 if case == "uneven-shards" else 6)
+    elif case == "repeats":  # parts of one dataset, one holding a sample twice
+        part = list(range(rank, 12, world)) + [10] * (rank == 0)
+        dl = DataLoader(torch.utils.data.Subset(full, part), batch_size=2)
+        told = dict(num_samples=12)
     else:
         dl = DataLoader(full, batch_size=2, sampler=Twice(DistributedSampler(full, world, rank)))
         told = dict(num_samples=12)
@@ -473,11 +483,16 @@ def rank_own_data(rank, world, sock, name, case):
     ("shards", "every rank must read the whole dataset"),
     ("shards-one-batch", "every rank must read the whole dataset"),
     ("uneven-shards", "ranks disagree on num_keys"),
+    ("short-shard", "every rank must read the whole dataset"),
+    ("repeats", "holds sample 10 of the dataset it was cut from twice"),
     ("twice", "a sampler repeats indices")])
 def test_indices_that_do_not_name_one_sample_fail(daemon, case, says):
     res = run_ranks(2, rank_own_data, daemon.socket, group_name("owndata"), case)
     for kind, what in res:
         assert kind in ("InvalidArgument", "Mismatch") and says in what, res
+    if case in ("short-shard", "repeats"):  # the rank that refuses says so; the other quotes it
+        assert res[0][0] == "InvalidArgument" and res[1][0] == "Mismatch", res
+        assert "rank 0: " in res[1][1], res
 
 
 def rank_tqdm(rank, world, sock, name):
