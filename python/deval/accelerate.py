@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from . import InvalidArgument, _LoopPass, _loop, _pass, _spans_machines, join
-from . import _errors
+from . import _errors, _nest
 
 __all__ = ["enable", "disable"]
 
@@ -214,6 +214,37 @@ def _all_tensors(data):
         return False
 
 
+def _varied(t):
+    """t, or None where all its rows are one value: a number repeated once per row (the
+    Trainer's loss.repeat(batch_size)) carries nothing per sample for a cut to lose."""
+    if t.ndim and t.shape[0] > 1 and bool((t == t[:1]).all()):
+        return None
+    return t
+
+
+def _whole_rows(g, lp, data, objects):
+    """At the last batch of a dispatched or streamed loader, Accelerate's gather_for_metrics
+    keeps the first `remainder` rows (or items) of what it gathered, counting each as a
+    sample: a value with other than one row per sample of the batch there (generation's k
+    sequences each, flattened tokens) would keep padding or lose samples without a word. It
+    is refused there (_nest's rule and words), on every rank at once: one object gather
+    tells each rank what any rank found (every rank is at that batch, with its own rows)."""
+    if not getattr(lp.loader, "end_of_dataloader", False) or lp.samples is None:
+        return
+    why = None
+    try:
+        _nest._check_batch_rows(data if objects else _recursively(_varied, data), lp.samples,
+                                objects)
+    except InvalidArgument as e:
+        why = str(e)
+    said = g.gather_object([why])
+    bad = [(r, w) for r, w in enumerate(said) if w]
+    if bad:
+        rank, words = bad[0]
+        raise InvalidArgument("deval.accelerate: at the last batch, which Accelerate cuts to "
+                              "its remainder, rank %d: %s" % (rank, words), -1)
+
+
 def _make_methods(st):
     g = st.group
 
@@ -224,6 +255,8 @@ def _make_methods(st):
     def gather_for_metrics(input_data, use_gather_object=False):
         lp = st.innermost()
         if isinstance(lp, _Dispatched):  # Accelerate's own, over deval's gather
+            objects = use_gather_object or not _all_tensors(input_data)
+            _whole_rows(g, lp, input_data, objects)
             own = _METHODS_ORIG[(_patched_class(st.accelerator), "gather_for_metrics")]
             out = own(st.accelerator, input_data, use_gather_object=use_gather_object)
             lp.gathered.append(out)  # (a metric updated with it takes every rank's rows)

@@ -124,6 +124,11 @@ class Prompts(torch.utils.data.IterableDataset):
         return iter(range(N))
 
 
+def two_rows(b):
+    """Two sequences per sample, as generate(num_return_sequences=2) returns them."""
+    return torch.stack([b, b + 100], dim=1).reshape(-1, *b.shape[1:])
+
+
 # Loops over an iterable Accelerate shards, which deval refuses: (dataset, batch size,
 # dispatch_batches, the DataLoader's num_workers, the body's gather).
 REFUSED = {
@@ -135,6 +140,12 @@ REFUSED = {
     "generated": (Prompts, 4, None, 0,
                   lambda acc, ids: acc.gather_for_metrics(
                       torch.stack([ids, ids], dim=1).reshape(-1, 1))),
+    # the same two rows per sample over an iterable with no len(), dispatched from rank 0 or
+    # sharded on every rank: Accelerate cuts the last round to its remainder, counting rows
+    "generated-dispatched": (Unsized, 3, True, 0,
+                             lambda acc, b: acc.gather_for_metrics(two_rows(b))),
+    "generated-sharded": (Unsized, 3, False, 0,
+                          lambda acc, b: acc.gather_for_metrics(two_rows(b))),
 }
 
 
@@ -169,6 +180,17 @@ def test_an_iterable_shard_read_by_workers_is_refused(daemon, monkeypatch):
     res = run_ranks(3, refused_rank, free_port(), group_name("unsized"), "unsized",
                     timeout=120)
     assert all(t > 0 and r and "num_workers=1" in r and "give the dataset a __len__" in r
+               for t, r in res), res
+
+
+@pytest.mark.parametrize("case", ["generated-dispatched", "generated-sharded"])
+def test_k_rows_per_sample_of_an_unsized_stream_are_refused_at_its_last_batch(daemon,
+                                                                              monkeypatch, case):
+    """Every rank refuses at the last batch, naming a rank and the rows; before, the last
+    round was cut to the remainder by rows, losing samples and keeping padding silently."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, refused_rank, free_port(), group_name("genrows"), case, timeout=120)
+    assert all(t > 0 and r and "at the last batch" in r and "rows for the batch's" in r
                for t, r in res), res
 
 
