@@ -72,3 +72,12 @@ def test_no_cycle_between_modules(d):
     graph = {m: {i for i in includes(d, m) if i in mods and i != m} for m in mods}
     found = cycle(graph)
     assert found is None, "%s: %s" % (d, " -> ".join(found))
+
+
+def test_every_module_of_the_binding_is_installed():
+    """meson.build names the binding's modules one by one (py_sources): a module missing there
+    is missing from every installed deval, whose import then fails."""
+    with open(os.path.join(ROOT, "meson.build"), encoding="utf-8") as f:
+        listed = set(re.findall(r"'python/deval/(\w+\.py)'", f.read()))
+    here = {os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "python", "deval", "*.py"))}
+    assert here - listed == set(), "not in meson.build's py_sources: %s" % sorted(here - listed)
