@@ -271,8 +271,6 @@ void dv_pass_failed(DvPass *ps, int status, uint32_t call, uint32_t op, const ch
 int dv_pass_sites(const DvRequest *q, int world, int *bad) {
         for (int k = 0; k < world; k++) {
                 *bad = k;
-                if (q[k].site >= DV_PASS_SITES)
-                        return DEVAL_EPROTO;
                 if (q[k].site != q[0].site)
                         return DEVAL_EMISMATCH;
         }
@@ -281,12 +279,11 @@ int dv_pass_sites(const DvRequest *q, int world, int *bad) {
 
 void dv_pass_sites_msg(char *buf, size_t len, int status, const DvRequest *q, int bad, uint32_t seq,
                        const char *name0, const char *namek) {
-        if (status == DEVAL_EPROTO)
-                snprintf(buf, len, "malformed request from %s: call site %u", namek, q[bad].site);
-        else
-                snprintf(buf, len,
-                         "collective #%u (%s): ranks are at different calls of their batch: %s "
-                         "makes call %u, %s call %u; every rank must make the same "
-                         "gather_for_metrics calls in each batch",
-                         seq, dv_op_name(q[0].op), name0, q[0].site + 1, namek, q[bad].site + 1);
+        (void)status; /* (DEVAL_EMISMATCH: the only failure) */
+        snprintf(buf, len,
+                 "collective #%u (%s): ranks are at different calls of their batch: %s makes "
+                 "call %" PRIu64 ", %s call %" PRIu64 "; every rank must make the same "
+                 "gather_for_metrics calls in each batch",
+                 seq, dv_op_name(q[0].op), name0, (uint64_t)q[0].site + 1, namek,
+                 (uint64_t)q[bad].site + 1);
 }

@@ -92,9 +92,10 @@ void dv_pass_park_msg(char *buf, size_t len, const DvPark *pk, const DvRequest *
 
 /*
  * A gather for metrics in an open pass: every rank's request q[world] is at the same call of
- * its batch. Return: 0; DEVAL_EPROTO (a call number no rank can send: *bad is the rank) or
- * DEVAL_EMISMATCH (*bad is the rank that differs from rank 0), with why in buf; seq is the
- * collective's number, name0 and namek the executor's words for rank 0 and rank *bad.
+ * its batch (any call: one past the counted sites counts nothing, dv_pass_stream()). Return:
+ * 0, or DEVAL_EMISMATCH (*bad is the rank that differs from rank 0), with why in buf from
+ * dv_pass_sites_msg(); seq is the collective's number, name0 and namek the executor's words
+ * for rank 0 and rank *bad.
  */
 int dv_pass_sites(const DvRequest *q, int world, int *bad);
 void dv_pass_sites_msg(char *buf, size_t len, int status, const DvRequest *q, int bad, uint32_t seq,

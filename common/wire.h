@@ -319,7 +319,7 @@ typedef struct {
         int32_t dim;
         int64_t num_samples;
         int32_t status; /* < 0: this rank could not stage its input; the step fails */
-        uint32_t site;  /* *_METRICS in an eval pass: which call of the batch (< DV_PASS_SITES) */
+        uint32_t site;  /* *_METRICS in an eval pass: which call of the batch */
         uint32_t flags; /* DV_OP_EVAL_END: DV_END_* */
         uint32_t batch; /* deval_eval_batch() calls since the pass began */
         /* the rank's collective calls so far, this one included: what messages name. seq is
@@ -335,7 +335,9 @@ typedef struct {
 /*
  * An eval pass counts the samples of each call site of a batch apart: the first
  * gather_for_metrics after deval_eval_batch() is site 0, the second site 1, and so on; objects
- * count in sites of their own. Without deval_eval_batch() every call is site 0.
+ * count in sites of their own. Without deval_eval_batch() every call is site 0. The first
+ * DV_PASS_SITES sites of each kind are counted (a pass by position needs them); the calls
+ * past them are gathered uncounted, as a pass with keys does every call (libclient/ident.c).
  */
 #define DV_PASS_SITES 16
 

@@ -96,7 +96,7 @@ int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
         /* a pass with keys: the batch's keys go first, and decide what the result keeps */
         deval_tensor call[DEVAL_MAX_TENSORS], res[DEVAL_MAX_TENSORS];
         deval_gather_opts own = DEVAL_GATHER_OPTS_INIT;
-        int stream = (int)g->site[0], r;
+        int stream = DV_IDENT_STREAM(g->site[0], false), r;
         if (!out)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: out is NULL", fn);
         if (opts && (r = dv_take_opts(g, fn, opts, &own)) < 0)
@@ -104,7 +104,6 @@ int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
         opts = &own;
         if ((r = dv_ident_call(g, fn, n, in, opts, call)) < 0)
                 return r;
-        /* (dv_req_site() refuses a call past DV_PASS_SITES, so stream names one) */
         if ((r = gather_common(g, DV_OP_GATHER_METRICS, fn, n + 1, call, opts, res)) < 0)
                 return dv_ident_explain(g, r);
         return dv_ident_result(g, fn, stream, n, res, own.same_rows, out);
@@ -306,7 +305,7 @@ int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes
         const deval_bytes *call, *res;
         size_t res_n;
         deval_gather_opts own = DEVAL_GATHER_OPTS_INIT;
-        int stream = DV_PASS_SITES + (int)g->site[1], r;
+        int stream = DV_IDENT_STREAM(g->site[1], true), r;
         if ((n > 0 && !items) || !out_n || !out_items)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: items, out_n or out_items is NULL", fn);
         if (opts && (r = dv_take_opts(g, fn, opts, &own)) < 0)

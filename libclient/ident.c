@@ -33,9 +33,12 @@
 #define ITEM_HDR 16 /* before each object of a pass with keys: its key, its place in its sample */
 
 typedef struct {
-        uint64_t *seen;  /* [num_keys bits]: keys this stream returned */
-        uint64_t *sig;   /* [num_keys]: a hash of each returned sample's exact rows (sign()) */
-        uint64_t *shp;   /* [num_keys]: of the padded shape they were hashed in */
+        uint64_t *seen; /* [num_keys bits]: keys this stream returned */
+        /* [num_keys] each, made at the first sample with rows to compare (same_rows): a hash
+         * of each returned sample's exact rows (sign()), and of the padded shape they were
+         * hashed in; a stream that compares nothing costs its bits alone */
+        uint64_t *sig;
+        uint64_t *shp;
         int64_t count;   /* how many */
         int64_t dropped; /* samples it dropped as repeats of a key it had returned */
         int64_t most;    /* the most samples one call brought: one round of batches */
@@ -56,7 +59,8 @@ struct DvIdent {
         int64_t *keys; /* the batch's; nkeys < 0: a batch declared without keys */
         int64_t nkeys;
         size_t keys_cap;
-        Stream st[DV_PASS_STREAMS];
+        Stream *st; /* [nst]: DV_IDENT_STREAM(call, objects), made as calls first use them */
+        size_t nst;
         Entry *ent;
         size_t ent_cap;
         uint8_t *buf; /* the reordered results, valid until the next call */
@@ -82,11 +86,12 @@ void dv_ident_free(deval_group *g) {
         DvIdent *id = g->ident;
         if (!id)
                 return;
-        for (int s = 0; s < DV_PASS_STREAMS; s++) {
+        for (size_t s = 0; s < id->nst; s++) {
                 free(id->st[s].seen);
                 free(id->st[s].sig);
                 free(id->st[s].shp);
         }
+        free(id->st);
         free(id->keys);
         free(id->ent);
         free(id->buf);
@@ -119,9 +124,6 @@ int dv_ident_begin(deval_group *g, const char *fn, int64_t num_samples, int64_t 
         id->num_samples = num_samples;
         id->num_keys = num_keys;
         id->nkeys = -1;
-        for (int s = 0; s < DV_PASS_STREAMS; s++)
-                for (int i = 0; i < DEVAL_MAX_TENSORS; i++)
-                        id->st[s].k[i] = -1;
         g->ident = id;
         return 0;
 }
@@ -298,16 +300,53 @@ static bool seen(const Stream *s, int64_t key) {
         return s->seen[key / 64] >> (key % 64) & 1;
 }
 
-static int stream_use(deval_group *g, const char *fn, Stream *s) {
-        if (s->seen)
+/*
+ * The stream of a call of the batch (DV_IDENT_STREAM()), made the first time a batch makes
+ * that many calls: as many calls per batch as memory holds, each its own stream.
+ */
+static int stream_at(deval_group *g, const char *fn, int stream, Stream **ret) {
+        DvIdent *id = g->ident;
+        if (stream < 0)
+                return dv_set_err(g, DEVAL_EPROTO, "%s: call stream %d", fn, stream);
+        if ((size_t)stream >= id->nst) {
+                size_t n = DV_MAX((size_t)stream + 1, 2 * id->nst);
+                Stream *st = n <= SIZE_MAX / sizeof(*st) ? realloc(id->st, n * sizeof(*st)) : NULL;
+                if (!st)
+                        return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory for call %d of "
+                                                           "the batch", fn, stream / 2 + 1);
+                memset(st + id->nst, 0, (n - id->nst) * sizeof(*st));
+                for (size_t s = id->nst; s < n; s++)
+                        for (int i = 0; i < DEVAL_MAX_TENSORS; i++)
+                                st[s].k[i] = -1;
+                id->st = st;
+                id->nst = n;
+        }
+        Stream *s = &id->st[stream];
+        if (!s->seen) {
+                size_t words = (size_t)(id->num_keys + 63) / 64;
+                s->seen = calloc(DV_MAX(words, (size_t)1), sizeof(uint64_t));
+                if (!s->seen)
+                        return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory for the keys of "
+                                                           "call %d of the batch", fn, stream / 2 + 1);
+                s->used = true;
+        }
+        *ret = s;
+        return 0;
+}
+
+/* The signature arrays of s, for a call with rows to compare. */
+static int stream_sigs(deval_group *g, const char *fn, Stream *s) {
+        if (s->sig)
                 return 0;
-        size_t words = (size_t)(g->ident->num_keys + 63) / 64;
-        s->seen = calloc(DV_MAX(words, (size_t)1), sizeof(uint64_t));
-        s->sig = calloc((size_t)DV_MAX(g->ident->num_keys, 1), sizeof(uint64_t));
-        s->shp = calloc((size_t)DV_MAX(g->ident->num_keys, 1), sizeof(uint64_t));
-        if (!s->seen || !s->sig || !s->shp)
+        size_t n = (size_t)DV_MAX(g->ident->num_keys, 1);
+        s->sig = calloc(n, sizeof(uint64_t));
+        s->shp = calloc(n, sizeof(uint64_t));
+        if (!s->sig || !s->shp) {
+                free(s->sig);
+                free(s->shp);
+                s->sig = s->shp = NULL;
                 return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory", fn);
-        s->used = true;
+        }
         return 0;
 }
 
@@ -345,8 +384,8 @@ static int differs(deval_group *g, const char *fn, int stream, int64_t key) {
                           "sampler drew them, or ranks that read different datasets (a shard of "
                           "its own on each rank, whose indices collide) hide which sample a row "
                           "is. Keep the sampler's order in each batch, and one dataset",
-                          fn, stream % DV_PASS_SITES + 1, key,
-                          stream < DV_PASS_SITES ? "rows of the batch's own data" : "objects");
+                          fn, stream / 2 + 1, key,
+                          stream % 2 ? "objects" : "rows of the batch's own data");
 }
 
 /*
@@ -363,6 +402,11 @@ static int select_new(deval_group *g, const char *fn, int stream, size_t nent, s
                 sorted = id->ent[j - 1].key < id->ent[j].key;
         if (!sorted)
                 qsort(id->ent, nent, sizeof(*id->ent), cmp_entry);
+        for (size_t j = 0; j < nent && !s->sig; j++) {
+                int r = id->ent[j].sig ? stream_sigs(g, fn, s) : 0;
+                if (r < 0)
+                        return r;
+        }
         size_t m = 0, pads = 0;
         for (size_t j = 0; j < nent; j++) {
                 int64_t key = id->ent[j].key;
@@ -371,13 +415,16 @@ static int select_new(deval_group *g, const char *fn, int stream, size_t nent, s
                         continue;
                 }
                 if (seen(s, key)) { /* an earlier call, or a lower rank of this one, has it */
-                        if (id->ent[j].sig != s->sig[key] && id->ent[j].shp == s->shp[key])
+                        if (s->sig && id->ent[j].sig != s->sig[key] &&
+                            id->ent[j].shp == s->shp[key])
                                 return differs(g, fn, stream, key);
                         continue;
                 }
                 s->seen[key / 64] |= (uint64_t)1 << (key % 64);
-                s->sig[key] = id->ent[j].sig;
-                s->shp[key] = id->ent[j].shp;
+                if (s->sig) {
+                        s->sig[key] = id->ent[j].sig;
+                        s->shp[key] = id->ent[j].shp;
+                }
                 id->ent[m++] = id->ent[j];
         }
         s->count += (int64_t)m;
@@ -396,7 +443,7 @@ static int select_new(deval_group *g, const char *fn, int stream, size_t nent, s
                                   "whole dataset behind a DistributedSampler), or a sampler "
                                   "repeats indices (one process would count every draw: gather "
                                   "such an evaluation without a pass)",
-                                  fn, stream % DV_PASS_SITES + 1, s->dropped, s->most);
+                                  fn, stream / 2 + 1, s->dropped, s->most);
         return 0;
 }
 
@@ -407,8 +454,8 @@ static int k_same(deval_group *g, const char *fn, Stream *s, int stream, int i, 
                                   " rows per sample here and had %" PRId64
                                   " in earlier batches; rows must be whole samples (pad "
                                   "per-sample rows to one length instead of flattening them)",
-                                  fn, stream % DV_PASS_SITES + 1,
-                                  stream < DV_PASS_SITES ? "tensor" : "object list", i, k, s->k[i]);
+                                  fn, stream / 2 + 1, stream % 2 ? "object list" : "tensor", i,
+                                  k, s->k[i]);
         s->k[i] = k;
         return 0;
 }
@@ -423,14 +470,14 @@ static int k_same(deval_group *g, const char *fn, Stream *s, int stream, int i, 
 int dv_ident_result(deval_group *g, const char *fn, int stream, int n, const deval_tensor res[],
                     uint64_t same_rows, deval_tensor out[]) {
         DvIdent *id = g->ident;
-        Stream *s = &id->st[stream];
+        Stream *s;
         int r;
 
         if (res[0].dtype != DEVAL_I64 || res[0].ndim != 1 || (res[0].shape[0] && !res[0].data))
                 return dv_set_err(g, DEVAL_EPROTO, "%s: malformed keys in the result", fn);
         int64_t B = res[0].shape[0];
         int64_t k[DEVAL_MAX_TENSORS];
-        if ((r = stream_use(g, fn, s)) < 0)
+        if ((r = stream_at(g, fn, stream, &s)) < 0)
                 return r;
         for (int i = 0; i < n; i++) {
                 const deval_tensor *t = &res[i + 1];
@@ -554,12 +601,12 @@ int dv_ident_items_result(deval_group *g, const char *fn, int stream, size_t n,
                           const deval_bytes res[], bool same_rows, size_t *out_n,
                           const deval_bytes **out) {
         DvIdent *id = g->ident;
-        Stream *s = &id->st[stream];
+        Stream *s;
         size_t nent = 0;
         int64_t per = -1;
         int r;
 
-        if ((r = stream_use(g, fn, s)) < 0 || (r = grow(g, fn, (void **)&id->ent, &id->ent_cap,
+        if ((r = stream_at(g, fn, stream, &s)) < 0 || (r = grow(g, fn, (void **)&id->ent, &id->ent_cap,
                                                         DV_MAX(n, (size_t)1), sizeof(Entry))) < 0)
                 return r;
         /* samples are runs of items whose places count 0, 1, .. per-1 under one key */
@@ -584,7 +631,7 @@ int dv_ident_items_result(deval_group *g, const char *fn, int stream, size_t n,
                                           "%s: call %d of the batch's objects: ranks give %" PRId64
                                           " and %zu objects per sample; every rank needs the "
                                           "same number per sample",
-                                          fn, stream % DV_PASS_SITES + 1, per, j - i);
+                                          fn, stream / 2 + 1, per, j - i);
                 per = (int64_t)(j - i);
                 uint64_t sig = 0xcbf29ce484222325ull;
                 for (size_t q = i; same_rows && q < j; q++) {
@@ -638,7 +685,7 @@ int dv_ident_check(deval_group *g, const char *fn) {
         DvIdent *id = g->ident;
         int r = 0;
 
-        for (int st = 0; id && st < DV_PASS_STREAMS && r == 0; st++) {
+        for (size_t st = 0; id && st < id->nst && r == 0; st++) {
                 const Stream *s = &id->st[st];
                 if (!s->used || s->count == id->num_samples)
                         continue;
@@ -662,8 +709,7 @@ int dv_ident_check(deval_group *g, const char *fn) {
                                " distinct samples of the pass's %" PRId64
                                "%s: a rank's loader did not give every sample it owes (a batch "
                                "skipped that call, or a loader shorter than num_samples says)",
-                               fn, st % DV_PASS_SITES + 1,
-                               st < DV_PASS_SITES ? "tensors" : "objects", s->count,
+                               fn, (int)(st / 2 + 1), st % 2 ? "objects" : "tensors", s->count,
                                id->num_samples, missing);
         }
         dv_ident_free(g);

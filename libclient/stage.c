@@ -89,18 +89,30 @@ int dv_req_start(deval_group *g, uint32_t op, DvRequest **ret) {
         return 0;
 }
 
-/* Which call of the batch a *_METRICS request is (deval_eval_batch()); 0 without batches. */
+/*
+ * Which call of the batch a *_METRICS request is (deval_eval_batch()); 0 without batches. A
+ * pass with keys takes any number of calls per batch (each its own stream in ident.c; devald
+ * counts none of them); a pass that counts samples by position keeps DV_PASS_SITES counters
+ * per batch in the group's control segment, so a call past them is refused, by every rank
+ * alike since every rank makes the same calls.
+ */
 int dv_req_site(deval_group *g, const char *fn, DvRequest *q) {
         int kind = q->op == DV_OP_OBJECTS_METRICS;
         if (q->op != DV_OP_GATHER_METRICS && !kind)
                 return 0;
         if (!g->batch)
                 return 0;
-        if (g->site[kind] >= DV_PASS_SITES)
+        if (!g->ident && g->site[kind] >= DV_PASS_SITES)
                 return dv_set_err(g, DEVAL_EINVAL,
-                                  "%s: more than %d calls in one batch of the eval pass; gather "
-                                  "the tensors of a batch in fewer calls",
+                                  "%s: more than %d calls in one batch of an eval pass that "
+                                  "counts samples by position (its batches carry no dataset "
+                                  "indices); gather the batch's tensors in fewer calls (a "
+                                  "tuple or dict is one call), or iterate a map-style dataset "
+                                  "through a DataLoader, whose pass takes any number",
                                   fn, DV_PASS_SITES);
+        if (g->site[kind] == UINT32_MAX)
+                return dv_set_err(g, DEVAL_EINVAL, "%s: more than %u calls in one batch", fn,
+                                  UINT32_MAX);
         q->site = g->site[kind]++;
         return 0;
 }

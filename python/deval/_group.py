@@ -32,6 +32,17 @@ def _order_code(order):
     return _ORDERS[order]
 
 
+def _part_opts(opts, at, n):
+    """opts for the n tensors from leaf at of a call sent in parts: same_rows's bits are per
+    tensor of the call."""
+    mask = opts.same_rows
+    if not mask or (at == 0 and mask >> n == 0):
+        return opts
+    part = type(opts).from_buffer_copy(opts)
+    part.same_rows = (mask >> at) & ((1 << n) - 1)
+    return part
+
+
 class Group:
     """One rank's membership of a group. Not to be shared between threads.
 
@@ -168,16 +179,25 @@ class Group:
             raise InvalidArgument("deval: nothing to gather", -1)
         if per_sample:
             _check_samples(leaves, template)
-        if n > MAX_TENSORS:
-            raise InvalidArgument("deval: %d tensors in one call, at most %d"
-                                  % (n, MAX_TENSORS), -1)
+        # a collective carries MAX_TENSORS tensors (a pass with keys sends its keys as one
+        # more): more go as several calls, which gather each tensor alike (in a pass each its
+        # own call of the batch, whole samples each); their results are copies, since each
+        # call ends the views of the one before
+        per = MAX_TENSORS - (self._keyed and fn is _lib.deval_gather_for_metrics)
+        results = []
+        for at in range(0, n, per):
+            part = leaves[at:at + per]
+            results += self._call(h, fn, part, copy or n > per, _part_opts(opts, at, len(part)))
+        return _rebuild(template, results)
+
+    def _call(self, h, fn, leaves, copy, opts):
+        n = len(leaves)
         ins = (_Tensor * n)()
         outs = (_Tensor * n)()
         for leaf, t in zip(leaves, ins):
             leaf.fill(t, self.device)
         self._check(fn(h, n, ins, ctypes.byref(opts), outs))
-        results = [_result(leaf, t, copy) for leaf, t in zip(leaves, outs)]
-        return _rebuild(template, results)
+        return [_result(leaf, t, copy) for leaf, t in zip(leaves, outs)]
 
     def _opts(self, pad_value=0.0, pad_first=False, valid_rows=None, keep_rows=None,
               order="rank", root=None):

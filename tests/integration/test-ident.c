@@ -445,6 +445,71 @@ static void test_padding_keys_are_dropped(void **state) {
         assert_int_equal(harness_run(&H, WORLD, rank_padding_keys, NULL, 30), 0);
 }
 
+/*
+ * More calls per batch than the counted sites (DV_PASS_SITES, 16), tensors and objects alike:
+ * in a pass with keys each call is its own stream, returns each key once in key order, and
+ * the close finds every call complete; a pass by position refuses call 17 on every rank.
+ */
+#define MANY 40
+
+static int rank_many_calls(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        int64_t seen[MANY][N] = {{0}};
+        CHECK_OK(harness_join(h, "many-calls", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_eval_begin_keys(g, N, N), g);
+        for (int c = 0; c < CALLS; c++) {
+                const int64_t *keys = KEYS[rank][c];
+                CHECK_OK(deval_eval_batch_keys(g, 2, keys), g);
+                for (int call = 0; call < MANY; call++) {
+                        int64_t v[2] = {keys[0] * 1000 + call, keys[1] * 1000 + call};
+                        deval_tensor in = {
+                                .data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1};
+                        deval_tensor out;
+                        CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+                        const int64_t *got = out.data;
+                        for (int64_t j = 0; j < out.shape[0]; j++) {
+                                int64_t key = got[j] / 1000;
+                                CHECK(got[j] % 1000 == call && key >= 0 && key < N &&
+                                              !seen[call][key] && (j == 0 || got[j - 1] < got[j]),
+                                      "batch %d call %d row %lld: %lld", c, call, (long long)j,
+                                      (long long)got[j]);
+                                seen[call][key] = 1;
+                        }
+                        char text[24];
+                        snprintf(text, sizeof(text), "%d:%lld", call, (long long)keys[0]);
+                        deval_bytes items[2] = {{text, strlen(text)}, {text, strlen(text)}};
+                        size_t on;
+                        const deval_bytes *oi;
+                        CHECK_OK(deval_gather_objects_for_metrics(g, 2, items, NULL, &on, &oi), g);
+                }
+        }
+        CHECK_OK(deval_eval_complete(g), g);
+        for (int call = 0; call < MANY; call++)
+                for (int key = 0; key < N; key++)
+                        CHECK(seen[call][key], "call %d never returned key %d", call, key);
+        /* by position: 16 counted calls, and the 17th refused here as on every rank */
+        CHECK_OK(deval_eval_begin(g, N, DEVAL_ORDER_STRIDED), g);
+        CHECK_OK(deval_eval_batch(g), g);
+        int64_t v[2] = {rank, rank};
+        deval_tensor in = {.data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1};
+        deval_tensor out;
+        for (int call = 0; call < 16; call++)
+                CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+        CHECK(deval_gather_for_metrics(g, 1, &in, NULL, &out) == DEVAL_EINVAL &&
+                      strstr(deval_errmsg(g), "more than 16 calls") &&
+                      strstr(deval_errmsg(g), "by position"),
+              "call 17: %s", deval_errmsg(g));
+        CHECK_OK(deval_eval_end(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_many_calls_per_batch(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, WORLD, rank_many_calls, NULL, 60), 0);
+}
+
 static int rank_bad_args(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g;
@@ -493,6 +558,7 @@ int main(void) {
                 cmocka_unit_test(test_rows_that_are_not_their_samples),
                 cmocka_unit_test(test_bad_arguments),
                 cmocka_unit_test(test_padding_keys_are_dropped),
+                cmocka_unit_test(test_many_calls_per_batch),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -510,3 +510,35 @@ def rank_tqdm(rank, world, sock, name):
 def test_a_loader_behind_a_progress_bar(daemon):
     for got in run_ranks(3, rank_tqdm, daemon.socket, group_name("tqdm")):
         assert got == list(range(7)), got
+
+
+def rank_many_calls(rank, world, sock, name, n, calls, keys):
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    ds = dataset(n)
+    dl = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    outs = [[] for _ in range(calls)]
+    wide = {k: [] for k in range(keys)}
+    try:
+        for idx, x in g.eval_loop(dl):
+            for c in range(calls):  # more calls per batch than a pass by position counts
+                outs[c].append(g.gather_for_metrics(idx * 100 + c))
+            # a dict of more tensors than one collective carries
+            d = g.gather_for_metrics({"k%d" % k: x[:, :1] * 0 + idx[:, None] * 1000 + k
+                                      for k in range(keys)})
+            for k in range(keys):
+                wide[k].append(d["k%d" % k][:, 0])
+    finally:
+        g.leave()
+    return ([torch.cat(o).tolist() for o in outs],
+            [torch.cat(w).long().tolist() for w in wide.values()])
+
+
+def test_calls_and_tensors_past_a_collective_s_limits_are_exact(daemon):
+    n, calls, keys = 11, 20, 100  # 16 counted calls per batch, 64 tensors per collective
+    res = run_ranks(3, rank_many_calls, daemon.socket, group_name("many"), n, calls, keys)
+    for outs, wide in res:
+        for c, got in enumerate(outs):  # one process: each sample once, in dataset order
+            assert got == [i * 100 + c for i in range(n)], (c, got)
+        for k, got in enumerate(wide):
+            assert got == [i * 1000 + k for i in range(n)], (k, got)
