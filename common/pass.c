@@ -240,6 +240,27 @@ int dv_pass_begin(DvPass *ps, const DvRequest *q, const char *group, char *buf, 
         return 0;
 }
 
+/*
+ * A rank that left its loop raising an error of its own (deval_eval_abandon_why()) at the
+ * point where the others ended the pass: they made every call it made, so none of theirs
+ * failed, yet their results may hold what it refused (a batch it could not tell apart), and
+ * the error is everyone's. Return: 0, or DEVAL_EMISMATCH quoting the first such rank.
+ */
+static int left_raising(const DvRequest *q, int world, char *buf, size_t len) {
+        char why[sizeof(q->why)];
+        for (int k = 0; k < world; k++)
+                if ((q[k].flags & DV_END_LEFT) &&
+                    dv_printable(why, sizeof(why), q[k].why, sizeof(q->why))) {
+                        snprintf(buf, len,
+                                 "rank %d left the eval pass during its batch %u, raising \"%s\", "
+                                 "where the others ended it: their results may hold what it "
+                                 "refused",
+                                 k, q[k].batch, why);
+                        return DEVAL_EMISMATCH;
+                }
+        return 0;
+}
+
 /* dv_pass_end() - see pass.h. */
 int dv_pass_end(DvPass *ps, const DvRequest *q, const char *group, char *buf, size_t len) {
         if (!ps->open) {
@@ -252,7 +273,7 @@ int dv_pass_end(DvPass *ps, const DvRequest *q, const char *group, char *buf, si
         int r = ps->status;
         if (r)
                 snprintf(buf, len, "%s", ps->msg);
-        else
+        else if ((r = left_raising(q, ps->world, buf, len)) == 0)
                 r = pass_close(ps, exhausted, buf, len);
         dv_pass_reset(ps);
         return r;

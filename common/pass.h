@@ -43,7 +43,8 @@ int dv_pass_begin(DvPass *ps, const DvRequest *q, const char *group, char *buf, 
 /*
  * Every rank ended the pass (q[world], eval_end): close it, and check it when every loader
  * ran out (dv_pass_close()). Return: 0; DEVAL_EINVAL (none is open); a step's failure the
- * parked ranks had not been told of; DEVAL_EMISMATCH: the counts are wrong. Why in buf.
+ * parked ranks had not been told of; DEVAL_EMISMATCH: a rank left raising an error of its own
+ * (its why), or the counts are wrong. Why in buf.
  */
 int dv_pass_end(DvPass *ps, const DvRequest *q, const char *group, char *buf, size_t len);
 

@@ -134,3 +134,50 @@ def test_a_refusal_in_eval_loop_fails_every_rank_at_once(daemon, world, where):
         assert took < 1.0, (r, took)
         if r != 1:
             assert kind == "Mismatch" and "rank 1" in msg and why in msg, res[r]
+
+
+
+class RaisesAtEnd(torch.utils.data.Sampler):
+    """A sampler that fails after its last index (a stream it reads broke at the end)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __iter__(self):
+        yield from self.inner
+        raise ValueError("this rank's sampler failed after its last index")
+
+    def __len__(self):
+        return len(self.inner)
+
+
+def last_batch_rank(rank, world, sock, name):
+    """Rank 2's loader raises after its last batch, whose gathers it made: every call it made
+    the others made too, so none of theirs fails; the close must, on every rank."""
+    from torch.utils.data import DataLoader, DistributedSampler
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
+    g = deval.join(name, rank, world, socket=sock, timeout=LONG)
+    ds = Rows()
+    sampler = DistributedSampler(ds, world, rank, shuffle=False)
+    if rank == 2:
+        sampler = RaisesAtEnd(sampler)
+    # 6 samples a rank in 2 full batches: the failure comes after the last
+    loader = DataLoader(ds, batch_size=3, sampler=sampler)
+    t0 = time.monotonic()
+    try:
+        for b in g.eval_loop(loader, num_samples=N, order="strided"):
+            g.gather_for_metrics(b["x"])
+        said = ("ran", None)
+    except (deval.Error, ValueError) as e:
+        said = (type(e).__name__, str(e))
+    took = time.monotonic() - t0
+    g.leave()
+    return said + (took,)
+
+
+def test_a_rank_whose_loader_fails_after_its_last_batch_fails_the_others_at_the_close(daemon):
+    res = run_ranks(3, last_batch_rank, daemon.socket, group_name("refuse-last"), timeout=120)
+    assert res[2][0] == "ValueError", res
+    for kind, msg, took in res[:2]:
+        assert kind == "Mismatch" and "rank 2" in msg and "after its last index" in msg, res
+        assert took < 5, res
