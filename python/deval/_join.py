@@ -116,10 +116,17 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     if r != 0:
         msg = _said(_lib.deval_errmsg(None).decode(errors="replace"))
         raise _ERRORS.get(r, Error)(msg, r)
-    if group is None:  # what libdeval found
+    named = group is not None
+    if not named:  # what libdeval found
         group = _lib.deval_group_name(handle).decode()
         rank, world_size = _lib.deval_rank(handle), _lib.deval_world_size(handle)
     g = _HELD[key] = Group(handle, group, rank, world_size, index)
+    if not named:
+        # the launcher's group, whether this rank and world size came from its variables or
+        # were given (deval.accelerate.enable() gives the Accelerator's): a later join() of
+        # it, either way, is the same group
+        for k in ((None, key[1], rank, world_size, index), (None, key[1], -1, -1, index)):
+            _HELD[k] = g
     return g
 
 

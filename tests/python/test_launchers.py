@@ -38,6 +38,8 @@ def ctl(*args):
 SCRIPT = """
 import os, deval, numpy as np
 g = deval.join()
+# the same group, as deval.accelerate.enable() joins it (the Accelerator's rank and size)
+assert deval.join(rank=g.rank, world_size=g.world_size) is g
 got = g.gather(np.array([g.rank]))
 assert got.tolist() == list(range(g.world_size)), got
 os.write(1, b"rank %d of %d in %s\\n" % (g.rank, g.world_size, g.name.encode()))  # one write
@@ -309,6 +311,8 @@ INSTALLED = """
 import os, sys, deval, numpy as np
 assert deval.__file__.startswith(sys.argv[1]), deval.__file__   # the wheel's, not the tree's
 g = deval.join()
+# the same group, as deval.accelerate.enable() joins it (the Accelerator's rank and size)
+assert deval.join(rank=g.rank, world_size=g.world_size) is g
 got = g.gather(np.array([g.rank]))
 assert got.tolist() == list(range(g.world_size)), got
 os.write(1, b"rank %d of %d in %s\\n" % (g.rank, g.world_size, g.name.encode()))
