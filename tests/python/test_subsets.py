@@ -86,9 +86,16 @@ def rank_parts(rank, world, sock, name, kind, n, bs):
         dl = DataLoader(data, batch_size=bs, shuffle=True)
     else:
         dl = DataLoader(data, batch_size=bs, sampler=sampler)
+    return evaluate(g, g.eval_loop(dl, **told), m, lambda b: (b[1], b[0]))
+
+
+def evaluate(g, loop, m, fields):
+    """Each batch's logits, dataset indices and names gathered: (indices, logits, names), or
+    (the error's class name, its words); fields(batch) gives the batch's (x, idx)."""
     idx_out, logits_out, names = [], [], []
     try:
-        for idx, x in g.eval_loop(dl, **told):
+        for batch in loop:
+            x, idx = fields(batch)
             with torch.no_grad():
                 logits = m(x)
             out_logits, out_idx = g.gather_for_metrics((logits, idx))
@@ -196,20 +203,7 @@ def rank_hf(rank, world, sock, name, kind, path, n, bs):
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     m = model()
     dl = DataLoader(hf_part(kind, path, n, world, rank), batch_size=bs)
-    idx_out, logits_out, names = [], [], []
-    try:
-        for batch in g.eval_loop(dl, num_samples=n):
-            with torch.no_grad():
-                logits = m(batch["x"])
-            out_logits, out_idx = g.gather_for_metrics((logits, batch["i"]))
-            names += g.gather_for_metrics(["s%d" % i for i in batch["i"].tolist()])
-            idx_out.append(out_idx)
-            logits_out.append(out_logits)
-    except deval.Error as e:
-        return type(e).__name__, str(e)
-    finally:
-        g.leave()
-    return torch.cat(idx_out).tolist(), torch.cat(logits_out).numpy(), names
+    return evaluate(g, g.eval_loop(dl, num_samples=n), m, lambda b: (b["x"], b["i"]))
 
 
 @pytest.fixture(scope="module")
