@@ -66,8 +66,19 @@ def own_daemon():
         d.stop()
 
 
+def _fresh_accelerate():
+    """A forked rank starts with the parent's Accelerate state, a singleton: a test that made
+    an Accelerator in the parent (one process) left it at one process, and every rank's
+    Accelerator would take it. A rank forgets it, as a process of its own starts without."""
+    st = sys.modules.get("accelerate.state")
+    if st is not None:
+        st.AcceleratorState._reset_state(True)
+        st.GradientState._reset_state()
+
+
 def _child(conn, fn, rank, world, args):
     try:
+        _fresh_accelerate()
         conn.send(("ok", fn(rank, world, *args)))
     except BaseException as e:  # report everything, pytest's outcomes included
         conn.send(("error", "%s: %s\n%s" % (type(e).__name__, e, traceback.format_exc())))
