@@ -39,9 +39,9 @@ typedef struct {
          * hashed in; a stream that compares nothing costs its bits alone */
         uint64_t *sig;
         uint64_t *shp;
-        int64_t count;   /* how many */
-        int64_t dropped; /* samples it dropped as repeats of a key it had returned */
-        int64_t most;    /* the most samples one call brought: one round of batches */
+        int64_t count;                /* how many */
+        int64_t dropped;              /* samples it dropped as repeats of a key it had returned */
+        int64_t most;                 /* the most samples one call brought: one round of batches */
         int64_t k[DEVAL_MAX_TENSORS]; /* rows (items) per sample of each tensor; -1: not yet */
         bool used;
 } Stream;
@@ -312,8 +312,9 @@ static int stream_at(deval_group *g, const char *fn, int stream, Stream **ret) {
                 size_t n = DV_MAX((size_t)stream + 1, 2 * id->nst);
                 Stream *st = n <= SIZE_MAX / sizeof(*st) ? realloc(id->st, n * sizeof(*st)) : NULL;
                 if (!st)
-                        return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory for call %d of "
-                                                           "the batch", fn, stream / 2 + 1);
+                        return dv_set_err(g, DEVAL_ENOMEM,
+                                          "%s: out of memory for call %d of the batch", fn,
+                                          stream / 2 + 1);
                 memset(st + id->nst, 0, (n - id->nst) * sizeof(*st));
                 for (size_t s = id->nst; s < n; s++)
                         for (int i = 0; i < DEVAL_MAX_TENSORS; i++)
@@ -326,8 +327,10 @@ static int stream_at(deval_group *g, const char *fn, int stream, Stream **ret) {
                 size_t words = (size_t)(id->num_keys + 63) / 64;
                 s->seen = calloc(DV_MAX(words, (size_t)1), sizeof(uint64_t));
                 if (!s->seen)
-                        return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory for the keys of "
-                                                           "call %d of the batch", fn, stream / 2 + 1);
+                        return dv_set_err(g, DEVAL_ENOMEM,
+                                          "%s: out of memory for the keys of call %d of the "
+                                          "batch",
+                                          fn, stream / 2 + 1);
                 s->used = true;
         }
         *ret = s;
@@ -454,8 +457,8 @@ static int k_same(deval_group *g, const char *fn, Stream *s, int stream, int i, 
                                   " rows per sample here and had %" PRId64
                                   " in earlier batches; rows must be whole samples (pad "
                                   "per-sample rows to one length instead of flattening them)",
-                                  fn, stream / 2 + 1, stream % 2 ? "object list" : "tensor", i,
-                                  k, s->k[i]);
+                                  fn, stream / 2 + 1, stream % 2 ? "object list" : "tensor", i, k,
+                                  s->k[i]);
         s->k[i] = k;
         return 0;
 }
@@ -606,8 +609,9 @@ int dv_ident_items_result(deval_group *g, const char *fn, int stream, size_t n,
         int64_t per = -1;
         int r;
 
-        if ((r = stream_at(g, fn, stream, &s)) < 0 || (r = grow(g, fn, (void **)&id->ent, &id->ent_cap,
-                                                        DV_MAX(n, (size_t)1), sizeof(Entry))) < 0)
+        if ((r = stream_at(g, fn, stream, &s)) < 0 ||
+            (r = grow(g, fn, (void **)&id->ent, &id->ent_cap, DV_MAX(n, (size_t)1),
+                      sizeof(Entry))) < 0)
                 return r;
         /* samples are runs of items whose places count 0, 1, .. per-1 under one key */
         for (size_t i = 0; i < n;) {

@@ -463,8 +463,11 @@ static int rank_many_calls(const Harness *h, int rank, int world, void *arg) {
                 CHECK_OK(deval_eval_batch_keys(g, 2, keys), g);
                 for (int call = 0; call < MANY; call++) {
                         int64_t v[2] = {keys[0] * 1000 + call, keys[1] * 1000 + call};
-                        deval_tensor in = {
-                                .data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1};
+                        deval_tensor in = {.data = v,
+                                           .dtype = DEVAL_I64,
+                                           .ndim = 1,
+                                           .shape = {2},
+                                           .device = -1};
                         deval_tensor out;
                         CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
                         const int64_t *got = out.data;
