@@ -130,7 +130,7 @@ static int gather_opts(DvAgree *a) {
                 who(a, 0, n0, sizeof(n0));
                 who(a, bad, nk, sizeof(nk));
                 if (a->msg)
-                        dv_pass_sites_msg(a->msg, a->msg_len, r, q, bad, a->call, n0, nk);
+                        dv_pass_sites_msg(a->msg, a->msg_len, q, bad, a->call, n0, nk);
                 return r;
         }
         bool stream = dv_pass_stream(a->pass_open, &q[0]) >= 0;

@@ -298,9 +298,8 @@ int dv_pass_sites(const DvRequest *q, int world, int *bad) {
         return 0;
 }
 
-void dv_pass_sites_msg(char *buf, size_t len, int status, const DvRequest *q, int bad, uint32_t seq,
+void dv_pass_sites_msg(char *buf, size_t len, const DvRequest *q, int bad, uint32_t seq,
                        const char *name0, const char *namek) {
-        (void)status; /* (DEVAL_EMISMATCH: the only failure) */
         snprintf(buf, len,
                  "collective #%u (%s): ranks are at different calls of their batch: %s makes "
                  "call %" PRIu64 ", %s call %" PRIu64 "; every rank must make the same "

@@ -99,7 +99,7 @@ void dv_pass_park_msg(char *buf, size_t len, const DvPark *pk, const DvRequest *
  * for rank 0 and rank *bad.
  */
 int dv_pass_sites(const DvRequest *q, int world, int *bad);
-void dv_pass_sites_msg(char *buf, size_t len, int status, const DvRequest *q, int bad, uint32_t seq,
+void dv_pass_sites_msg(char *buf, size_t len, const DvRequest *q, int bad, uint32_t seq,
                        const char *name0, const char *namek);
 
 /*
