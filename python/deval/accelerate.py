@@ -388,7 +388,8 @@ def _hooked_iter(cls):
         try:
             params = _loop.pass_params(self, st.group.world_size)
         except _loop.ShardedTwice as e:
-            raise InvalidArgument("deval.accelerate: %s" % e, -1) from None
+            # a training loop over it runs; its gathers for metrics would miss most samples
+            params = _Uncounted("deval.accelerate: %s" % e)
         except _loop.Uncountable:
             # an iterable with no len() sharded on every rank: counted as it is read
             params = _unsized_shard(self, st.group.rank)

@@ -332,16 +332,19 @@ def twice_rank(rank, world, port, name):
         ds, num_replicas=world, rank=rank, shuffle=False)))
     deval.accelerate.enable(acc, group=name)
     try:
+        seen = [int(x) for (b,) in loader for x in b]  # a training loop gathers nothing: it runs
+        assert len(seen) == 4, seen  # (a quarter of the data, and Accelerate's padding)
         with pytest.raises(deval.InvalidArgument, match="shards it twice"):
-            for _ in loader:
-                pass
+            for (b,) in loader:
+                acc.gather_for_metrics(b)
     finally:
         deval.accelerate.disable()
     return True
 
 
 def test_a_prepared_distributed_sampler_is_refused(daemon, monkeypatch):
-    """Accelerate shards such a loader again: each rank would see a quarter of the data."""
+    """Accelerate shards such a loader again: each rank would see a quarter of the data. A
+    loop that gathers nothing over it (training) runs; its first gather_for_metrics refuses."""
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
     assert run_ranks(2, twice_rank, free_port(), group_name("twice")) == [True, True]
 
