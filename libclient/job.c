@@ -6,7 +6,8 @@
  * Each launcher sets a key that every rank of one job shares and that no other running job
  * has: torchrun (and accelerate launch, which runs it) its rendezvous id and the port of
  * its store, with the restart count so that a restarted job gets a fresh group; Open MPI
- * its job id; Slurm the job and step ids; deval.launch an id of its own. The group name is
+ * its job id; Slurm the job and step ids; deval.launch an id of its own; Lightning, whose
+ * rank 0 starts the others, the address and port of its store with that process. The group name is
  * the launcher's name and a hash of that key. The first launcher found wins, in the order
  * below: deval.launch and torchrun before the MPI and Slurm that may have started them.
  * $MASTER_PORT alone (ranks a script started itself, mp.spawn as the DDP tutorial shows) is
@@ -56,6 +57,7 @@ int dv_env_int(const char *name) {
 typedef struct {
         const char *launcher;
         const char *present; /* the variable that says this launcher started us */
+        const char *absent;  /* ... where this one is unset (NULL: always) */
         const char *rank, *world;
         const char *keys[5]; /* what makes the job unique, NULL-terminated */
         /* what names the job across its restarts (resume.c); none: it restarts nothing */
@@ -66,12 +68,17 @@ typedef struct {
         const char *node[2];  /* which of them this process runs on, if it says: the first set */
         bool by_parent;       /* the keys are a user's constants (a MASTER_PORT hard-coded for
                                  mp.spawn): the process that started the ranks tells jobs apart */
+        bool by_first;        /* the same, where rank 0 started the others (Lightning): the
+                                 process of local rank 0 tells jobs apart */
+        const char *machine;  /* this machine's index among the job's, if it says: above 0, the
+                                 job runs on more than one */
 } Launcher;
 
 static const Launcher launchers[] = {
-        {"deval.launch", "DEVAL_LAUNCH_ID", "RANK", "WORLD_SIZE", {"DEVAL_LAUNCH_ID"}},
+        {"deval.launch", "DEVAL_LAUNCH_ID", NULL, "RANK", "WORLD_SIZE", {"DEVAL_LAUNCH_ID"}},
         {"torchrun",
          "TORCHELASTIC_RUN_ID",
+         NULL,
          "RANK",
          "WORLD_SIZE",
          {"TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"},
@@ -80,8 +87,25 @@ static const Launcher launchers[] = {
          "LOCAL_WORLD_SIZE",
          {NULL},
          {"GROUP_RANK"}},
+        /* Lightning's own launcher: rank 0 runs the script, which starts the others with
+         * $LOCAL_RANK (and $NODE_RANK, $WORLD_SIZE, $MASTER_PORT), but no $RANK */
+        {"lightning",
+         "NODE_RANK",
+         "RANK",
+         "LOCAL_RANK",
+         "WORLD_SIZE",
+         {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK"},
+         {NULL},
+         false,
+         NULL,
+         {NULL},
+         {"NODE_RANK"},
+         false,
+         true,
+         "NODE_RANK"},
         {"torch",
          "MASTER_PORT",
+         NULL,
          "RANK",
          "WORLD_SIZE",
          {"MASTER_ADDR", "MASTER_PORT"},
@@ -93,6 +117,7 @@ static const Launcher launchers[] = {
          true},
         {"mpirun",
          "OMPI_COMM_WORLD_SIZE",
+         NULL,
          "OMPI_COMM_WORLD_RANK",
          "OMPI_COMM_WORLD_SIZE",
          {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"},
@@ -101,6 +126,7 @@ static const Launcher launchers[] = {
          "OMPI_COMM_WORLD_LOCAL_SIZE"},
         {"srun",
          "SLURM_JOB_ID",
+         NULL,
          "SLURM_PROCID",
          "SLURM_NTASKS",
          {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"},
@@ -110,6 +136,11 @@ static const Launcher launchers[] = {
          {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"},
          {"SLURM_NODEID"}},
 };
+
+/* Did l start this process, as its variables say? */
+static bool started_us(const Launcher *l) {
+        return env(l->present) && !(l->absent && env(l->absent));
+}
 
 /* The name of l's job that its restarts share, from l->resume; "" when it has none. */
 static void resume_key(const Launcher *l, char *key, size_t len) {
@@ -144,7 +175,7 @@ static void resume_key(const Launcher *l, char *key, size_t len) {
 int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
         for (size_t i = 0; i < sizeof(launchers) / sizeof(launchers[0]); i++) {
                 const Launcher *l = &launchers[i];
-                if (!env(l->present))
+                if (!started_us(l))
                         continue;
                 int rank = dv_env_int(l->rank), world = dv_env_int(l->world);
                 if (rank == -2 || world == -2) {
@@ -163,9 +194,11 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
                         for (const char *c = part; *c; c++)
                                 h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
                 }
-                if (l->by_parent) {
+                if (l->by_parent || l->by_first) {
+                        /* by_first: local rank 0 is the process that started the others */
+                        long first = l->by_first && rank == 0 ? (long)getpid() : (long)getppid();
                         char part[64];
-                        snprintf(part, sizeof(part), "parent=%ld;", (long)getppid());
+                        snprintf(part, sizeof(part), "parent=%ld;", first);
                         for (const char *c = part; *c; c++)
                                 h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
                 }
@@ -182,7 +215,10 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
                 resume_key(l, ret->resume, sizeof(ret->resume));
                 ret->rank = rank;
                 ret->world = world;
-                ret->local = ret->nodes = -1;
+                ret->local = ret->nodes = ret->machine = -1;
+                if (l->machine && (ret->machine = dv_env_int(l->machine)) >= 0)
+                        snprintf(ret->machine_var, sizeof(ret->machine_var), "%s", l->machine);
+                ret->machine = DV_MAX(ret->machine, -1);
                 if (l->local && (ret->local = dv_env_int(l->local)) >= 0)
                         snprintf(ret->local_var, sizeof(ret->local_var), "%s", l->local);
                 for (int k = 0; k < 2 && l->nodes[k] && ret->nodes < 0; k++)
@@ -196,6 +232,7 @@ int dv_job_from_env(DvJob *ret, char *err, size_t errlen) {
                  "no group name, and nothing says which job this process belongs to: looked "
                  "for $DEVAL_LAUNCH_ID (python -m deval.launch), $TORCHELASTIC_RUN_ID or "
                  "$MASTER_PORT with $RANK and $WORLD_SIZE (torchrun, accelerate launch), "
+                 "$NODE_RANK, $LOCAL_RANK and $WORLD_SIZE (Lightning's launcher), "
                  "$OMPI_COMM_WORLD_RANK and $OMPI_COMM_WORLD_SIZE (Open MPI's mpirun), "
                  "$SLURM_JOB_ID, $SLURM_PROCID and $SLURM_NTASKS (srun); name the group "
                  "and give the rank and world size (0 and 1 for a process on its own)");
@@ -234,6 +271,9 @@ static bool spans(const DvJob *job, char *says, size_t len) {
         else if (job->nodes > 1)
                 snprintf(says, len, "%s says it runs on %d machines ($%s)", job->launcher,
                          job->nodes, job->nodes_var);
+        else if (job->machine > 0)
+                snprintf(says, len, "%s says this is machine %d of its job ($%s)",
+                         job->launcher, job->machine, job->machine_var);
         else
                 return false;
         return true;
@@ -302,7 +342,7 @@ int deval_job_node(char *id, size_t len) {
                 return DEVAL_EINVAL;
         const char *v = env("DEVAL_NODE");
         for (size_t i = 0; !v && i < sizeof(launchers) / sizeof(launchers[0]); i++)
-                if (env(launchers[i].present)) {
+                if (started_us(&launchers[i])) {
                         for (int k = 0; k < 2 && !v && launchers[i].node[k]; k++)
                                 v = env(launchers[i].node[k]);
                         break; /* the first launcher found decides, as for the job's name */

@@ -10,7 +10,7 @@
 #include "wire.h"
 
 typedef struct {
-        char launcher[DV_LAUNCHER_MAX]; /* "torchrun", "mpirun", "srun", "deval.launch", ... */
+        char launcher[DV_LAUNCHER_MAX]; /* "torchrun", "lightning", "mpirun", "srun", ... */
         char name[DV_GROUP_NAME_MAX];
         /* the same for every run of the job: the name without the launcher's restart count
          * (resume.c); "" when the launcher restarts nothing and its keys are the user's */
@@ -19,7 +19,8 @@ typedef struct {
         int world; /* -1: the launcher does not say */
         int local; /* of them, ranks on this machine; -1: the launcher does not say */
         int nodes; /* machines the job runs on; -1: the launcher does not say */
-        char local_var[32], nodes_var[32]; /* where local and nodes came from */
+        int machine; /* this machine's index in the job; -1: the launcher does not say */
+        char local_var[32], nodes_var[32], machine_var[32]; /* where they came from */
 } DvJob;
 
 int dv_job_from_env(DvJob *ret, char *err, size_t errlen);

@@ -7,6 +7,7 @@ says the job spans several.
 
 import ctypes
 import os
+import sys
 import weakref
 
 import numpy as np
@@ -27,6 +28,16 @@ def _env_int(name):
         return int(v)
     except ValueError:
         raise InvalidArgument("deval.join: $%s is %r, not a number" % (name, v), -1) from None
+
+
+def _process_group():
+    """The rank and world size of torch.distributed's default group, where one is up (ranks
+    that mp.spawn or Lightning's ddp_spawn started, whose launcher sets no $RANK); else
+    (None, None). torch is not imported for it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None, None
+    return dist.get_rank(), dist.get_world_size()
 
 
 def _device_index(device):
@@ -54,8 +65,10 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
     """Join ``group`` as ``rank`` of ``world_size`` ranks; waits until every rank joined.
 
     With no group, the name, rank and world size come from the launcher that started the
-    process (torchrun and accelerate launch, Open MPI's mpirun, Slurm's srun, python -m
-    deval.launch): every rank of one job joins the same group and no other job does. With a
+    process (torchrun and accelerate launch, Open MPI's mpirun, Slurm's srun, Lightning's,
+    python -m deval.launch): every rank of one job joins the same group and no other job
+    does; the rank and world size are torch.distributed's where its default group is up
+    (ranks that mp.spawn started have no $RANK). With a
     group, rank and world_size default to $RANK and $WORLD_SIZE. socket defaults to
     $DEVAL_SOCKET or the default path; timeout (seconds) bounds the join and every
     collective (None: 300 s; a negative value: forever). device (an ordinal, "cuda:N" or a
@@ -79,6 +92,8 @@ def join(group=None, rank=None, world_size=None, socket=None, timeout=None, devi
         rank = _env_int("RANK") if rank is None else rank
         world_size = _env_int("WORLD_SIZE") if world_size is None else world_size
     else:  # libdeval reads the launcher's variables
+        if rank is None and world_size is None and spans is None:
+            rank, world_size = _process_group()
         rank = -1 if rank is None else rank
         world_size = -1 if world_size is None else world_size
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world_size)):

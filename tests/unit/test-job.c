@@ -3,8 +3,9 @@
  * test-job.c - naming a job from its launcher's environment: every launcher's variables give
  * a name, a rank and a world size; two jobs never share a name; a restarted torchrun job gets
  * a new one; deval.launch and torchrun win over the MPI or Slurm that started them;
- * nothing at all is an error that names what was looked for; and a job its launcher says
- * runs on more than one machine is named as such.
+ * nothing at all is an error that names what was looked for; a job its launcher says
+ * runs on more than one machine is named as such; Lightning's launcher, which sets no $RANK,
+ * names its ranks by its first.
  */
 /* cmocka needs these first */
 /* clang-format off */
@@ -49,6 +50,8 @@ static const char *const all_vars[] = {"DEVAL_LAUNCH_ID",
                                        "SLURM_NODEID",
                                        "GROUP_RANK",
                                        "DEVAL_NODE",
+                                       "NODE_RANK",
+                                       "LOCAL_RANK",
                                        "DEVAL_ONE_MACHINE"};
 
 static void clear(void) {
@@ -294,6 +297,78 @@ static void test_more_than_one_machine(void **state) {
         assert_non_null(strstr(err, "srun says it runs on 4 machines ($SLURM_NNODES)"));
 }
 
+/* The name a Lightning rank computes, in a child: local rank 0 is the process that starts
+ * the others, which compute theirs in processes it started (as Lightning's launcher runs them). */
+static void lightning_names(char *first, char *second, size_t len) {
+        int fds[2];
+        assert_int_equal(pipe(fds), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) { /* local rank 0: the script */
+                setenv("LOCAL_RANK", "0", 1);
+                DvJob j = job();
+                if (j.rank != 0 || strcmp(j.launcher, "lightning") != 0)
+                        _exit(1);
+                if (write(fds[1], j.name, sizeof(j.name)) != (ssize_t)sizeof(j.name))
+                        _exit(1);
+                pid_t child = fork(); /* local rank 1: started by it */
+                if (child == 0) {
+                        setenv("LOCAL_RANK", "1", 1);
+                        DvJob k = job();
+                        if (k.rank != 1 || k.world != 2)
+                                _exit(1);
+                        _exit(write(fds[1], k.name, sizeof(k.name)) == (ssize_t)sizeof(k.name) ? 0
+                                                                                                 : 1);
+                }
+                int status = 1;
+                waitpid(child, &status, 0);
+                _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+        }
+        close(fds[1]);
+        char name[sizeof(((DvJob *)0)->name)];
+        assert_int_equal(read(fds[0], name, sizeof(name)), (ssize_t)sizeof(name));
+        snprintf(first, len, "%s", name);
+        assert_int_equal(read(fds[0], name, sizeof(name)), (ssize_t)sizeof(name));
+        snprintf(second, len, "%s", name);
+        close(fds[0]);
+        int status = 1;
+        waitpid(pid, &status, 0);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* Lightning's launcher: $NODE_RANK, $LOCAL_RANK and $WORLD_SIZE, no $RANK. Its two ranks are
+ * one job; the same script run again (another rank 0) is another, whatever its port; a
+ * $RANK set by someone else's launcher wins; a node past the first says the job spans. */
+static void test_lightning(void **state) {
+        (void)state;
+        clear();
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", "12910", 1);
+        setenv("NODE_RANK", "0", 1);
+        setenv("WORLD_SIZE", "2", 1);
+        char a0[128], a1[128], b0[128], b1[128];
+        lightning_names(a0, a1, sizeof(a0));
+        lightning_names(b0, b1, sizeof(b0));
+        assert_true(strncmp(a0, "lightning-", 10) == 0);
+        assert_string_equal(a0, a1);
+        assert_string_equal(b0, b1);
+        assert_string_not_equal(a0, b0);
+        char err[640];
+        setenv("LOCAL_RANK", "1", 1);
+        assert_int_equal(one_machine(err, sizeof(err)), 0);
+        setenv("NODE_RANK", "1", 1); /* the second machine's ranks */
+        assert_int_equal(one_machine(err, sizeof(err)), DEVAL_ENOTSUP);
+        assert_non_null(strstr(err, "lightning says this is machine 1 of its job ($NODE_RANK)"));
+        char id[64];
+        assert_int_equal(deval_job_node(id, sizeof(id)), 0);
+        assert_string_equal(id, "1");
+        setenv("RANK", "3", 1); /* numbered by another launcher ($MASTER_PORT's) */
+        DvJob t = job();
+        assert_string_equal(t.launcher, "torch");
+        assert_int_equal(t.rank, 3);
+        clear();
+}
+
 /* The machine this process runs on: $DEVAL_NODE, else the launcher's word, else the host. */
 static void test_node(void **state) {
         (void)state;
@@ -344,6 +419,7 @@ int main(void) {
                 cmocka_unit_test(test_nothing_names_the_job),
                 cmocka_unit_test(test_more_than_one_machine),
                 cmocka_unit_test(test_node),
+                cmocka_unit_test(test_lightning),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
