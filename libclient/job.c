@@ -272,8 +272,8 @@ static bool spans(const DvJob *job, char *says, size_t len) {
                 snprintf(says, len, "%s says it runs on %d machines ($%s)", job->launcher,
                          job->nodes, job->nodes_var);
         else if (job->machine > 0)
-                snprintf(says, len, "%s says this is machine %d of its job ($%s)",
-                         job->launcher, job->machine, job->machine_var);
+                snprintf(says, len, "%s says this is machine %d of its job ($%s)", job->launcher,
+                         job->machine, job->machine_var);
         else
                 return false;
         return true;

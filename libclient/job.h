@@ -15,10 +15,10 @@ typedef struct {
         /* the same for every run of the job: the name without the launcher's restart count
          * (resume.c); "" when the launcher restarts nothing and its keys are the user's */
         char resume[DV_GROUP_NAME_MAX];
-        int rank;  /* -1: the launcher does not say */
-        int world; /* -1: the launcher does not say */
-        int local; /* of them, ranks on this machine; -1: the launcher does not say */
-        int nodes; /* machines the job runs on; -1: the launcher does not say */
+        int rank;    /* -1: the launcher does not say */
+        int world;   /* -1: the launcher does not say */
+        int local;   /* of them, ranks on this machine; -1: the launcher does not say */
+        int nodes;   /* machines the job runs on; -1: the launcher does not say */
         int machine; /* this machine's index in the job; -1: the launcher does not say */
         char local_var[32], nodes_var[32], machine_var[32]; /* where they came from */
 } DvJob;

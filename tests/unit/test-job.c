@@ -317,8 +317,8 @@ static void lightning_names(char *first, char *second, size_t len) {
                         DvJob k = job();
                         if (k.rank != 1 || k.world != 2)
                                 _exit(1);
-                        _exit(write(fds[1], k.name, sizeof(k.name)) == (ssize_t)sizeof(k.name) ? 0
-                                                                                                 : 1);
+                        ssize_t w = write(fds[1], k.name, sizeof(k.name));
+                        _exit(w == (ssize_t)sizeof(k.name) ? 0 : 1);
                 }
                 int status = 1;
                 waitpid(child, &status, 0);
