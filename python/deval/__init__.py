@@ -69,9 +69,9 @@ __version__ = _lib.deval_version().decode()
 
 
 def __getattr__(name):
-    """deval.accelerate and deval.torchmetrics without importing them (nor accelerate, torch,
-    torchmetrics) at import deval."""
-    if name in ("accelerate", "torchmetrics"):
+    """deval.accelerate, deval.torchmetrics and deval.lightning without importing them (nor
+    accelerate, torch, torchmetrics, lightning) at import deval."""
+    if name in ("accelerate", "torchmetrics", "lightning"):
         import importlib
         return importlib.import_module("deval." + name)
     raise AttributeError("module 'deval' has no attribute %r" % name)

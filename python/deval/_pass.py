@@ -432,6 +432,36 @@ class _LoopPass:
         return _END if last is None else _loop.head(last)
 
 
+class Opaque:
+    """An iteration of a loader deval runs no pass over (deval.accelerate's hooked loaders,
+    deval.lightning's evaluation loops), seen by attached metrics (_loop.ACTIVE): real says
+    which samples of the batch are real, when it can be told; None taints a metric updated
+    with the batch (deval.torchmetrics)."""
+
+    def __init__(self):
+        self.real = self.samples = self.seq = self.n = None
+        self.batches = 0
+        self.gathered = []  # what this batch's gathers for metrics returned
+
+    def batch(self, batch):
+        self.batches += 1
+        self.gathered = []
+
+    def holds_gathered(self, args, kwargs):
+        return holds_gathered(self.gathered, self.samples, args, kwargs)
+
+    def run(self, it):
+        _loop.LOOPS[0] += 1
+        self.seq = _loop.LOOPS[0]
+        _loop.ACTIVE.append(self)
+        try:
+            for batch in it:
+                self.batch(batch)
+                yield batch
+        finally:
+            _loop.ACTIVE.remove(self)
+
+
 def holds_gathered(gathered, samples, args, kwargs):
     """Do the values args and kwargs hold (a metric's update) come from what the gathers for
     metrics of the current batch returned (gathered: every rank's rows, not this rank's): the

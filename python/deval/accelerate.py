@@ -32,33 +32,7 @@ _ACTIVE = None  # the one enabled _State
 _ORIG = {}  # class -> its own __iter__, while patched
 
 
-class _Opaque:
-    """An iteration of a hooked loader deval runs no pass over, seen by attached metrics
-    (_loop.ACTIVE): real says which samples of the batch are real, when it can be told; None
-    taints a metric updated with the batch (deval.torchmetrics)."""
-
-    def __init__(self):
-        self.real = self.samples = self.seq = self.n = None
-        self.batches = 0
-        self.gathered = []  # what this batch's gathers for metrics returned
-
-    def batch(self, batch):
-        self.batches += 1
-        self.gathered = []
-
-    def holds_gathered(self, args, kwargs):
-        return _pass.holds_gathered(self.gathered, self.samples, args, kwargs)
-
-    def run(self, it):
-        _loop.LOOPS[0] += 1
-        self.seq = _loop.LOOPS[0]
-        _loop.ACTIVE.append(self)
-        try:
-            for batch in it:
-                self.batch(batch)
-                yield batch
-        finally:
-            _loop.ACTIVE.remove(self)
+_Opaque = _pass.Opaque
 
 
 class _Dispatched(_Opaque):

@@ -132,6 +132,19 @@ def test_torchmetrics_example(daemon):
     assert torchrun(daemon, 3, "torchmetrics_eval.py") == one
 
 
+def test_lightning_example(daemon):
+    """Lightning's own launcher starts 3 ranks; rank 0 prints what one device prints, to the
+    bit (and not what plain Lightning's 51 samples give)."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("torchmetrics", reason="torchmetrics is not installed")
+    pytest.importorskip("lightning", reason="lightning is not installed")
+    example = os.path.join(EXAMPLES, "lightning_eval.py")
+    one = run([sys.executable, example, "--devices", "1"], daemon, timeout=180)
+    assert one.startswith("validate: accuracy ") and "rows 50\npredict: 50 predictions" in one, \
+        one
+    assert run([sys.executable, example, "--devices", "3"], daemon, timeout=240) == one
+
+
 def test_accelerate_enable_example(daemon):
     """Under the real torchrun: three ranks of uneven loaders, two calls per batch."""
     pytest.importorskip("torch", reason="torch is not installed")

@@ -1,0 +1,139 @@
+# SPDX-License-Identifier: MIT
+"""A Lightning job as its users write it: python lightning_job.py DEVICES HOW N OUT.
+
+Trainer(accelerator="cpu", devices=DEVICES, strategy="ddp") (Lightning's own launcher starts
+the other ranks by running this script again); HOW is "deval" (deval.lightning.enable),
+"callback" (Trainer(callbacks=[deval.lightning.Exact()])) or "plain". A fixed classifier over N samples in batches of 4 is validated, tested, fitted with
+a learning rate of 0 (its validation logs), and predicts. Rank 0 writes what each returned,
+as JSON, to OUT; every rank checks that its predictions are whole under deval.
+"""
+
+import json
+import sys
+
+import torch
+import torchmetrics
+from torch.utils.data import DataLoader, Dataset
+
+import lightning.pytorch as L
+
+devices, how, n, out = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+
+
+class Samples(Dataset):
+    def __init__(self, n):
+        g = torch.Generator().manual_seed(5)
+        self.x = torch.randn(n, 6, generator=g)
+        self.y = torch.randint(0, 3, (n,), generator=g)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i], i
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.lin = torch.nn.Linear(6, 3)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.randn(3, 6, generator=g))
+            self.lin.bias.zero_()
+        self.acc = torchmetrics.classification.MulticlassAccuracy(3, average="micro")
+        self.mse = torchmetrics.MeanSquaredError()
+        self.seen = []
+
+    def forward(self, x):
+        return self.lin(x)
+
+    def _eval(self, batch, prefix):
+        x, y, i = batch
+        logits = self(x)
+        pred = logits.argmax(1)
+        self.log(prefix + "acc_log", (pred == y).float().mean(), sync_dist=True,
+                 batch_size=len(y))
+        self.log(prefix + "loss", torch.nn.functional.cross_entropy(logits, y), sync_dist=True,
+                 batch_size=len(y))
+        # a collective in every step: every rank must run as many steps
+        self.log(prefix + "step_rows", float(len(y)), on_step=True, on_epoch=False,
+                 sync_dist=True, batch_size=len(y))
+        self.acc(pred, y)
+        self.log(prefix + "acc_metric", self.acc)
+        self.mse.update(logits[:, 0], y.float())
+        self.log(prefix + "mse", self.mse)
+        self.seen.append(i)
+
+    def _counts(self):
+        # the rows the steps saw, gathered as Lightning's users do
+        seen = torch.cat(self.seen) if self.seen else torch.zeros(0, dtype=torch.long)
+        self.seen = []
+        rows = self.all_gather(seen).reshape(-1)
+        ranks = self.all_gather(torch.tensor(self.global_rank))  # a per-rank value
+        return {"rows": rows.tolist(), "ranks": ranks.reshape(-1).tolist()}
+
+    def validation_step(self, batch, batch_idx):
+        self._eval(batch, "val_")
+
+    def on_validation_epoch_end(self):
+        self.val_counts = self._counts()
+
+    def test_step(self, batch, batch_idx):
+        self._eval(batch, "test_")
+
+    def on_test_epoch_end(self):
+        self.test_counts = self._counts()
+
+    def training_step(self, batch, batch_idx):
+        x, y, _ = batch
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+    def predict_step(self, batch, batch_idx):
+        x, _, i = batch
+        return {"index": i, "pred": self(x).argmax(1)}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def loader(n):
+    return DataLoader(Samples(n), batch_size=4)
+
+
+def main():
+    import deval.lightning
+
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1
+                        else "auto", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, max_epochs=1,
+                        num_sanity_val_steps=0, inference_mode=False,
+                        callbacks=[deval.lightning.Exact()] if how == "callback" else None)
+    if how == "deval":
+        deval.lightning.enable(trainer)
+    model = Model()
+    r = {}
+    r["validate"] = trainer.validate(model, loader(n), verbose=False)[0]
+    r["val_counts"] = model.val_counts
+    r["test"] = trainer.test(model, loader(n), verbose=False)[0]
+    r["test_counts"] = model.test_counts
+    trainer.fit(model, loader(n), loader(n))
+    r["fit"] = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
+    preds = trainer.predict(model, loader(n))
+    r["predict"] = [[int(v) for v in p["index"]] for p in preds]
+    r["predict_values"] = [[int(v) for v in p["pred"]] for p in preds]
+    if how != "plain" or devices <= 2:  # (Lightning's own sampler fails a rank with none)
+        few = trainer.predict(model, loader(2))  # fewer samples than ranks
+        r["predict_few"] = [[int(v) for v in p["index"]] for p in few]
+    if how != "plain":
+        assert sum(len(b) for b in r["predict"]) == n, r["predict"]
+        g = deval.join()  # under Lightning's launcher, with no argument
+        assert g.rank == trainer.global_rank, (g.rank, trainer.global_rank)
+        r["join"] = [g.world_size, g.name.startswith("lightning-")]
+    if trainer.global_rank == 0:
+        with open(out, "w") as f:
+            json.dump(r, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+# SPDX-License-Identifier: MIT
+"""deval.lightning against Lightning itself: a Trainer on 2 and 3 CPU ranks (strategy="ddp",
+the ranks started by Lightning's own launcher) with deval.lightning.enable() returns what the
+same script returns on one device: validate's, test's and fit's logged values (a batch mean
+logged with sync_dist, a loss, torchmetrics metrics), the rows the steps saw gathered with
+self.all_gather (each sample once, in dataset order), and trainer.predict's predictions, also
+with fewer samples than ranks. Plain Lightning on 3 ranks counts its sampler's padding: the
+comparison tells the two apart. deval.join() with no argument joins under its launcher.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+pytest.importorskip("torch")
+pytest.importorskip("torchmetrics")
+pytest.importorskip("lightning")
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lightning_job.py")
+
+
+def run(daemon, tmp_path, devices, how, n):
+    out = tmp_path / ("%d-%s-%d.json" % (devices, how, n))
+    env = dict(os.environ, DEVAL_SOCKET=daemon.socket, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, JOB, str(devices), how, str(n), str(out)], env=env,
+                       cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def same_values(got, want):
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-6), k
+
+
+@pytest.mark.parametrize("devices,n,how", [(2, 10, "callback"), (3, 13, "deval")])
+def test_validate_test_fit_and_predict_are_one_device_s(daemon, tmp_path, devices, n, how):
+    """n=10 on 2 ranks and n=13 on 3 (batches of 4): the ranks' shares of the batches are
+    uneven, so some run a padding step, in which a value logged on_step syncs. The callback
+    in the Trainer's arguments does what enable() does."""
+    one = run(daemon, tmp_path, 1, "plain", n)
+    got = run(daemon, tmp_path, devices, how, n)
+    for stage in ("validate", "test", "fit"):
+        same_values(got[stage], one[stage])
+    for stage in ("val_counts", "test_counts"):
+        assert got[stage]["rows"] == list(range(n)) == one[stage]["rows"]
+        assert got[stage]["ranks"] == list(range(devices))  # Lightning's [world] stack
+    assert got["predict"] == one["predict"]
+    assert got["predict_values"] == one["predict_values"]
+    assert got["predict_few"] == one["predict_few"] == [[0, 1]]
+    assert got["join"] == [devices, True]
+
+
+def test_plain_lightning_counts_the_padding(daemon, tmp_path):
+    """What the test above would see without deval: 12 rows for 10 samples, a mean over them,
+    each rank's predictions alone."""
+    one = run(daemon, tmp_path, 1, "plain", 10)
+    plain = run(daemon, tmp_path, 3, "plain", 10)
+    assert sorted(plain["val_counts"]["rows"]) == [0, 0, 1, 1] + list(range(2, 10))
+    assert plain["validate"]["val_mse"] != pytest.approx(one["validate"]["val_mse"], rel=1e-3)
+    assert sum(len(b) for b in plain["predict"]) < 10
