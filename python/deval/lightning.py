@@ -55,37 +55,40 @@ class _Dealt:
     once, or twice where one sample is a whole batch of the others (the last one, or every
     one): so the ranks that ran a padding step hold as many rows per sample as no other
     rank, and all_gather tells their rows from a value of each rank's (_rows_plan). own is
-    how many of its batches are real."""
+    how many of its batches are real; steps, how many the last loop ran (Lightning's
+    limit_*_batches may stop it early, alike on every rank). Each iteration first checks,
+    through agree, that every rank drew the same batches: a sampler that draws apart on
+    each rank would deal some samples twice and others never."""
 
-    def __init__(self, batches, rank, world):
-        self.batches, self.rank, self.world = batches, rank, world
+    def __init__(self, batches, rank, world, agree):
+        self.batches, self.rank, self.world, self.agree = batches, rank, world, agree
         self.total = len(batches)
         self.own = len(range(rank, self.total, world))
         self.sizes = _sizes(batches)
         self.pad = 2 if self.sizes and (self.sizes[-1] == 1 or self.sizes[0] == 1) else 1
+        self.steps = 0
 
     def samples(self, rank):
-        """(real samples, padding samples) of rank's steps; None where the one-process
-        batches' sizes are not known."""
+        """(real samples, padding samples) of rank's steps in the last loop; None where the
+        one-process batches' sizes are not known."""
         if self.sizes is None:
             return None
-        short = len(self) - len(range(rank, self.total, self.world))
-        return sum(self.sizes[rank::self.world]), short * self.pad
+        own = len(range(rank, self.total, self.world))
+        real = self.sizes[rank::self.world][:self.steps]
+        return sum(real), max(0, self.steps - own) * self.pad
 
     def __len__(self):
         return -(-self.total // self.world)
 
     def __iter__(self):
-        last = first = None
-        for i, b in enumerate(self.batches):
-            if first is None:
-                first = b
-            if i % self.world == self.rank:
-                last = b
-                yield b
-        pad = last if last is not None else first
-        for _ in range(self.own, len(self)):
-            yield [pad[0]] * self.pad
+        self.steps = 0
+        drawn = [list(b) for b in self.batches]
+        self.agree(drawn)
+        mine = drawn[self.rank::self.world]
+        pad = (mine or drawn)[-1 if mine else 0][:1] * self.pad if drawn else []
+        for b in mine + [pad] * (len(self) - len(mine)):
+            self.steps += 1
+            yield b
 
     def number(self, k):
         """The one-process number of this rank's k-th batch; None for a padding batch."""
@@ -110,6 +113,7 @@ class _State:
         self.view = None  # the _pass.Opaque of the evaluation loop running (attached metrics)
         self.padding = False  # the step running is a padding batch's
         self.dealt = []  # the _Dealt of each loader of the last evaluation loop (all_gather)
+        self.seed = 0  # shared by the ranks (_seed)
 
 
 def _state(trainer):
@@ -145,6 +149,7 @@ def _group_for(trainer):
     name = "lightning-%d-%s" % (os.getpid(), os.urandom(6).hex())
     if trainer.world_size > 1:
         name = trainer.strategy.broadcast(name, src=0)
+    st.seed = int(name.rsplit("-", 1)[1], 16)  # (drawn on rank 0: the same on every rank)
     if trainer.world_size > 1 and _spans_machines() is not None:
         st.group = join(name)  # across machines, through the job's process group
     else:
@@ -152,6 +157,29 @@ def _group_for(trainer):
     from . import torchmetrics
     torchmetrics.use(st.group)
     return st.group
+
+
+def _seed(trainer):
+    """A seed every rank of trainer shares: Lightning's global one where seed_everything set
+    it, else one rank 0 drew when the group was joined."""
+    said = os.environ.get("PL_GLOBAL_SEED")
+    return int(said) if said and said.lstrip("-").isdigit() else _STATES[trainer].seed
+
+
+def _agree(trainer, drawn):
+    """Mismatch on every rank unless every rank's evaluation loader drew the same batches."""
+    import hashlib
+    digest = hashlib.sha1(repr(drawn).encode()).hexdigest()
+    said = _group_for(trainer).gather_object([digest])
+    apart = [r for r, d in enumerate(said) if d != said[0]]
+    if apart:
+        from . import Mismatch
+        raise Mismatch(
+            "deval.lightning: the evaluation loader's sampler drew other batches on rank%s %s "
+            "than on rank 0: dealing them would evaluate some samples twice and others never. "
+            "Give it a generator seeded alike on every rank (or seed_everything before the "
+            "loaders are made)" % ("s" if len(apart) > 1 else "",
+                                   ", ".join(map(str, apart))), -2)
 
 
 def _prepare_dataloader(self, dataloader, shuffle, mode):
@@ -178,7 +206,17 @@ def _prepare_dataloader(self, dataloader, shuffle, mode):
         len(batches)
     except TypeError:
         return own(self, dataloader, shuffle, mode)
-    dealt = _Dealt(batches, trainer.global_rank, trainer.world_size)
+    if type(batches) is tud.BatchSampler and type(batches.sampler) is tud.RandomSampler and \
+            batches.sampler.generator is None:
+        # a shuffled loader: one permutation for every rank, drawn from a seed they share
+        # (a generator of each rank's own would deal each rank another permutation)
+        import torch
+        rs = batches.sampler
+        shared = tud.RandomSampler(rs.data_source, rs.replacement, rs._num_samples,
+                                   generator=torch.Generator().manual_seed(_seed(trainer)))
+        batches = tud.BatchSampler(shared, batches.batch_size, batches.drop_last)
+    dealt = _Dealt(batches, trainer.global_rank, trainer.world_size,
+                   lambda drawn: _agree(trainer, drawn))
     args, kwargs = data._get_dataloader_init_args_and_kwargs(dataloader, dataloader.sampler)
     kwargs.update(sampler=None, shuffle=False, batch_size=1, drop_last=False,
                   batch_sampler=dealt)
@@ -283,7 +321,7 @@ def _all_gather(self, tensor, group=None, sync_grads=False):
     parts = torch.split(rows, [s[0] for s in shapes])
     k, d = plan
     out, at = [], [0] * d.world
-    for i, size in enumerate(d.sizes):
+    for i, size in enumerate(d.sizes[:d.steps * d.world]):
         r = i % d.world
         out.append(parts[r][at[r]:at[r] + k * size])
         at[r] += k * size
@@ -293,23 +331,24 @@ def _all_gather(self, tensor, group=None, sync_grads=False):
 def _rows_plan(st, shapes):
     """(k, the loop's _Dealt) where every rank's tensor of shapes holds k rows per sample of
     its steps (padding's too) in the last evaluation loop; else why not."""
-    dealt = [d for d in st.dealt if d is not None]
-    if len(st.dealt) != 1 or len(dealt) != 1 or dealt[0].sizes is None:
-        return "which loop's samples they would be is not known: %d loaders" % len(st.dealt)
-    d = dealt[0]
     if any(len(s) == 0 or s[1:] != shapes[0][1:] for s in shapes):
         return "they differ beyond their rows"
-    ks = set()
-    said = []
-    for r, s in enumerate(shapes):
-        real, pad = d.samples(r)
-        said.append("%d+%d" % (real, pad) if pad else "%d" % real)
-        if real + pad == 0 or s[0] % (real + pad):
-            return "samples per rank " + ", ".join(said)
-        ks.add(s[0] // (real + pad))
-    if len(ks) != 1 or 0 in ks:
-        return "samples per rank " + ", ".join(said)
-    return ks.pop(), d
+    fits, said = [], []
+    for d in st.dealt:
+        if d is None or d.sizes is None:
+            continue
+        counts = [sum(d.samples(r)) for r in range(len(shapes))]
+        said.append(", ".join("%d+%d" % d.samples(r) if d.samples(r)[1] else
+                              "%d" % d.samples(r)[0] for r in range(len(shapes))))
+        ks = {s[0] // c if c and s[0] % c == 0 else 0 for s, c in zip(shapes, counts)}
+        if len(ks) == 1 and 0 not in ks:
+            fits.append((ks.pop(), d))
+    if len(fits) == 1:
+        return fits[0]
+    if not said:
+        return "no loader whose batches deval dealt"
+    return "samples per rank, for each loader: " + "; ".join(said) + \
+        (": more than one loader fits" if fits else "")
 
 
 def _install(trainer):

@@ -3,7 +3,8 @@
 
 Trainer(accelerator="cpu", devices=DEVICES, strategy="ddp") (Lightning's own launcher starts
 the other ranks by running this script again); HOW is "deval" (deval.lightning.enable),
-"callback" (Trainer(callbacks=[deval.lightning.Exact()])) or "plain". A fixed classifier over N samples in batches of 4 is validated, tested, fitted with
+"callback" (Trainer(callbacks=[deval.lightning.Exact()])), "plain", or "apart" (deval, over a
+sampler of its own that draws another order on each rank, which must fail on every rank). A fixed classifier over N samples in batches of 4 is validated, tested, fitted with
 a learning rate of 0 (its validation logs), and predicts. Rank 0 writes what each returned,
 as JSON, to OUT; every rank checks that its predictions are whole under deval.
 """
@@ -44,6 +45,7 @@ class Model(L.LightningModule):
         self.acc = torchmetrics.classification.MulticlassAccuracy(3, average="micro")
         self.mse = torchmetrics.MeanSquaredError()
         self.seen = []
+        self.several, self.seen_by = False, {}
 
     def forward(self, x):
         return self.lin(x)
@@ -73,10 +75,18 @@ class Model(L.LightningModule):
         ranks = self.all_gather(torch.tensor(self.global_rank))  # a per-rank value
         return {"rows": rows.tolist(), "ranks": ranks.reshape(-1).tolist()}
 
-    def validation_step(self, batch, batch_idx):
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        if self.several:  # two loaders: what each rank's steps saw of each
+            self.seen_by.setdefault(dataloader_idx, []).append(batch[2])
+            return
         self._eval(batch, "val_")
 
     def on_validation_epoch_end(self):
+        if self.several:
+            self.by_loader = [sorted(self.all_gather(torch.cat(v)).reshape(-1).tolist())
+                              for _, v in sorted(self.seen_by.items())]
+            self.seen_by = {}
+            return
         self.val_counts = self._counts()
 
     def test_step(self, batch, batch_idx):
@@ -101,6 +111,19 @@ def loader(n):
     return DataLoader(Samples(n), batch_size=4)
 
 
+class Apart(torch.utils.data.Sampler):
+    """A sampler of one's own that draws from each process's global generator."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n).tolist())
+
+
 def main():
     import deval.lightning
 
@@ -109,9 +132,18 @@ def main():
                         enable_progress_bar=False, enable_model_summary=False, max_epochs=1,
                         num_sanity_val_steps=0, inference_mode=False,
                         callbacks=[deval.lightning.Exact()] if how == "callback" else None)
-    if how == "deval":
+    if how in ("deval", "apart"):
         deval.lightning.enable(trainer)
     model = Model()
+    if how == "apart":
+        torch.manual_seed(trainer.global_rank)
+        try:
+            trainer.validate(model, DataLoader(Samples(n), batch_size=4, sampler=Apart(n)),
+                             verbose=False)
+        except deval.Mismatch as e:
+            print("rank %d: Mismatch: %s" % (trainer.global_rank, e), flush=True)
+            return
+        raise AssertionError("a sampler that draws apart was dealt")
     r = {}
     r["validate"] = trainer.validate(model, loader(n), verbose=False)[0]
     r["val_counts"] = model.val_counts
@@ -119,6 +151,13 @@ def main():
     r["test_counts"] = model.test_counts
     trainer.fit(model, loader(n), loader(n))
     r["fit"] = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
+    # two loaders at once, one shuffled (no seed: deval draws it alike on every rank)
+    model.several = True
+    torch.manual_seed(trainer.global_rank)
+    trainer.validate(model, [loader(n), DataLoader(Samples(7), batch_size=3, shuffle=True)],
+                     verbose=False)
+    r["by_loader"] = model.by_loader
+    model.several = False
     preds = trainer.predict(model, loader(n))
     r["predict"] = [[int(v) for v in p["index"]] for p in preds]
     r["predict_values"] = [[int(v) for v in p["pred"]] for p in preds]

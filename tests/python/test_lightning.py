@@ -32,7 +32,7 @@ def run(daemon, tmp_path, devices, how, n):
     p = subprocess.run([sys.executable, JOB, str(devices), how, str(n), str(out)], env=env,
                        cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()) if out.exists() else p.stdout
 
 
 def same_values(got, want):
@@ -53,6 +53,7 @@ def test_validate_test_fit_and_predict_are_one_device_s(daemon, tmp_path, device
     for stage in ("val_counts", "test_counts"):
         assert got[stage]["rows"] == list(range(n)) == one[stage]["rows"]
         assert got[stage]["ranks"] == list(range(devices))  # Lightning's [world] stack
+    assert got["by_loader"] == one["by_loader"] == [list(range(n)), list(range(7))]
     assert got["predict"] == one["predict"]
     assert got["predict_values"] == one["predict_values"]
     assert got["predict_few"] == one["predict_few"] == [[0, 1]]
@@ -67,3 +68,12 @@ def test_plain_lightning_counts_the_padding(daemon, tmp_path):
     assert sorted(plain["val_counts"]["rows"]) == [0, 0, 1, 1] + list(range(2, 10))
     assert plain["validate"]["val_mse"] != pytest.approx(one["validate"]["val_mse"], rel=1e-3)
     assert sum(len(b) for b in plain["predict"]) < 10
+
+
+def test_a_sampler_drawing_apart_fails_every_rank(daemon, tmp_path):
+    """A sampler of one's own whose order differs by rank cannot be dealt: each rank's share
+    would overlap the others'. Every rank says so at the loop's start, naming rank 1."""
+    said = run(daemon, tmp_path, 2, "apart", 10)
+    for r in (0, 1):
+        assert "rank %d: Mismatch: deval.lightning: the evaluation loader's sampler drew " \
+            "other batches on rank 1 than on rank 0" % r in said, said
