@@ -69,6 +69,44 @@ def test_torchrun_joins_with_no_arguments(runtime, tmp_path, n):
     assert len(devalds(runtime)) == 1  # started by the first rank, shared by all
 
 
+SPAWN_SCRIPT = """
+import os, socket, sys, deval, numpy as np, torch.distributed as dist, torch.multiprocessing as mp
+
+def rank(r, world):
+    # the DDP tutorial's shape: the rank and world size go to torch, not to the environment
+    dist.init_process_group("gloo", rank=r, world_size=world)
+    g = deval.join()
+    got = g.gather(np.array([g.rank]))
+    assert got.tolist() == list(range(world)), got
+    os.write(1, b"rank %d of %d in %s\\n" % (g.rank, g.world_size, g.name.encode()))
+    g.leave()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    mp.spawn(rank, args=(3,), nprocs=3)
+"""
+
+
+def test_spawned_ranks_join_with_torch_s_rank(runtime, tmp_path):
+    """Ranks mp.spawn started have no $RANK: deval.join() takes torch.distributed's."""
+    pytest.importorskip("torch")
+    script = tmp_path / "spawn.py"
+    script.write_text(SPAWN_SCRIPT)
+    env = env_for()
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                       timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = sorted(ln for ln in p.stdout.splitlines() if ln.startswith("rank "))
+    assert [ln.split()[1] for ln in lines] == ["0", "1", "2"], p.stdout
+    assert len({ln.split()[-1] for ln in lines}) == 1 and "of 3 in torch-" in lines[0]
+
+
 def test_two_torchrun_jobs_at_once_never_meet(runtime, tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "job.py"
