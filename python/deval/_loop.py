@@ -523,11 +523,30 @@ class Keys:
     def padding(self):
         """A batch of one padding sample, in the loader's own structure: the last batch's first
         sample, read and collated again."""
+        return self.alone(0)
+
+    def alone(self, k):
+        """The last batch's k-th drawn sample read and collated again, as a batch of its own."""
         base = self.base
         if self.lists:  # (the dataset reads a list of indices at once)
-            return base.collate_fn(base.dataset[self.indices[:1]])
-        sample = base.dataset[self.indices[0]]
+            return base.collate_fn(base.dataset[self.indices[k:k + 1]])
+        sample = base.dataset[self.indices[k]]
         return base.collate_fn([sample] if base._auto_collation else sample)
+
+    def in_place(self, batch, rows):
+        """Does batch hold, at each of rows (places in the draw), the sample drawn there? Each
+        is read and collated alone, and its rows compared with the batch's at that place (the
+        part the two shapes share: a collate pads to the batch's longest); True where they
+        agree in at least one value with a row per sample and differ in none."""
+        b = len(self.indices)
+        for k in rows:
+            try:
+                one = self.alone(k)
+            except Exception:  # (a dataset that cannot be read again here)
+                return False
+            if not _same_row(batch, k, b, one):
+                return False
+        return True
 
 
 _DIGEST_BYTES = 2048  # a tensor's first and last bytes a digest reads
@@ -602,6 +621,48 @@ def digest(batch, keys=None):
         else:
             h.update(type(x).__name__.encode())
     return int.from_bytes(h.digest(), "little")
+
+
+def _same_row(batch, k, b, one):
+    """batch's row k (of b) against one's only row, through the structure both share: True
+    where some value had a row per sample and every such value agreed."""
+    import numpy as np
+    seen, todo = False, [(batch, one)]
+    while todo:
+        x, y = todo.pop()
+        if _is_data(x) and len(x.shape) and x.shape[0] == b:
+            if not _is_data(y) or len(y.shape) != len(x.shape) or y.shape[0] != 1:
+                return False
+            a, c = np.asarray(_host(x[k])), np.asarray(_host(y[0]))
+            common = tuple(slice(0, min(p, q)) for p, q in zip(a.shape, c.shape))
+            if not np.array_equal(a[common], c[common]):
+                return False
+            seen = True
+        elif _mapping(x) and _mapping(y):
+            if set(x.keys()) != set(y.keys()):
+                return False
+            todo.extend((x[key], y[key]) for key in x.keys())
+        elif isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+            if len(x) == b and len(y) == 1 and not any(_is_data(v) for v in x):
+                if x[k] != y[0]:
+                    return False
+                seen = True
+            elif len(x) == len(y):
+                todo.extend(zip(x, y))
+            else:
+                return False
+    return seen
+
+
+def _host(x):
+    """x on the host, as numpy can read it (a torch tensor copied off its device; a dtype
+    numpy lacks, bfloat16, widened)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+        if str(x.dtype) == "torch.bfloat16":
+            x = x.float()
+        return x.numpy()
+    return x
 
 
 def data_ids(batch):

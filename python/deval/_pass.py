@@ -256,6 +256,7 @@ class _LoopPass:
         """Take batch, the loader's next; return what the body gets: batch, or, for a batch
         the pass answers from the journal of a run that stopped, one padding sample."""
         self.real = None
+        self.lost = None  # why this batch's padding cannot be told from its samples (_reordered)
         self.gathered = []
         self.current = batch
         self.pad_now = False
@@ -279,6 +280,9 @@ class _LoopPass:
             self.samples = len(self.cur)
             if self.keys.real is not None:
                 self.real = np.array(self.keys.real, dtype=bool)
+            if self.real is not None and not self.real.all() and not self.order_kept and \
+                    not self.keys.in_place(batch, np.flatnonzero(~self.real)):
+                return self._reordered(batch)
             if self._kept(self.batches + 1):
                 # its first sample, cut from it: the dataset is not read again (which could
                 # draw random numbers the run that stopped did not)
@@ -302,6 +306,29 @@ class _LoopPass:
         self.batches += 1
         if self.opened:
             self._declare()
+        return batch
+
+    def _reordered(self, batch):
+        """batch holds a sharding's padding, and its collate_fn did not leave the padding's
+        rows where the sampler drew them (it sorts, say): which rows are the padding is told
+        nowhere, so nothing may drop them (a gather for metrics, an attached metric's
+        update). Raise where the pass is open; else (a hooked loader before its first
+        gather_for_metrics) at its first gather, as for any batch whose identity is lost."""
+        err = Mismatch(
+            "deval.eval_loop: batch %d holds %d samples that the sharding repeats (padding), "
+            "and its collate_fn (%s) did not keep them where the sampler drew them: a collate "
+            "that reorders a batch's samples (sorting by length, say) hides which rows are "
+            "the padding, which would drop another sample's rows in their place. Keep the "
+            "drawn order in the collate_fn (sort inside the model), or use torch's collate"
+            % (self.batches + 1, int((~self.real).sum()),
+               getattr(self.keys.base.collate_fn, "__name__",
+                       type(self.keys.base.collate_fn).__name__)), -2)
+        self.real, self.lost = None, str(err)
+        if self.opened or self.open_now:
+            raise err
+        self.broken = err
+        self.cur, self.samples, self.counted = None, _loop.batch_samples(batch), None
+        self.batches += 1
         return batch
 
     def _own_data(self, batch):

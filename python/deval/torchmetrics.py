@@ -225,7 +225,10 @@ class _Update:
                     "batches were in that run's metric, which is gone. Update the metric with "
                     "gather_for_metrics results on one rank (they hold every batch), or run "
                     "with DEVAL_RESUME=0" % (type(m).__name__, lp.batches, lp.seq, lp.resumed)))
-            if real is None:
+            if getattr(lp, "lost", None):
+                _taint(m, "%s.update() at batch %d of loop #%d: %s" % (
+                    type(m).__name__, lp.batches, lp.seq, lp.lost))
+            elif real is None:
                 _count(m, lp)
             elif real.all():
                 _note_rows(m, lp, args, kwargs)

@@ -385,3 +385,50 @@ def test_ops_outside_a_loader_match_accelerate(daemon, monkeypatch):
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
     for plain, mine in run_ranks(3, ops_rank, free_port(), group_name("ops")):
         assert plain == mine
+
+
+class Lengths(torch.utils.data.Dataset):
+    """Sample i: a row of 6 - i values i (sample 0 the longest), label i % 2."""
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        return torch.full((6 - i,), i), i % 2
+
+
+def longest_first(samples):
+    samples = sorted(samples, key=lambda s: -len(s[0]))
+    ids = torch.nn.utils.rnn.pad_sequence([s[0] for s in samples], batch_first=True,
+                                          padding_value=-1)
+    return ids, torch.tensor([s[1] for s in samples])
+
+
+def sorted_metric_rank(rank, world, port, name):
+    set_env(rank, world, port)
+    import torchmetrics
+    import deval.torchmetrics
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True)
+    deval.accelerate.enable(acc, group=name)
+    deval.torchmetrics.enable()
+    seen = torchmetrics.CatMetric()
+    try:
+        for ids, _ in acc.prepare(DataLoader(Lengths(), batch_size=3, collate_fn=longest_first)):
+            seen.update(ids[:, 0].float())
+        with pytest.raises(deval.Mismatch, match="did not keep them where the sampler drew"):
+            seen.compute()
+    finally:
+        deval.torchmetrics.enable(False)
+        deval.accelerate.disable()
+    return True
+
+
+def test_a_metric_under_a_sorting_collate_refuses_at_compute(daemon, monkeypatch):
+    """even_batches wraps sample 0 into rank 1's batch [3, 4, 0], which the collate sorts to
+    [0, 3, 4]: the padding is no longer last, and dropping the last row counted sample 0
+    twice and lost sample 4, silently. The loop has no gather_for_metrics, so the pass never
+    opens; the metric refuses on every rank at compute()."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    assert run_ranks(2, sorted_metric_rank, free_port(), group_name("sortm")) == [True, True]

@@ -355,7 +355,7 @@ def rank_refused(rank, world, sock, name, n, case):
     ("in_order", 2, "in_order=False"),
     ("replacement", 2, "draws with replacement"),
     # 3 ranks deal 10 samples with 2 padding duplicates that land beside other samples
-    ("collate", 3, "came back twice with different rows of the batch's own data")])
+    ("collate", 3, "did not keep them where the sampler drew them")])
 def test_loaders_whose_rows_cannot_be_told_apart_are_refused(daemon, case, world, says):
     res = run_ranks(world, rank_refused, daemon.socket, group_name("refuse"), 10, case)
     assert all(kind != "ok" for kind, _ in res), res
@@ -440,12 +440,14 @@ def test_samples_that_differ_between_reads_count_by_draw(daemon, case):
 @pytest.mark.parametrize("case,n", [("sorted", 10), ("sorted-first-uniform", 23), ("own", 10)])
 def test_a_collate_of_the_user_s_own_keeps_the_duplicates_check(daemon, case, n):
     """A collate of the user's own may reorder (sorting by length, even where the first
-    batches are all one length), so a duplicate whose own data differs from its first read
-    refuses, on every rank; one that keeps order but reads differing values (own) too: deval
-    cannot tell the two apart."""
+    batches are all one length), so a batch whose padding's rows are not its draw's, read
+    alone again, refuses on every rank (or, where libdeval sees it first, a duplicate whose
+    own data differs from its first read); one that keeps order but reads differing values
+    (own) too: deval cannot tell the two apart."""
     res = run_ranks(3, rank_reread, daemon.socket, group_name("reread"), n, case)
     assert all(kind == "Mismatch" for kind, _ in res), res
-    assert all("came back twice" in what for _, what in res), res
+    assert all("came back twice" in what or "did not keep them where the sampler drew them"
+               in what for _, what in res), res
 
 
 class Twice(Sampler):
@@ -564,3 +566,46 @@ def test_calls_and_tensors_past_a_collective_s_limits_are_exact(daemon):
             assert got == [i * 100 + c for i in range(n)], (c, got)
         for k, got in enumerate(wide):
             assert got == [i * 1000 + k for i in range(n)], (k, got)
+
+
+def pad_in_order(samples):
+    """A collate_fn of the user's own that pads to the batch's longest and keeps the order."""
+    x = torch.nn.utils.rnn.pad_sequence([s[0] for s in samples], batch_first=True,
+                                        padding_value=-1)
+    return x, torch.tensor([s[1] for s in samples])
+
+
+def rank_metric_collate(rank, world, sock, name, n, case):
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
+    import torchmetrics
+    import deval.torchmetrics
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    deval.torchmetrics.use(g)
+    seen = deval.torchmetrics.attach(torchmetrics.CatMetric())
+    ds = ByLength(n)
+    dl = DataLoader(ds, batch_size=2, collate_fn=sort_by_length if case == "sorted" else
+                    pad_in_order, sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    try:
+        for x, y in g.eval_loop(dl):
+            seen.update(x[:, 0])  # the model's view: the first value of each row
+        return "ok", sorted(int(v) for v in seen.compute())
+    except deval.Error as e:
+        return type(e).__name__, str(e)
+    finally:
+        g.leave()
+
+
+@pytest.mark.parametrize("case", ["sorted", "in-order"])
+def test_a_metric_under_a_reordering_collate_is_refused_not_miscounted(daemon, case):
+    """3 ranks, 10 samples of lengths 10..1, 2 of them padding: a collate that sorts by
+    length moves the padding's rows, so cutting the padding by place would drop a real sample
+    and keep a duplicate (it did, silently): every rank refuses. A collate of one's own that
+    pads and keeps the order is checked (the padding, read alone, is where it was drawn) and
+    exact."""
+    res = run_ranks(3, rank_metric_collate, daemon.socket, group_name("mcoll"), 10, case)
+    if case == "sorted":
+        assert all(kind == "Mismatch" for kind, _ in res), res
+        assert any("did not keep them where the sampler drew them" in what
+                   for _, what in res), res
+    else:
+        assert all(r == ("ok", list(range(10))) for r in res), res
