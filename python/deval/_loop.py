@@ -159,12 +159,34 @@ def pass_params(loader, world):
         if ds_sampler.drop_last:
             return ds_sampler.num_samples * world, "strided"
         return _length(ds_sampler.dataset, "the sampler's dataset", "strided"), "strided"
+    alone = _alone(loader) if world == 1 else None
+    if alone is not None:
+        return alone, "rank"
     raise ValueError("eval_loop cannot tell how %s (sampler %s) is sharded across ranks; pass "
                      "num_samples= (the samples all ranks' loaders hold together) and order= "
                      "('rank' when each rank gets whole consecutive batches, 'strided' when "
                      "samples are dealt round-robin like DistributedSampler)"
                      % (type(loader).__name__,
                         type(getattr(loader, "sampler", None)).__name__))
+
+
+def _alone(loader):
+    """The samples a DataLoader of one rank's group reads, where its sampler says: all it
+    draws, less what a torch BatchSampler's drop_last leaves out; None where unknown."""
+    tud = sys.modules.get("torch.utils.data")
+    base = inner(loader)
+    if tud is None or not isinstance(base, tud.DataLoader):
+        return None
+    bs = base.batch_sampler
+    if bs is not None and type(bs) is not tud.BatchSampler:
+        return None  # (a batch sampler of one's own: its batches' sizes are its own)
+    try:
+        n = len(base.sampler)
+    except TypeError:
+        return None
+    if bs is not None and bs.drop_last:
+        n = n // bs.batch_size * bs.batch_size
+    return n
 
 
 def _is_data(x):
@@ -271,9 +293,18 @@ def _tapped_index_sampler(self):
     return _Tap(_INDEX_SAMPLER.fget(self), id(self))
 
 
+def inner(loader):
+    """The torch DataLoader a wrapper iterates: Accelerate's prepared loaders' base_dataloader,
+    Lightning Fabric's _dataloader (setup_dataloaders); loader itself otherwise."""
+    base = getattr(loader, "base_dataloader", None)
+    if base is None and type(loader).__name__ == "_FabricDataLoader":
+        base = getattr(loader, "_dataloader", None)
+    return loader if base is None else base
+
+
 def map_loader(loader):
     """The torch DataLoader over a map-style dataset that iterating loader reads (Accelerate's
-    prepared loaders read their base_dataloader), with the dataset's length; (None, None)
+    prepared loaders read their base_dataloader, inner()), with the dataset's length; (None, None)
     when its batches carry no dataset indices (an iterable dataset, another kind of loader),
     or when its batches may come out of the order they were drawn in (in_order=False)."""
     tud = sys.modules.get("torch.utils.data")
@@ -282,7 +313,7 @@ def map_loader(loader):
     acc = _accelerate()
     if acc is not None and isinstance(loader, acc.DataLoaderDispatcher):
         return None, None  # rank 0 reads every batch; the others never see the indices
-    base = getattr(loader, "base_dataloader", loader)
+    base = inner(loader)
     if type(base) is not tud.DataLoader and not isinstance(base, tud.DataLoader):
         return None, None
     ds = base.dataset
@@ -393,7 +424,7 @@ def check_loader(loader, by_draw=False):
     """ValueError for a loader whose batches no pass can tell apart: batches yielded out of
     the order they were drawn, or, when its samples are told apart by dataset index alone
     (not by_draw), samples drawn with replacement."""
-    base = getattr(loader, "base_dataloader", loader)
+    base = inner(loader)
     if getattr(base, "num_workers", 0) > 0 and getattr(base, "in_order", True) is False:
         raise ValueError("the DataLoader yields batches out of the order its sampler drew them "
                          "(in_order=False), so which samples a batch holds cannot be told; "

@@ -489,13 +489,38 @@ def __getattr__(name):
     raise AttributeError("module 'deval.lightning' has no attribute %r" % name)
 
 
+def _fabric_group(fabric):
+    """The deval group of a launched Fabric's ranks: named by rank 0, through Fabric's own
+    broadcast; every torchmetrics metric syncs through it and takes only the real samples of
+    the loops deval runs."""
+    name = "lightning-fabric-%d-%s" % (os.getpid(), os.urandom(6).hex())
+    if fabric.world_size > 1:
+        name = fabric.broadcast(name, src=0)
+    if fabric.world_size > 1 and _spans_machines() is not None:
+        g = join(name)
+    else:
+        g = join(name, fabric.global_rank, fabric.world_size)
+    from . import torchmetrics
+    torchmetrics.use(g)
+    torchmetrics.enable()  # every metric of the process: Fabric's users make their own
+    return g
+
+
 def enable(trainer):
     """Make trainer's evaluation exact (see the module's doc); returns trainer. Enabling it
     again does nothing. The group is joined when the Trainer sets up (after its launcher
-    started the ranks)."""
+    started the ranks).
+
+    Given a launched Fabric instead, returns the deval group of its ranks, and attaches every
+    torchmetrics metric (deval.torchmetrics.enable()): iterate an evaluation loader from
+    setup_dataloaders with g.eval_loop(loader), gather with g.gather_for_metrics, each sample
+    once, and metrics updated in the loop count each sample once."""
+    if hasattr(trainer, "setup_dataloaders") and hasattr(trainer, "launch") and \
+            hasattr(trainer, "broadcast"):
+        return _fabric_group(trainer)
     if not hasattr(trainer, "callbacks") or not hasattr(trainer, "strategy"):
-        raise InvalidArgument("deval.lightning.enable: %s is not a Lightning Trainer"
-                              % type(trainer).__name__, -1)
+        raise InvalidArgument("deval.lightning.enable: %s is not a Lightning Trainer nor a "
+                              "Fabric" % type(trainer).__name__, -1)
     Exact = __getattr__("Exact")
     if not any(isinstance(c, Exact) for c in trainer.callbacks):
         trainer.callbacks.append(Exact())

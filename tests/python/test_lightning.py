@@ -77,3 +77,23 @@ def test_a_sampler_drawing_apart_fails_every_rank(daemon, tmp_path):
     for r in (0, 1):
         assert "rank %d: Mismatch: deval.lightning: the evaluation loader's sampler drew " \
             "other batches on rank 1 than on rank 0" % r in said, said
+
+
+def test_fabric_s_loaders_through_eval_loop(daemon, tmp_path):
+    """Fabric's own launcher, 3 ranks, 13 samples: setup_dataloaders gives each rank a
+    DistributedSampler's shard (15 samples in all); g = deval.lightning.enable(fabric) and
+    g.eval_loop return each sample once, and a torchmetrics metric updated in the loop counts
+    13 (12/13, where the 2 padding samples would make it 13/15). One device alike."""
+    env = dict(os.environ, DEVAL_SOCKET=daemon.socket, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    job = os.path.join(os.path.dirname(JOB), "fabric_job.py")
+    for devices in (3, 1):
+        p = subprocess.run([sys.executable, job, str(devices), "13"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=240)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+        lines = sorted(ln for ln in p.stdout.splitlines() if ln.startswith("rank "))
+        assert len(lines) == devices, p.stdout
+        for r, ln in enumerate(lines):
+            assert ln == "rank %d of %d: rows %s mean %.6f" % (r, devices, list(range(13)),
+                                                               12 / 13), ln
