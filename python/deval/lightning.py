@@ -11,15 +11,16 @@ samples. So a step sees a batch one process would see, and no sample twice:
 
 - self.log(..., sync_dist=True) at epoch level is the one-process value: Lightning weights
   each batch by its size, and every batch is one process's;
-- torchmetrics metrics on the module sync through deval (deval.torchmetrics.attach), each
-  sample once;
+- every torchmetrics metric syncs through deval (deval.torchmetrics.enable()), each sample
+  once;
 - trainer.predict returns every prediction, in the one-process order, on every rank.
 
 A rank whose share of the batches is one short runs one step more, on a padding batch (its
 last batch's first sample), so that every rank runs as many steps and no collective of a
-step waits for a rank that finished: in that step deval.real_rows() is all False, the values
-it logs count nowhere at epoch level (on_step ones still sync), attached metrics take
-nothing, and its prediction is not returned.
+step waits for a rank that finished: in that step (and its batch-end hooks) deval.real_rows()
+is all False, the values logged count nowhere at epoch level (on_step ones still sync),
+metrics take nothing, its prediction is not returned and self.all_gather leaves its rows
+out.
 
 Nothing is stored on the Trainer; the callback holds no group and pickles, so ddp_spawn and
 checkpoints work as before.
@@ -52,30 +53,22 @@ class _Dealt:
     """A batch sampler: the batches one process's loader yields (batches, a sized batch
     sampler), batch i to rank i mod world, then as many padding batches as this rank is short
     of the others' count (at most one): its last batch's first sample, or the first batch's,
-    once, or twice where one sample is a whole batch of the others (the last one, or every
-    one): so the ranks that ran a padding step hold as many rows per sample as no other
-    rank, and all_gather tells their rows from a value of each rank's (_rows_plan). own is
-    how many of its batches are real; steps, how many the last loop ran (Lightning's
-    limit_*_batches may stop it early, alike on every rank). Each iteration first checks,
-    through agree, that every rank drew the same batches: a sampler that draws apart on
-    each rank would deal some samples twice and others never."""
+    once, or twice where a batch of one sample occurs, so that a padding batch has another
+    size than the batches beside it. own is how many of its batches are real; steps, how many
+    the last loop ran (Lightning's limit_*_batches may stop it early, alike on every rank);
+    sizes, the size of each one-process batch of the last iteration.
 
-    def __init__(self, batches, rank, world, agree):
-        self.batches, self.rank, self.world, self.agree = batches, rank, world, agree
+    Each iteration draws every batch first and checks, through agree, that every rank drew
+    the same: a sampler that draws apart on each rank would deal some samples twice and
+    others never. Where they differ and fallback (a sampler of the same batches drawn from a
+    seed the ranks share) is given, the ranks draw from it instead; else agree raises."""
+
+    def __init__(self, batches, rank, world, agree, fallback=None):
+        self.batches, self.rank, self.world = batches, rank, world
+        self.agree, self.fallback = agree, fallback
         self.total = len(batches)
         self.own = len(range(rank, self.total, world))
-        self.sizes = _sizes(batches)
-        self.pad = 2 if self.sizes and (self.sizes[-1] == 1 or self.sizes[0] == 1) else 1
-        self.steps = 0
-
-    def samples(self, rank):
-        """(real samples, padding samples) of rank's steps in the last loop; None where the
-        one-process batches' sizes are not known."""
-        if self.sizes is None:
-            return None
-        own = len(range(rank, self.total, self.world))
-        real = self.sizes[rank::self.world][:self.steps]
-        return sum(real), max(0, self.steps - own) * self.pad
+        self.sizes, self.pad, self.steps = None, 1, 0
 
     def __len__(self):
         return -(-self.total // self.world)
@@ -83,7 +76,11 @@ class _Dealt:
     def __iter__(self):
         self.steps = 0
         drawn = [list(b) for b in self.batches]
-        self.agree(drawn)
+        if not self.agree(drawn, self.fallback is not None):
+            drawn = [list(b) for b in self.fallback]
+            self.agree(drawn, False)
+        self.sizes = [len(b) for b in drawn]
+        self.pad = 2 if 1 in self.sizes else 1
         mine = drawn[self.rank::self.world]
         pad = (mine or drawn)[-1 if mine else 0][:1] * self.pad if drawn else []
         for b in mine + [pad] * (len(self) - len(mine)):
@@ -94,15 +91,10 @@ class _Dealt:
         """The one-process number of this rank's k-th batch; None for a padding batch."""
         return self.rank + k * self.world if k < self.own else None
 
-
-def _sizes(batches):
-    """The size of each batch a torch BatchSampler yields, from its settings (a shuffled
-    sampler is not drawn for it); None for another batch sampler."""
-    import torch.utils.data as tud
-    if type(batches) is not tud.BatchSampler:
-        return None
-    n, b = len(batches.sampler), batches.batch_size
-    return [b] * (n // b) + ([n % b] if n % b and not batches.drop_last else [])
+    def size(self, rank, k):
+        """(the size of rank's k-th batch of the last iteration, whether it is padding)."""
+        i = rank + k * self.world
+        return (self.sizes[i], False) if i < len(self.sizes) else (self.pad, True)
 
 
 class _State:
@@ -113,6 +105,7 @@ class _State:
         self.view = None  # the _pass.Opaque of the evaluation loop running (attached metrics)
         self.padding = False  # the step running is a padding batch's
         self.dealt = []  # the _Dealt of each loader of the last evaluation loop (all_gather)
+        self.step = None  # (its _Dealt, the batch's index) while an evaluation step runs
         self.seed = 0  # shared by the ranks (_seed)
 
 
@@ -166,12 +159,15 @@ def _seed(trainer):
     return int(said) if said and said.lstrip("-").isdigit() else _STATES[trainer].seed
 
 
-def _agree(trainer, drawn):
-    """Mismatch on every rank unless every rank's evaluation loader drew the same batches."""
+def _agree(trainer, drawn, soft):
+    """Did every rank's evaluation loader draw the same batches? If not: False where soft,
+    else Mismatch on every rank."""
     import hashlib
     digest = hashlib.sha1(repr(drawn).encode()).hexdigest()
     said = _group_for(trainer).gather_object([digest])
     apart = [r for r, d in enumerate(said) if d != said[0]]
+    if apart and soft:
+        return False
     if apart:
         from . import Mismatch
         raise Mismatch(
@@ -180,6 +176,7 @@ def _agree(trainer, drawn):
             "Give it a generator seeded alike on every rank (or seed_everything before the "
             "loaders are made)" % ("s" if len(apart) > 1 else "",
                                    ", ".join(map(str, apart))), -2)
+    return True
 
 
 def _prepare_dataloader(self, dataloader, shuffle, mode):
@@ -197,33 +194,53 @@ def _prepare_dataloader(self, dataloader, shuffle, mode):
         return own(self, dataloader, shuffle, mode)
     pl, _ = _pl(trainer)
     data = sys.modules[pl.__name__ + ".utilities.data"]
+    resolve = data._dataloader_init_kwargs_resolve_sampler
     batches = dataloader.batch_sampler
     predicting = mode.name == "PREDICTING"
-    if predicting and isinstance(batches, tud.BatchSampler) and batches.drop_last:
-        # Lightning predicts every sample, whatever drop_last says
-        batches = tud.BatchSampler(batches.sampler, batches.batch_size, False)
+    if predicting:
+        # one device's batches: Lightning's, which predicts every sample (drop_last=False
+        # given to a batch sampler that takes it, its own class kept)
+        batches = resolve(dataloader, dataloader.sampler, mode)["batch_sampler"]
+        batches = getattr(batches, "_batch_sampler", batches)
     try:
         len(batches)
     except TypeError:
         return own(self, dataloader, shuffle, mode)
-    if type(batches) is tud.BatchSampler and type(batches.sampler) is tud.RandomSampler and \
-            batches.sampler.generator is None:
-        # a shuffled loader: one permutation for every rank, drawn from a seed they share
-        # (a generator of each rank's own would deal each rank another permutation)
-        import torch
-        rs = batches.sampler
-        shared = tud.RandomSampler(rs.data_source, rs.replacement, rs._num_samples,
-                                   generator=torch.Generator().manual_seed(_seed(trainer)))
-        batches = tud.BatchSampler(shared, batches.batch_size, batches.drop_last)
     dealt = _Dealt(batches, trainer.global_rank, trainer.world_size,
-                   lambda drawn: _agree(trainer, drawn))
-    args, kwargs = data._get_dataloader_init_args_and_kwargs(dataloader, dataloader.sampler)
-    kwargs.update(sampler=None, shuffle=False, batch_size=1, drop_last=False,
-                  batch_sampler=dealt)
+                   lambda drawn, soft: _agree(trainer, drawn, soft), _shared(trainer, batches))
+    bs = dealt
     if predicting:  # as Lightning does: its index wrapper records each batch's indices
         overrides = sys.modules[pl.__name__ + ".overrides.distributed"]
-        kwargs["batch_sampler"] = overrides._IndexBatchSamplerWrapper(dealt)
+        bs = overrides._IndexBatchSamplerWrapper(dealt)
+
+    def dealt_kwargs(*args):
+        return {"sampler": None, "shuffle": False, "batch_size": 1, "drop_last": False,
+                "batch_sampler": bs}
+
+    # Lightning's own remaking of the user's DataLoader (its class and arguments), with this
+    # batch sampler where Lightning would resolve its own
+    data._dataloader_init_kwargs_resolve_sampler = dealt_kwargs
+    try:
+        args, kwargs = data._get_dataloader_init_args_and_kwargs(dataloader, dataloader.sampler,
+                                                                 mode)
+    finally:
+        data._dataloader_init_kwargs_resolve_sampler = resolve
     return data._reinstantiate_wrapped_cls(dataloader, *args, **kwargs)
+
+
+def _shared(trainer, batches):
+    """For a torch BatchSampler over a RandomSampler with no generator of its own (a shuffled
+    loader): the same batches drawn from a seed the ranks share, for when the ranks' own
+    draws differ (no seed_everything); None for any other batch sampler."""
+    import torch.utils.data as tud
+    if type(batches) is not tud.BatchSampler or type(batches.sampler) is not tud.RandomSampler \
+            or batches.sampler.generator is not None:
+        return None
+    import torch
+    rs = batches.sampler
+    shared = tud.RandomSampler(rs.data_source, rs.replacement, rs._num_samples,
+                               generator=torch.Generator().manual_seed(_seed(trainer)))
+    return tud.BatchSampler(shared, batches.batch_size, batches.drop_last)
 
 
 def _result_update(self, value, batch_size):
@@ -292,13 +309,13 @@ def _predictions_end(self):
 
 
 def _all_gather(self, tensor, group=None, sync_grads=False):
-    """Lightning's ParallelStrategy.all_gather (self.all_gather in a module): Lightning's own
-    where every rank's tensor has one shape ([world, ...], each rank's). Where the shapes
-    differ, as the rows a rank's steps collected do when the ranks evaluated different
-    numbers of samples, and every rank's tensor holds k rows per sample of its steps in the
-    last evaluation loop: [1, k * samples, ...], the real samples' rows in the one-process
-    order (a padding step's rows, its last, left out). Anything else: Mismatch on every
-    rank, which all see the same shapes."""
+    """Lightning's ParallelStrategy.all_gather (self.all_gather in a module) for an enabled
+    Trainer: Lightning's own ([world, ...], each rank's tensor) where every rank's has one
+    shape and no rank's holds a padding batch's rows. Where every rank's tensor holds k rows
+    per sample of the batches it evaluated (_plan: in a step, the step's batch; after an
+    evaluation loop, the loop's), a padding batch's rows at their place or left out:
+    [1, k * samples, ...], the real samples' rows in one device's order. Other shapes that
+    differ: Mismatch on every rank, which all see the same shapes."""
     own = _ORIG[("strategy", "all_gather")]
     module = getattr(self, "lightning_module", None)
     trainer = getattr(module, "_trainer", None)
@@ -308,47 +325,80 @@ def _all_gather(self, tensor, group=None, sync_grads=False):
         return own(self, tensor, group, sync_grads)
     g = _group_for(trainer)
     shapes = [tuple(s) for s in g.gather_object([tuple(tensor.shape)])]
-    if all(s == shapes[0] for s in shapes):
-        return own(self, tensor, group, sync_grads)
-    plan = _rows_plan(st, shapes)
+    same = all(s == shapes[0] for s in shapes)
+    plan = _plan(st, shapes)
     if isinstance(plan, str):
+        if same:
+            return own(self, tensor, group, sync_grads)
         from . import Mismatch
         raise Mismatch("deval.lightning: all_gather of tensors of shapes %s on ranks 0..%d: "
                        "Lightning stacks tensors of one shape, and these are not the rows of "
-                       "the samples each rank evaluated in the last evaluation loop (%s)"
+                       "the samples each rank evaluated (%s)"
                        % (", ".join(map(str, shapes)), len(shapes) - 1, plan), -2)
+    k, blocks = plan
+    if same and not any(pad for rank in blocks for _, pad in rank):
+        return own(self, tensor, group, sync_grads)  # (no padding rows: Lightning's stack)
     rows = g.gather(tensor.detach().contiguous())
-    parts = torch.split(rows, [s[0] for s in shapes])
-    k, d = plan
-    out, at = [], [0] * d.world
-    for i, size in enumerate(d.sizes[:d.steps * d.world]):
-        r = i % d.world
-        out.append(parts[r][at[r]:at[r] + k * size])
-        at[r] += k * size
+    parts = [list(torch.split(part, [k * size for size, _ in rank]))
+             for part, rank in zip(torch.split(rows, [s[0] for s in shapes]), blocks)]
+    out, world = [], len(blocks)
+    for i in range(max(len(rank) for rank in blocks) * world):
+        r, j = i % world, i // world
+        if j < len(blocks[r]) and not blocks[r][j][1]:
+            out.append(parts[r][j])
     return torch.cat(out).unsqueeze(0).to(tensor.device)
 
 
-def _rows_plan(st, shapes):
-    """(k, the loop's _Dealt) where every rank's tensor of shapes holds k rows per sample of
-    its steps (padding's too) in the last evaluation loop; else why not."""
+def _plan(st, shapes):
+    """(k, blocks) where every rank's tensor of shapes holds k rows per sample of the batches
+    it evaluated, blocks[r] being the (size, padding) of each of rank r's batches in step
+    order, less the padding ones where its rows leave them out: in a step, the step's batch;
+    after a loop, its batches (of one loader, the only one whose batches fit, or all alike).
+    Else why not, in words."""
     if any(len(s) == 0 or s[1:] != shapes[0][1:] for s in shapes):
         return "they differ beyond their rows"
+    world = len(shapes)
+    if st.step is not None:
+        d, j = st.step
+        layouts = [[[d.size(r, j)] for r in range(world)]] if d.sizes is not None else []
+    else:
+        layouts = [[[d.size(r, j) for j in range(d.steps)] for r in range(world)]
+                   for d in st.dealt if d is not None and d.sizes is not None]
     fits, said = [], []
-    for d in st.dealt:
-        if d is None or d.sizes is None:
-            continue
-        counts = [sum(d.samples(r)) for r in range(len(shapes))]
-        said.append(", ".join("%d+%d" % d.samples(r) if d.samples(r)[1] else
-                              "%d" % d.samples(r)[0] for r in range(len(shapes))))
-        ks = {s[0] // c if c and s[0] % c == 0 else 0 for s, c in zip(shapes, counts)}
-        if len(ks) == 1 and 0 not in ks:
-            fits.append((ks.pop(), d))
+    for layout in layouts:
+        said.append(", ".join("%d+%d" % (sum(z for z, p in b if not p), sum(z for z, p in b if p))
+                              for b in layout))
+        fit = _fit(layout, [s[0] for s in shapes])
+        if fit is not None and fit not in fits:
+            fits.append(fit)
     if len(fits) == 1:
         return fits[0]
-    if not said:
+    if not layouts:
         return "no loader whose batches deval dealt"
-    return "samples per rank, for each loader: " + "; ".join(said) + \
+    return "samples+padding per rank, for each loader: " + "; ".join(said) + \
         (": more than one loader fits" if fits else "")
+
+
+def _fit(layout, rows):
+    """(k, blocks) where each rank's rows are k per sample of its batches in layout (its
+    padding batches' included, or all left out); None where no k fits every rank."""
+    ks = set()
+    for b, n in zip(layout, rows):
+        for total in (sum(z for z, _ in b), sum(z for z, p in b if not p)):
+            if total and n % total == 0 and n:
+                ks.add(n // total)
+    for k in sorted(ks):
+        blocks = []
+        for b, n in zip(layout, rows):
+            if n == k * sum(z for z, _ in b):
+                blocks.append(b)
+            elif n == k * sum(z for z, p in b if not p):
+                blocks.append([zp for zp in b if not zp[1]])
+            else:
+                break
+        else:
+            return k, blocks
+    return None
 
 
 def _install(trainer):
@@ -371,6 +421,9 @@ def _install(trainer):
         _ORIG[key + ("class",)] = cls
         fn.__wrapped__ = _ORIG[key]
         setattr(cls, name, fn)
+    # Lightning's own logging states are torchmetrics metrics that this module adapts; they
+    # stay out of deval.torchmetrics.enable() (their on_step sync must meet the others')
+    res._ResultMetric._deval_never = True
 
 
 def _callback_base():
@@ -391,18 +444,22 @@ def _make_exact():
         def setup(self, trainer, pl_module, stage):
             _STATES.setdefault(trainer, _State())
             _install(trainer)
+            # first of the callbacks: its hooks say which step is padding (and until when)
+            # before any other callback's of the same hook logs from it
+            cbs = trainer.callbacks
+            if cbs and cbs[0] is not self and self in cbs:
+                cbs.remove(self)
+                cbs.insert(0, self)
             if trainer.world_size > 1:
                 _group_for(trainer)
+                from . import torchmetrics
+                # every metric of the process: those of the module, in plain dicts too
+                torchmetrics.enable()
 
         def _start(self, trainer, pl_module, stage):
             st = _state(trainer)
             if st is None:
                 return
-            from . import torchmetrics
-            try:
-                torchmetrics.attach(pl_module)  # (the metrics made since the last run too)
-            except InvalidArgument:
-                pass  # a module with no metric
             st.dealt = [_dealt(dl) for dl in _loaders(trainer, stage)]
             st.view = _pass.Opaque()
             _loop.LOOPS[0] += 1
@@ -415,8 +472,14 @@ def _make_exact():
                 return
             if st.view in _loop.ACTIVE:
                 _loop.ACTIVE.remove(st.view)
-            st.view, st.padding = None, False
+            st.view, st.padding, st.step = None, False, None
             _CURRENT[0] = None
+
+        def _epoch_end(self, trainer):
+            """The loop's steps are over: the epoch's hooks log and gather its samples."""
+            st = _STATES.get(trainer)
+            if st is not None:
+                st.padding, st.step = False, None
 
         def _batch(self, trainer, batch, batch_idx, dataloader_idx, stage):
             st = _state(trainer)
@@ -424,7 +487,10 @@ def _make_exact():
                 return
             loaders = _loaders(trainer, stage)
             dealt = _dealt(loaders[dataloader_idx]) if dataloader_idx < len(loaders) else None
+            # (the step's hooks, to its batch-end ones, log from a padding step until the
+            # next batch starts or the epoch ends)
             st.padding = dealt is not None and dealt.number(batch_idx) is None
+            st.step = (dealt, batch_idx) if dealt is not None else None
             _CURRENT[0] = trainer
             view = st.view
             view.batch(batch)
@@ -432,10 +498,6 @@ def _make_exact():
             size = max(view.samples or 1, 1)
             view.real = np.full(size, not st.padding)
 
-        def _batch_end(self, trainer):
-            st = _STATES.get(trainer)
-            if st is not None:
-                st.padding = False
 
         def on_validation_start(self, trainer, pl_module):
             self._start(trainer, pl_module, "validating")
@@ -466,14 +528,14 @@ def _make_exact():
                                    dataloader_idx=0):
             self._batch(trainer, batch, batch_idx, dataloader_idx, "predicting")
 
-        def on_validation_batch_end(self, trainer, *args, **kwargs):
-            self._batch_end(trainer)
+        def on_validation_epoch_end(self, trainer, pl_module):
+            self._epoch_end(trainer)
 
-        def on_test_batch_end(self, trainer, *args, **kwargs):
-            self._batch_end(trainer)
+        def on_test_epoch_end(self, trainer, pl_module):
+            self._epoch_end(trainer)
 
-        def on_predict_batch_end(self, trainer, *args, **kwargs):
-            self._batch_end(trainer)
+        def on_predict_epoch_end(self, trainer, pl_module):
+            self._epoch_end(trainer)
 
     Exact.__module__ = __name__
     Exact.__qualname__ = "Exact"
@@ -523,7 +585,7 @@ def enable(trainer):
                               "Fabric" % type(trainer).__name__, -1)
     Exact = __getattr__("Exact")
     if not any(isinstance(c, Exact) for c in trainer.callbacks):
-        trainer.callbacks.append(Exact())
+        trainer.callbacks.insert(0, Exact())
     _STATES.setdefault(trainer, _State())
     _install(trainer)
     return trainer

@@ -129,7 +129,10 @@ def _distributed():
 
 
 def _on(m):
-    return _ALL[0] or m.__dict__.get("_deval", False)
+    """Is m attached: by attach(), or by enable() unless its class keeps out of it (a
+    framework's own states that it adapts itself: Lightning's logged values)?"""
+    return m.__dict__.get("_deval", False) or (_ALL[0] and
+                                               not getattr(type(m), "_deval_never", False))
 
 
 # ---- what torchmetrics' Metric does, adapted ---------------------------------------------
@@ -146,7 +149,7 @@ def _install():
     import torchmetrics
     M = torchmetrics.Metric
     _ORIG.update(init=M.__init__, setstate=M.__setstate__, sync=M.sync, reset=M.reset,
-                 sync_dist=M._sync_dist)
+                 sync_dist=M._sync_dist, forward=M.forward)
 
     @functools.wraps(_ORIG["init"])
     def __init__(self, *args, **kwargs):
@@ -159,6 +162,7 @@ def _install():
         _hook(self)
 
     M.__init__, M.__setstate__, M.sync, M.reset = __init__, __setstate__, _sync, _reset
+    M.forward = _forward
     M._sync_dist = _sync_dist
     for cls in _tuple_gatherers():
         cls._sync_dist = _whole_lists(cls._sync_dist)
@@ -503,6 +507,26 @@ def _sync_dist(self, dist_sync_fn=None, process_group=None):
         flat = [e for rank in parts for e in rank[i]]
         fn = saved[a]
         setattr(self, a, fn(flat) if fn is not None else flat)
+
+
+def _forward(self, *args, **kwargs):
+    """Metric.forward: for an attached metric in a batch that is all padding (a replayed
+    batch, a padding step), the batch's own value, computed from its rows as for any batch
+    (a metric of no rows may not compute: AUROC's cat states), while the metric's state is
+    left as it was; anything else torchmetrics' own."""
+    lp = _loop.ACTIVE[-1] if _loop.ACTIVE and not _DEPTH[0] and _on(self) else None
+    real = getattr(lp, "real", None)
+    if real is None or real.any():
+        return _ORIG["forward"](self, *args, **kwargs)
+    kept, count = self._copy_state_dict(), self._update_count
+    _DEPTH[0] += 1  # (its update takes the rows: _Update passes what it is given)
+    try:
+        return _ORIG["forward"](self, *args, **kwargs)
+    finally:
+        _DEPTH[0] -= 1
+        for name, value in kept.items():
+            setattr(self, name, value)
+        self._update_count, self._computed = count, None
 
 
 def _reset(self):

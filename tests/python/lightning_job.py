@@ -45,7 +45,9 @@ class Model(L.LightningModule):
             self.lin.bias.zero_()
         self.acc = torchmetrics.classification.MulticlassAccuracy(3, average="micro")
         self.mse = torchmetrics.MeanSquaredError()
-        self.seen = []
+        self.auroc = torchmetrics.classification.MulticlassAUROC(3)  # called: forward
+        self.plain = {"n": torchmetrics.SumMetric()}  # a plain dict: no submodule
+        self.seen, self.in_step = [], []
         self.several, self.seen_by = False, {}
 
     def forward(self, x):
@@ -66,7 +68,16 @@ class Model(L.LightningModule):
         self.log(prefix + "acc_metric", self.acc)
         self.mse.update(logits[:, 0], y.float())
         self.log(prefix + "mse", self.mse)
+        self.auroc(logits.softmax(1), y)
+        self.log(prefix + "auroc", self.auroc)
+        self.plain["n"].update(torch.ones(len(y)))
         self.seen.append(i)
+        self.in_step.append(self.all_gather(i).reshape(-1))  # a gather in every step
+        return {"loss": torch.nn.functional.cross_entropy(logits, y), "n": len(y)}
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        if not self.several:  # logged after the step, from what it returned
+            self.log("val_after", outputs["loss"], sync_dist=True, batch_size=outputs["n"])
 
     def _counts(self):
         # the rows the steps saw, gathered as Lightning's users do
@@ -74,13 +85,18 @@ class Model(L.LightningModule):
         self.seen = []
         rows = self.all_gather(seen).reshape(-1)
         ranks = self.all_gather(torch.tensor(self.global_rank))  # a per-rank value
-        return {"rows": rows.tolist(), "ranks": ranks.reshape(-1).tolist()}
+        in_step = torch.cat(self.in_step).tolist()
+        self.in_step = []
+        n_metric = float(self.plain["n"].compute())
+        self.plain["n"].reset()
+        return {"rows": rows.tolist(), "ranks": ranks.reshape(-1).tolist(),
+                "in_step": in_step, "plain_n": n_metric}
 
     def validation_step(self, batch, batch_idx, dataloader_idx=0):
-        if self.several:  # two loaders: what each rank's steps saw of each
+        if self.several:  # several loaders: what each rank's steps saw of each
             self.seen_by.setdefault(dataloader_idx, []).append(batch[2])
             return
-        self._eval(batch, "val_")
+        return self._eval(batch, "val_")
 
     def on_validation_epoch_end(self):
         if self.several:
@@ -91,7 +107,7 @@ class Model(L.LightningModule):
         self.val_counts = self._counts()
 
     def test_step(self, batch, batch_idx):
-        self._eval(batch, "test_")
+        return self._eval(batch, "test_")
 
     def on_test_epoch_end(self):
         self.test_counts = self._counts()
@@ -110,6 +126,10 @@ class Model(L.LightningModule):
 
 def loader(n):
     return DataLoader(Samples(n), batch_size=4)
+
+
+class MyBatches(torch.utils.data.BatchSampler):
+    """A batch sampler of one's own (its sizes are not read from torch's settings)."""
 
 
 class Apart(torch.utils.data.Sampler):
@@ -153,11 +173,13 @@ def main():
     r["test_counts"] = model.test_counts
     trainer.fit(model, loader(n), loader(n))
     r["fit"] = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
-    # two loaders at once, one shuffled (no seed: deval draws it alike on every rank)
+    # three loaders at once: one shuffled (no seed: deval draws it alike on every rank), and
+    # one of as many samples through a BatchSampler of one's own
     model.several = True
     torch.manual_seed(trainer.global_rank)
-    trainer.validate(model, [loader(n), DataLoader(Samples(7), batch_size=3, shuffle=True)],
-                     verbose=False)
+    own = MyBatches(torch.utils.data.SequentialSampler(Samples(7)), 3, False)
+    trainer.validate(model, [loader(n), DataLoader(Samples(7), batch_size=3, shuffle=True),
+                             DataLoader(Samples(7), batch_sampler=own)], verbose=False)
     r["by_loader"] = model.by_loader
     model.several = False
     preds = trainer.predict(model, loader(n))

@@ -44,8 +44,10 @@ def same_values(got, want):
 @pytest.mark.parametrize("devices,n,how", [(2, 10, "callback"), (3, 13, "deval")])
 def test_validate_test_fit_and_predict_are_one_device_s(daemon, tmp_path, devices, n, how):
     """n=10 on 2 ranks and n=13 on 3 (batches of 4): the ranks' shares of the batches are
-    uneven, so some run a padding step, in which a value logged on_step syncs. The callback
-    in the Trainer's arguments does what enable() does."""
+    uneven, so some run a padding step, in which a value logged on_step syncs, a value logged
+    from on_validation_batch_end counts nowhere, a metric called (forward) on it computes,
+    a metric in a plain dict takes nothing, and an all_gather in the step leaves it out. The
+    callback in the Trainer's arguments does what enable() does."""
     one = run(daemon, tmp_path, 1, "plain", n)
     got = run(daemon, tmp_path, devices, how, n)
     for stage in ("validate", "test", "fit"):
@@ -53,7 +55,10 @@ def test_validate_test_fit_and_predict_are_one_device_s(daemon, tmp_path, device
     for stage in ("val_counts", "test_counts"):
         assert got[stage]["rows"] == list(range(n)) == one[stage]["rows"]
         assert got[stage]["ranks"] == list(range(devices))  # Lightning's [world] stack
-    assert got["by_loader"] == one["by_loader"] == [list(range(n)), list(range(7))]
+        assert got[stage]["in_step"] == list(range(n))  # gathered in each step, in order
+        assert got[stage]["plain_n"] == one[stage]["plain_n"] == n
+    assert got["by_loader"] == one["by_loader"] == [list(range(n)), list(range(7)),
+                                                    list(range(7))]
     assert got["predict"] == one["predict"]
     assert got["predict_values"] == one["predict_values"]
     assert got["predict_few"] == one["predict_few"] == [[0, 1]]
