@@ -28,7 +28,8 @@ objects exposing ``__cuda_array_interface__`` are accepted too; their results ar
 # the plain gather's fast path (deval._speed in C, or its copy in Python); _loop, what a loader
 # is made of; _pass, eval passes that follow a loader; _group, Group and its collectives;
 # _span, groups across machines; _join, join(). This file is the public surface: it re-exports
-# what users, the adapters (accelerate.py, torchmetrics.py) and the tests reach for.
+# what users, the adapters (accelerate.py, torchmetrics.py, lightning.py) and the tests reach
+# for.
 
 from . import _loop
 from ._errors import (
