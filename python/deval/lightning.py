@@ -545,8 +545,10 @@ def _make_exact():
 def __getattr__(name):
     """deval.lightning.Exact, made when first asked for (it subclasses Lightning's Callback,
     which import deval.lightning does not import)."""
-    if name == "Exact":
-        cls = globals()["Exact"] = _make_exact()
+    if name == "Exact":  # (enable() asks here too: made once)
+        cls = globals().get("Exact")
+        if cls is None:
+            cls = globals()["Exact"] = _make_exact()
         return cls
     raise AttributeError("module 'deval.lightning' has no attribute %r" % name)
 

@@ -102,3 +102,24 @@ def test_fabric_s_loaders_through_eval_loop(daemon, tmp_path):
         for r, ln in enumerate(lines):
             assert ln == "rank %d of %d: rows %s mean %.6f" % (r, devices, list(range(13)),
                                                                12 / 13), ln
+
+
+def test_an_enabled_trainer_still_pickles_and_copies():
+    """enable() stores nothing on the Trainer but a callback that holds nothing: the Trainer
+    pickles (ddp_spawn sends it to its ranks) and the callback copies, as before."""
+    import copy
+    import pickle
+
+    import lightning.pytorch as L
+    import deval.lightning
+    t = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                  enable_checkpointing=False)
+    assert deval.lightning.enable(t) is t
+    deval.lightning.enable(t)  # again: one callback, first of them
+    exact = [c for c in t.callbacks if isinstance(c, deval.lightning.Exact)]
+    assert len(exact) == 1 and t.callbacks[0] is exact[0]
+    back = pickle.loads(pickle.dumps(t))
+    assert isinstance(back.callbacks[0], deval.lightning.Exact)
+    assert isinstance(copy.deepcopy(exact[0]), deval.lightning.Exact)
+    with pytest.raises(deval.lightning.InvalidArgument, match="not a Lightning Trainer"):
+        deval.lightning.enable(object())
