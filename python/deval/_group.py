@@ -400,6 +400,9 @@ class Group:
             # batch's indices say where its samples go, so the order is not needed; how many
             # the ranks hold together is (a shard of its own on each rank reads indices that
             # collide, which only the count reveals)
+            alone = _loop.alone(loader) if self.world_size == 1 else None
+            if num_samples is None and alone is not None:
+                num_samples = alone  # a group of one rank: what its loader holds, all of it
             if isinstance(e, _loop.ShardedTwice) or num_samples is None or (
                     base is None and order is None):
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None

@@ -159,9 +159,6 @@ def pass_params(loader, world):
         if ds_sampler.drop_last:
             return ds_sampler.num_samples * world, "strided"
         return _length(ds_sampler.dataset, "the sampler's dataset", "strided"), "strided"
-    alone = _alone(loader) if world == 1 else None
-    if alone is not None:
-        return alone, "rank"
     raise ValueError("eval_loop cannot tell how %s (sampler %s) is sharded across ranks; pass "
                      "num_samples= (the samples all ranks' loaders hold together) and order= "
                      "('rank' when each rank gets whole consecutive batches, 'strided' when "
@@ -170,9 +167,11 @@ def pass_params(loader, world):
                         type(getattr(loader, "sampler", None)).__name__))
 
 
-def _alone(loader):
-    """The samples a DataLoader of one rank's group reads, where its sampler says: all it
-    draws, less what a torch BatchSampler's drop_last leaves out; None where unknown."""
+def alone(loader):
+    """The samples a DataLoader read by a group of one rank holds, where its sampler says:
+    all it draws, less what a torch BatchSampler's drop_last leaves out; None where unknown.
+    (eval_loop's: a loader under deval.accelerate on one process keeps Accelerate's
+    behaviour.)"""
     tud = sys.modules.get("torch.utils.data")
     base = inner(loader)
     if tud is None or not isinstance(base, tud.DataLoader):
