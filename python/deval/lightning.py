@@ -336,42 +336,61 @@ def _all_gather(self, tensor, group=None, sync_grads=False):
                        "the samples each rank evaluated (%s)"
                        % (", ".join(map(str, shapes)), len(shapes) - 1, plan), -2)
     k, blocks = plan
-    if same and not any(pad for rank in blocks for _, pad in rank):
+    if same and not any(b[1] for rank in blocks for b in rank):
         return own(self, tensor, group, sync_grads)  # (no padding rows: Lightning's stack)
     rows = g.gather(tensor.detach().contiguous())
-    parts = [list(torch.split(part, [k * size for size, _ in rank]))
-             for part, rank in zip(torch.split(rows, [s[0] for s in shapes]), blocks)]
-    out, world = [], len(blocks)
-    for i in range(max(len(rank) for rank in blocks) * world):
-        r, j = i % world, i // world
-        if j < len(blocks[r]) and not blocks[r][j][1]:
-            out.append(parts[r][j])
-    return torch.cat(out).unsqueeze(0).to(tensor.device)
+    found = []
+    for part, rank in zip(torch.split(rows, [s[0] for s in shapes]), blocks):
+        for (size, pad, key), piece in zip(rank, torch.split(part, [k * b[0] for b in rank])):
+            if not pad:
+                found.append((key, piece))
+    found.sort(key=lambda kp: kp[0])
+    return torch.cat([piece for _, piece in found]).unsqueeze(0).to(tensor.device)
 
 
 def _plan(st, shapes):
     """(k, blocks) where every rank's tensor of shapes holds k rows per sample of the batches
-    it evaluated, blocks[r] being the (size, padding) of each of rank r's batches in step
-    order, less the padding ones where its rows leave them out: in a step, the step's batch;
-    after a loop, its batches (of one loader, the only one whose batches fit, or all alike).
-    Else why not, in words."""
+    it evaluated, blocks[r] being (size, padding, key) for each of rank r's batches in step
+    order, less the padding ones where its rows leave them out, key saying where the batch
+    goes in one device's order (its loader, its one-device number): in a step, the step's
+    batch; after a loop, the loop's batches, those of every loader in turn (rows collected
+    from every step) or of one loader (each loader's own, alike if several fit). Else why
+    not, in words."""
     if any(len(s) == 0 or s[1:] != shapes[0][1:] for s in shapes):
         return "they differ beyond their rows"
     world = len(shapes)
+
+    def batches(d, loader, r, steps):
+        out = []
+        for j in steps:
+            size, pad = d.size(r, j)
+            out.append((size, pad, None if pad else (loader, r + j * world)))
+        return out
+
+    dealt = [(i, d) for i, d in enumerate(st.dealt) if d is not None and d.sizes is not None]
     if st.step is not None:
         d, j = st.step
-        layouts = [[[d.size(r, j)] for r in range(world)]] if d.sizes is not None else []
+        layouts = [[batches(d, 0, r, [j]) for r in range(world)]] if d.sizes is not None \
+            else []
     else:
-        layouts = [[[d.size(r, j) for j in range(d.steps)] for r in range(world)]
-                   for d in st.dealt if d is not None and d.sizes is not None]
+        layouts = [[batches(d, i, r, range(d.steps)) for r in range(world)] for i, d in dealt]
+        if len(dealt) > 1:  # every loader's batches, in turn: the first to try
+            layouts.insert(0, [[b for i, d in dealt for b in batches(d, i, r, range(d.steps))]
+                               for r in range(world)])
+    rows = [s[0] for s in shapes]
     fits, said = [], []
-    for layout in layouts:
-        said.append(", ".join("%d+%d" % (sum(z for z, p in b if not p), sum(z for z, p in b if p))
-                              for b in layout))
-        fit = _fit(layout, [s[0] for s in shapes])
-        if fit is not None and fit not in fits:
+    for at, layout in enumerate(layouts):
+        said.append(", ".join("%d+%d" % (sum(b[0] for b in bs if not b[1]),
+                                         sum(b[0] for b in bs if b[1])) for bs in layout))
+        fit = _fit(layout, rows)
+        if fit is not None and at == 0 and len(dealt) > 1 and st.step is None:
+            return fit  # (rows of every loader's steps)
+        if fit is not None:
             fits.append(fit)
-    if len(fits) == 1:
+    # loaders alike (as many batches of the same sizes) fit alike: any of them orders the rows
+    alike = {(k, tuple(tuple((b[0], b[1], b[2] and b[2][1]) for b in bs) for bs in blocks))
+             for k, blocks in fits}
+    if len(alike) == 1:
         return fits[0]
     if not layouts:
         return "no loader whose batches deval dealt"
@@ -383,17 +402,17 @@ def _fit(layout, rows):
     """(k, blocks) where each rank's rows are k per sample of its batches in layout (its
     padding batches' included, or all left out); None where no k fits every rank."""
     ks = set()
-    for b, n in zip(layout, rows):
-        for total in (sum(z for z, _ in b), sum(z for z, p in b if not p)):
+    for bs, n in zip(layout, rows):
+        for total in (sum(b[0] for b in bs), sum(b[0] for b in bs if not b[1])):
             if total and n % total == 0 and n:
                 ks.add(n // total)
     for k in sorted(ks):
         blocks = []
-        for b, n in zip(layout, rows):
-            if n == k * sum(z for z, _ in b):
-                blocks.append(b)
-            elif n == k * sum(z for z, p in b if not p):
-                blocks.append([zp for zp in b if not zp[1]])
+        for bs, n in zip(layout, rows):
+            if n == k * sum(b[0] for b in bs):
+                blocks.append(bs)
+            elif n == k * sum(b[0] for b in bs if not b[1]):
+                blocks.append([b for b in bs if not b[1]])
             else:
                 break
         else:
@@ -434,6 +453,25 @@ def _callback_base():
     return Callback
 
 
+def _sequential(trainer, stage, dealt):
+    """InvalidArgument, alike on every rank, for a loop over several loaders at once (a
+    CombinedLoader in max_size, max_size_cycle or min_size mode) whose batches deval dealt:
+    each loader's padding step falls at its own step, and a step that holds one loader's
+    padding beside another's samples cannot count nowhere for the one and somewhere for the
+    other (a logged value, a metric's update)."""
+    if not any(d is not None for d in dealt) or len(dealt) < 2:
+        return
+    loop = trainer.predict_loop if stage == "predicting" else trainer._evaluation_loop
+    mode = getattr(getattr(loop, "_combined_loader", None), "_mode", "sequential")
+    if mode != "sequential":
+        raise InvalidArgument(
+            "deval.lightning: this evaluation loop reads %d loaders at once (a CombinedLoader "
+            "in %r mode): deval deals each loader's batches to the ranks, and a rank short of "
+            "one loader's batches runs a padding step where the others' batches are real, "
+            "which no logged value or metric can take apart. Evaluate them in 'sequential' "
+            "mode (a list or dict of loaders), or one at a time" % (len(dealt), mode), -1)
+
+
 def _make_exact():
     Callback = _callback_base()
 
@@ -461,6 +499,7 @@ def _make_exact():
             if st is None:
                 return
             st.dealt = [_dealt(dl) for dl in _loaders(trainer, stage)]
+            _sequential(trainer, stage, st.dealt)
             st.view = _pass.Opaque()
             _loop.LOOPS[0] += 1
             st.view.seq = _loop.LOOPS[0]
@@ -476,10 +515,13 @@ def _make_exact():
             _CURRENT[0] = None
 
         def _epoch_end(self, trainer):
-            """The loop's steps are over: the epoch's hooks log and gather its samples."""
+            """The loop's steps are over: the epoch's hooks log, gather and update metrics
+            with its samples as any code outside a loop does (real_rows() is None)."""
             st = _STATES.get(trainer)
             if st is not None:
                 st.padding, st.step = False, None
+                if st.view is not None and st.view in _loop.ACTIVE:
+                    _loop.ACTIVE.remove(st.view)
 
         def _batch(self, trainer, batch, batch_idx, dataloader_idx, stage):
             st = _state(trainer)

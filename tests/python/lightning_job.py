@@ -17,6 +17,7 @@ import torch
 import torchmetrics
 from torch.utils.data import DataLoader, Dataset
 
+import deval
 import lightning.pytorch as L
 
 devices, how, n, out = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -48,7 +49,8 @@ class Model(L.LightningModule):
         self.auroc = torchmetrics.classification.MulticlassAUROC(3)  # called: forward
         self.plain = {"n": torchmetrics.SumMetric()}  # a plain dict: no submodule
         self.seen, self.in_step = [], []
-        self.several, self.seen_by = False, {}
+        self.several, self.seen_by, self.seen_all = False, {}, []
+        self.count = torchmetrics.SumMetric()
 
     def forward(self, x):
         return self.lin(x)
@@ -93,8 +95,11 @@ class Model(L.LightningModule):
                 "in_step": in_step, "plain_n": n_metric}
 
     def validation_step(self, batch, batch_idx, dataloader_idx=0):
-        if self.several:  # several loaders: what each rank's steps saw of each
+        if self.several:  # several loaders: what each rank's steps saw of each, and of all
             self.seen_by.setdefault(dataloader_idx, []).append(batch[2])
+            real = deval.real_rows()
+            if real is None or real.any():  # (the docs' way to skip a padding step)
+                self.seen_all.append(batch[2] + 1000 * dataloader_idx)
             return
         return self._eval(batch, "val_")
 
@@ -102,7 +107,11 @@ class Model(L.LightningModule):
         if self.several:
             self.by_loader = [sorted(self.all_gather(torch.cat(v)).reshape(-1).tolist())
                               for _, v in sorted(self.seen_by.items())]
-            self.seen_by = {}
+            mine = torch.cat(self.seen_all)
+            self.all_rows = self.all_gather(mine).reshape(-1).tolist()  # every loader's
+            self.count.update(torch.ones(len(mine)))  # a metric updated after the steps
+            self.counted = float(self.count.compute())
+            self.seen_by, self.seen_all = {}, []
             return
         self.val_counts = self._counts()
 
@@ -161,11 +170,19 @@ def main():
         try:
             trainer.validate(model, DataLoader(Samples(n), batch_size=4, sampler=Apart(n)),
                              verbose=False)
+            raise AssertionError("a sampler that draws apart was dealt")
         except deval.Mismatch as e:
             # (one write: the ranks' lines never interleave)
             os.write(1, ("rank %d: Mismatch: %s\n" % (trainer.global_rank, e)).encode())
-            return
-        raise AssertionError("a sampler that draws apart was dealt")
+        from lightning.pytorch.utilities import CombinedLoader
+        model.several = True
+        try:  # two loaders read at once: refused on every rank
+            trainer.validate(model, CombinedLoader({"a": loader(n), "b": loader(7)},
+                                                   "max_size"), verbose=False)
+            raise AssertionError("a CombinedLoader in max_size mode was dealt")
+        except deval.InvalidArgument as e:
+            os.write(1, ("rank %d: InvalidArgument: %s\n" % (trainer.global_rank, e)).encode())
+        return
     r = {}
     r["validate"] = trainer.validate(model, loader(n), verbose=False)[0]
     r["val_counts"] = model.val_counts
@@ -181,6 +198,7 @@ def main():
     trainer.validate(model, [loader(n), DataLoader(Samples(7), batch_size=3, shuffle=True),
                              DataLoader(Samples(7), batch_sampler=own)], verbose=False)
     r["by_loader"] = model.by_loader
+    r["all_rows"], r["counted"] = model.all_rows, model.counted
     model.several = False
     preds = trainer.predict(model, loader(n))
     r["predict"] = [[int(v) for v in p["index"]] for p in preds]

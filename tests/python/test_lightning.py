@@ -59,6 +59,11 @@ def test_validate_test_fit_and_predict_are_one_device_s(daemon, tmp_path, device
         assert got[stage]["plain_n"] == one[stage]["plain_n"] == n
     assert got["by_loader"] == one["by_loader"] == [list(range(n)), list(range(7)),
                                                     list(range(7))]
+    # one list of every loader's rows, kept without the padding step, gathered after the loop
+    for rows in (got["all_rows"], one["all_rows"]):  # (the second loader is shuffled)
+        assert rows[:n] == list(range(n)) and rows[n + 7:] == [2000 + i for i in range(7)]
+        assert sorted(rows[n:n + 7]) == [1000 + i for i in range(7)]
+    assert got["counted"] == one["counted"] == n + 14  # a metric updated at epoch end
     assert got["predict"] == one["predict"]
     assert got["predict_values"] == one["predict_values"]
     assert got["predict_few"] == one["predict_few"] == [[0, 1]]
@@ -77,11 +82,14 @@ def test_plain_lightning_counts_the_padding(daemon, tmp_path):
 
 def test_a_sampler_drawing_apart_fails_every_rank(daemon, tmp_path):
     """A sampler of one's own whose order differs by rank cannot be dealt: each rank's share
-    would overlap the others'. Every rank says so at the loop's start, naming rank 1."""
+    would overlap the others'. Every rank says so at the loop's start, naming rank 1. And a
+    CombinedLoader reading two loaders at once is refused on every rank."""
     said = run(daemon, tmp_path, 2, "apart", 10)
     for r in (0, 1):
         assert "rank %d: Mismatch: deval.lightning: the evaluation loader's sampler drew " \
             "other batches on rank 1 than on rank 0" % r in said, said
+        assert "rank %d: InvalidArgument: deval.lightning: this evaluation loop reads 2 " \
+            "loaders at once (a CombinedLoader in 'max_size' mode)" % r in said, said
 
 
 def test_fabric_s_loaders_through_eval_loop(daemon, tmp_path):
