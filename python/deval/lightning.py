@@ -134,22 +134,32 @@ def _loaders(trainer, stage):
 
 
 def _group_for(trainer):
-    """The deval group of trainer's ranks, joined once: its name agreed through Lightning's
-    own broadcast, its rank and world size Lightning's."""
+    """The deval group of trainer's ranks, joined once (_ranks_group); its name, drawn on
+    rank 0, gives the seed the ranks share."""
     st = _STATES[trainer]
-    if st.group is not None:
-        return st.group
-    name = "lightning-%d-%s" % (os.getpid(), os.urandom(6).hex())
-    if trainer.world_size > 1:
-        name = trainer.strategy.broadcast(name, src=0)
-    st.seed = int(name.rsplit("-", 1)[1], 16)  # (drawn on rank 0: the same on every rank)
-    if trainer.world_size > 1 and _spans_machines() is not None:
-        st.group = join(name)  # across machines, through the job's process group
-    else:
-        st.group = join(name, trainer.global_rank, trainer.world_size)
-    from . import torchmetrics
-    torchmetrics.use(st.group)
+    if st.group is None:
+        st.group, name = _ranks_group("lightning", trainer.strategy.broadcast,
+                                      trainer.global_rank, trainer.world_size)
+        st.seed = int(name.rsplit("-", 1)[1], 16)
     return st.group
+
+
+def _ranks_group(kind, broadcast, rank, world):
+    """(group, name): the deval group of a Lightning job's ranks, named by rank 0 and sent to
+    the others through the framework's own broadcast (a Trainer's strategy's, Fabric's),
+    joined with the framework's rank and world size (across machines, through the job's
+    process group, where the launcher says it spans them); every attached torchmetrics metric
+    syncs through it."""
+    name = "%s-%d-%s" % (kind, os.getpid(), os.urandom(6).hex())
+    if world > 1:
+        name = broadcast(name, src=0)
+    if world > 1 and _spans_machines() is not None:
+        g = join(name)
+    else:
+        g = join(name, rank, world)
+    from . import torchmetrics
+    torchmetrics.use(g)
+    return g, name
 
 
 def _seed(trainer):
@@ -290,10 +300,9 @@ def _predictions_end(self):
     if st is None or out is None or not self.return_predictions:
         return out
     g = _group_for(trainer)
-    loaders = _loaders(trainer, "predicting")
     mine = []
     for i, preds in enumerate(self._predictions):
-        dealt = _dealt(loaders[i]) if i < len(loaders) else None
+        dealt = st.dealt[i] if i < len(st.dealt) else None  # (the loop's, from _start)
         if dealt is None:
             mine.append(None)
             continue
@@ -523,12 +532,11 @@ def _make_exact():
                 if st.view is not None and st.view in _loop.ACTIVE:
                     _loop.ACTIVE.remove(st.view)
 
-        def _batch(self, trainer, batch, batch_idx, dataloader_idx, stage):
+        def _batch(self, trainer, batch, batch_idx, dataloader_idx):
             st = _state(trainer)
             if st is None or st.view is None:
                 return
-            loaders = _loaders(trainer, stage)
-            dealt = _dealt(loaders[dataloader_idx]) if dataloader_idx < len(loaders) else None
+            dealt = st.dealt[dataloader_idx] if dataloader_idx < len(st.dealt) else None
             # (the step's hooks, to its batch-end ones, log from a padding step until the
             # next batch starts or the epoch ends)
             st.padding = dealt is not None and dealt.number(batch_idx) is None
@@ -561,14 +569,14 @@ def _make_exact():
 
         def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx,
                                       dataloader_idx=0):
-            self._batch(trainer, batch, batch_idx, dataloader_idx, "validating")
+            self._batch(trainer, batch, batch_idx, dataloader_idx)
 
         def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
-            self._batch(trainer, batch, batch_idx, dataloader_idx, "testing")
+            self._batch(trainer, batch, batch_idx, dataloader_idx)
 
         def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx,
                                    dataloader_idx=0):
-            self._batch(trainer, batch, batch_idx, dataloader_idx, "predicting")
+            self._batch(trainer, batch, batch_idx, dataloader_idx)
 
         def on_validation_epoch_end(self, trainer, pl_module):
             self._epoch_end(trainer)
@@ -596,18 +604,11 @@ def __getattr__(name):
 
 
 def _fabric_group(fabric):
-    """The deval group of a launched Fabric's ranks: named by rank 0, through Fabric's own
-    broadcast; every torchmetrics metric syncs through it and takes only the real samples of
-    the loops deval runs."""
-    name = "lightning-fabric-%d-%s" % (os.getpid(), os.urandom(6).hex())
-    if fabric.world_size > 1:
-        name = fabric.broadcast(name, src=0)
-    if fabric.world_size > 1 and _spans_machines() is not None:
-        g = join(name)
-    else:
-        g = join(name, fabric.global_rank, fabric.world_size)
+    """The deval group of a launched Fabric's ranks (_ranks_group); every torchmetrics metric
+    syncs through it and takes only the real samples of the loops deval runs."""
+    g, _ = _ranks_group("lightning-fabric", fabric.broadcast, fabric.global_rank,
+                        fabric.world_size)
     from . import torchmetrics
-    torchmetrics.use(g)
     torchmetrics.enable()  # every metric of the process: Fabric's users make their own
     return g
 
