@@ -168,26 +168,31 @@ class Group:
 
     # -- gathers
 
-    def _gather(self, fn, x, copy, opts, per_sample=False):
+    def _gather(self, fn, x, copy, opts, per_sample=False, samples=None):
         """The general path: any structure of any inputs (the plain ones, when the fast path
-        did not take them)."""
+        did not take them). samples: a pass's batch samples, where some tensor holds k rows
+        of each; each call is then led by a tensor of one row per sample."""
         h = self._handle()
         leaves = []
         template = _flatten(x, leaves, self.device is not None)
         n = len(leaves)
         if n == 0:
             raise InvalidArgument("deval: nothing to gather", -1)
-        if per_sample:
-            _check_samples(leaves, template)
+        lead = _check_samples(leaves, template, samples) if per_sample else None
         # a collective carries MAX_TENSORS tensors (a pass with keys sends its keys as one
-        # more): more go as several calls, which gather each tensor alike (in a pass each its
-        # own call of the batch, whole samples each); their results are copies, since each
-        # call ends the views of the one before
-        per = MAX_TENSORS - (self._keyed and fn is _lib.deval_gather_for_metrics)
+        # more, a lead its counting tensor): more go as several calls, which gather each
+        # tensor alike (in a pass each its own call of the batch, whole samples each); their
+        # results are copies, since each call ends the views of the one before
+        per = MAX_TENSORS - (self._keyed and fn is _lib.deval_gather_for_metrics) - \
+            (lead is not None)
         results = []
         for at in range(0, n, per):
             part = leaves[at:at + per]
-            results += self._call(h, fn, part, copy or n > per, _part_opts(opts, at, len(part)))
+            o = _part_opts(opts, at, len(part))  # (no same_rows with a lead: no keys)
+            if lead is None:
+                results += self._call(h, fn, part, copy or n > per, o)
+            else:
+                results += self._call(h, fn, [lead] + part, copy or n > per, o)[1:]
         return _rebuild(template, results)
 
     def _call(self, h, fn, leaves, copy, opts):
@@ -278,12 +283,19 @@ class Group:
         """
         keyed = self._keyed
         lp = _loop.ACTIVE[-1] if self._in_pass and not keyed and _loop.ACTIVE else None
-        if lp is not None and getattr(lp, "g", None) is self and lp.counted is not None:
-            _check_batch_rows(x, lp.counted, _sends_objects(x, use_gather_object))
+        by_samples = None  # the batch's samples, where some tensor holds k rows of each
+        if lp is not None and getattr(lp, "g", None) is self and lp.counted is not None and \
+                _check_batch_rows(x, lp.counted, _sends_objects(x, use_gather_object)):
+            by_samples = lp.counted
+            if self.device is not None:
+                raise InvalidArgument(
+                    "deval.gather_for_metrics: a device group counts a pass without dataset "
+                    "indices by rows, so each tensor needs one row per sample of the batch "
+                    "(reshape [batch*k, ...] to [batch, k, ...])", -1)
         # in a pass with keys, the tensors that are the batch's own data: duplicates repeat
         # them (and libdeval, not this rank, checks rows per sample: k whole rows each)
         mask = _data_mask(x, self._batch_ids) if keyed and self._batch_ids else 0
-        if self._addr and copy and not use_gather_object:
+        if self._addr and copy and not use_gather_object and by_samples is None:
             if type(pad_index) is int and pad_index == 0 and not pad_first:
                 addr = self._masked_addr(mask) if mask else self._plain_addr
             else:
@@ -305,11 +317,16 @@ class Group:
         if mask:
             opts = self._make_opts(pad_index, pad_first)
             opts.same_rows = mask
+        if objects and by_samples:  # k items a sample: one object each, flattened back
+            k = len(x) // by_samples
+            out = self._objects(_lib.deval_gather_objects_for_metrics,
+                                [list(x[i:i + k]) for i in range(0, len(x), k)], opts)
+            return [v for each in out for v in each]
         if objects:
             return self._objects(_lib.deval_gather_objects_for_metrics, _object_items(x), opts)
         # (with keys, libdeval checks rows per sample: k whole rows each)
         return self._gather(_lib.deval_gather_for_metrics, x, copy, opts,
-                            per_sample=self._in_pass and not keyed)
+                            per_sample=self._in_pass and not keyed, samples=by_samples)
 
     def _masked_addr(self, mask):
         """The address of default options with same_rows = mask, kept for the group."""

@@ -37,37 +37,39 @@ def _sends_objects(x, forced=False):
 
 
 def _check_batch_rows(x, samples, objects, where="the input"):
-    """A pass without dataset indices counts each row a gather_for_metrics call gathers as a
-    sample, and drops the rows past the dataset's end as padding: each tensor of the call
-    (or each object, when it sends objects: _sends_objects()) must be one sample of the
-    batch, or samples are lost without a word. Where the loop knows the batch's samples,
-    anything else is refused."""
+    """A pass without dataset indices counts a gather_for_metrics call's samples by rows,
+    and drops the samples past the dataset's end as padding. Where the loop knows the
+    batch's samples, each tensor of the call (or the objects, when it sends objects:
+    _sends_objects()) must hold a whole number k of rows per sample, sample by sample (as
+    generation with num_return_sequences=k makes), or samples are lost without a word:
+    anything else is refused. Return: whether some k is not 1, so that the call must be
+    counted by the batch's samples rather than by its rows (Group._gather_for_metrics)."""
     top = where == "the input"
     if objects:
         if not isinstance(x, list):
-            return  # (gather_object's items of one value: not per sample to count)
+            return False  # (gather_object's items of one value: not per sample to count)
         rows, what = len(x), "item"
     elif isinstance(x, collections.abc.Mapping):
-        for k, v in x.items():
-            _check_batch_rows(v, samples, False, "%s[%r]" % ("" if top else where, k))
-        return
+        return any([_check_batch_rows(v, samples, False, "%s[%r]" % ("" if top else where, k))
+                    for k, v in x.items()])
     elif isinstance(x, (list, tuple)):
-        for i, v in enumerate(x):
-            _check_batch_rows(v, samples, False, "%s[%d]" % ("" if top else where, i))
-        return
+        return any([_check_batch_rows(v, samples, False, "%s[%d]" % ("" if top else where, i))
+                    for i, v in enumerate(x)])
     elif hasattr(x, "shape") and len(x.shape):
         rows, what = x.shape[0], "row"
     else:
-        return  # (a 0-d tensor or a scalar: _check_samples says what is wrong with it)
-    if rows != samples:
-        raise InvalidArgument(
-            "deval.gather_for_metrics: %s holds %d %s%s for the batch's %d samples; this pass "
-            "knows no dataset indices, so each row counts as a sample and the rows past the "
-            "dataset's end are dropped as padding: give each sample one row ([batch, k, ...] "
-            "for k outputs per sample, as generation with num_return_sequences=k makes: "
-            ".reshape(batch, k, -1)), or evaluate a map-style dataset through a DataLoader, "
-            "whose pass knows each sample's index and takes k rows per sample"
-            % (where, rows, what, "" if rows == 1 else "s", samples), -1)
+        return False  # (a 0-d tensor or a scalar: _check_samples says what is wrong with it)
+    if rows == samples:
+        return False
+    if samples > 0 and rows > 0 and rows % samples == 0:
+        return True
+    raise InvalidArgument(
+        "deval.gather_for_metrics: %s holds %d %s%s for the batch's %d samples, not a whole "
+        "number per sample; this pass knows no dataset indices, so it tells the samples past "
+        "the dataset's end (padding, dropped) by their rows: give each sample the same number "
+        "of rows, one after another (generation's num_return_sequences=k gives k), or "
+        "evaluate a map-style dataset through a DataLoader, whose pass knows each sample's "
+        "index" % (where, rows, what, "" if rows == 1 else "s", samples), -1)
 
 
 def _data_mask(x, ids):
@@ -96,14 +98,17 @@ def _paths(template, prefix=""):
     return [p for i, v in enumerate(body) for p in _paths(v, "%s[%d]" % (prefix, i))]
 
 
-def _check_samples(leaves, template):
+def _check_samples(leaves, template, samples=None):
     """In an eval pass every tensor of a gather_for_metrics call is per sample: at least one
     dim, and the same rows as the others, so that dropping a duplicate sample drops its row
-    from every tensor."""
+    from every tensor. Where the batch's samples are known and some tensor holds k rows per
+    sample (_check_batch_rows() said so), return a zero-width tensor of one row per sample
+    to lead the call: libdeval counts the samples by a call's first tensor and moves the
+    others' rows k per sample."""
     rows = [None if leaf.ndim == 0 else (leaf.array.shape[0] if leaf.array is not None
                                          else leaf.shape[0]) for leaf in leaves]
-    if all(r is not None for r in rows) and len(set(rows)) <= 1:
-        return
+    if all(r is not None for r in rows) and (samples is not None or len(set(rows)) <= 1):
+        return None if samples is None else _Leaf(np.empty((samples, 0), np.uint8))
     where = dict(_paths(template))
     for i, r in enumerate(rows):
         if r is None:

@@ -199,24 +199,54 @@ def _varied(t):
 def _whole_rows(g, lp, data, objects):
     """At the last batch of a dispatched or streamed loader, Accelerate's gather_for_metrics
     keeps the first `remainder` rows (or items) of what it gathered, counting each as a
-    sample: a value with other than one row per sample of the batch there (generation's k
-    sequences each, flattened tokens) would keep padding or lose samples without a word. It
-    is refused there (_nest's rule and words), on every rank at once: one object gather
-    tells each rank what any rank found (every rank is at that batch, with its own rows)."""
+    sample. A value with k rows per sample, one sample after another (generation's k
+    sequences each), needs k*remainder kept; one with a number of rows that is not a whole
+    multiple of the batch's samples (flattened tokens) would keep padding or lose samples
+    without a word, so it is refused (_nest's rule and words), on every rank at once: one
+    object gather tells each rank what any rank found (every rank is at that batch, with its
+    own rows). Return: the k of each tensor, in recursively_apply's order (of the objects,
+    the one k), where some k is not 1; else None."""
     if not getattr(lp.loader, "end_of_dataloader", False) or lp.samples is None:
-        return
-    why = None
+        return None
+    why, ks = None, None
     try:
-        _nest._check_batch_rows(data if objects else _recursively(_varied, data), lp.samples,
-                                objects)
+        if _nest._check_batch_rows(data if objects else _recursively(_varied, data),
+                                   lp.samples, objects):
+            if objects:
+                ks = [len(data) // lp.samples]
+            else:
+                leaves = []
+                _recursively(leaves.append, data)
+                ks = [1 if _varied(t) is None else t.shape[0] // lp.samples for t in leaves]
     except InvalidArgument as e:
         why = str(e)
-    said = g.gather_object([why])
-    bad = [(r, w) for r, w in enumerate(said) if w]
+    said = g.gather_object([(why, ks)])
+    bad = [(r, w) for r, (w, _) in enumerate(said) if w]
+    if not bad:
+        bad = [(r, "it holds %s rows per sample where rank 0 holds %s" % (k or 1, said[0][1] or 1))
+               for r, (_, k) in enumerate(said) if k != said[0][1]]
     if bad:
         rank, words = bad[0]
         raise InvalidArgument("deval.accelerate: at the last batch, which Accelerate cuts to "
                               "its remainder, rank %d: %s" % (rank, words), -1)
+    return said[0][1]
+
+
+def _cut_by(accelerator, own, loader, data, ks, use_gather_object):
+    """Accelerate's own gather_for_metrics of data at the last batch, keeping k*remainder
+    rows of each tensor that holds k rows per sample (ks: _whole_rows())."""
+    def cut(k, x, **kw):
+        remainder = loader.remainder
+        if remainder > 0:
+            loader.remainder = remainder * k
+        try:
+            return own(accelerator, x, **kw)
+        finally:
+            loader.remainder = remainder
+    if len(set(ks)) == 1:
+        return cut(ks[0], data, use_gather_object=use_gather_object)
+    each = iter(ks)  # (each tensor's own call, in the same order on every rank)
+    return _recursively(lambda t: cut(next(each), t), data)
 
 
 def _make_methods(st):
@@ -230,9 +260,13 @@ def _make_methods(st):
         lp = st.innermost()
         if isinstance(lp, _Dispatched):  # Accelerate's own, over deval's gather
             objects = use_gather_object or not _all_tensors(input_data)
-            _whole_rows(g, lp, input_data, objects)
+            ks = _whole_rows(g, lp, input_data, objects)
             own = _METHODS_ORIG[(_patched_class(st.accelerator), "gather_for_metrics")]
-            out = own(st.accelerator, input_data, use_gather_object=use_gather_object)
+            if ks is None:
+                out = own(st.accelerator, input_data, use_gather_object=use_gather_object)
+            else:
+                out = _cut_by(st.accelerator, own, lp.loader, input_data, ks,
+                              use_gather_object)
             lp.gathered.append(out)  # (a metric updated with it takes every rank's rows)
             return out
         if use_gather_object or not _all_tensors(input_data):

@@ -124,28 +124,12 @@ class Prompts(torch.utils.data.IterableDataset):
         return iter(range(N))
 
 
-def two_rows(b):
-    """Two sequences per sample, as generate(num_return_sequences=2) returns them."""
-    return torch.stack([b, b + 100], dim=1).reshape(-1, *b.shape[1:])
-
-
 # Loops over an iterable Accelerate shards, which deval refuses: (dataset, batch size,
 # dispatch_batches, the DataLoader's num_workers, the body's gather).
 REFUSED = {
     # no len(), sharded on every rank, read in a worker process: each worker reads its own
     # copy of the stream and pads its own last round, where deval cannot count it
     "unsized": (Unsized, 3, False, 1, lambda acc, b: acc.gather_for_metrics(b)),
-    # generate(num_return_sequences=2) gives [batch*2, length]: each row of a pass without
-    # indices counts as a sample, so half the samples were lost without a word
-    "generated": (Prompts, 4, None, 0,
-                  lambda acc, ids: acc.gather_for_metrics(
-                      torch.stack([ids, ids], dim=1).reshape(-1, 1))),
-    # the same two rows per sample over an iterable with no len(), dispatched from rank 0 or
-    # sharded on every rank: Accelerate cuts the last round to its remainder, counting rows
-    "generated-dispatched": (Unsized, 3, True, 0,
-                             lambda acc, b: acc.gather_for_metrics(two_rows(b))),
-    "generated-sharded": (Unsized, 3, False, 0,
-                          lambda acc, b: acc.gather_for_metrics(two_rows(b))),
 }
 
 
@@ -183,22 +167,48 @@ def test_an_iterable_shard_read_by_workers_is_refused(daemon, monkeypatch):
                for t, r in res), res
 
 
-@pytest.mark.parametrize("case", ["generated-dispatched", "generated-sharded"])
-def test_k_rows_per_sample_of_an_unsized_stream_are_refused_at_its_last_batch(daemon,
-                                                                              monkeypatch, case):
-    """Every rank refuses at the last batch, naming a rank and the rows; before, the last
-    round was cut to the remainder by rows, losing samples and keeping padding silently."""
-    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
-    res = run_ranks(3, refused_rank, free_port(), group_name("genrows"), case, timeout=120)
-    assert all(t > 0 and r and "at the last batch" in r and "rows for the batch's" in r
-               for t, r in res), res
+# Loops whose body gathers k rows per sample, as generate(num_return_sequences=k) returns
+# them, over an iterable Accelerate shards: (dataset, dispatch_batches, rows per sample).
+GENERATED = {
+    "sized": (Prompts, None, 2),  # a pass of deval's own, counted by the batch's samples
+    "dispatched": (Unsized, True, 2),  # Accelerate's remainder cut, k rows per sample
+    "sharded": (Unsized, False, 3),
+}
 
 
-def test_k_rows_per_sample_of_an_iterable_shard_are_refused(daemon, monkeypatch):
+def generated_rank(rank, world, port, name, case):
+    """Each batch's rows k per sample, and its decoded texts k per sample, gathered."""
+    dataset, dispatch, k = GENERATED[case]
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True,
+                      dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
+    deval.accelerate.enable(acc, group=name)
+    loader = acc.prepare(DataLoader(dataset(), batch_size=4 if case == "sized" else 3))
+    rows, texts = [], []
+    try:
+        for batch in loader:
+            ids = batch.reshape(-1)
+            seqs = torch.stack([ids + 100 * j for j in range(k)], dim=1).reshape(-1, 1)
+            rows += acc.gather_for_metrics(seqs)[:, 0].tolist()
+            texts += acc.gather_for_metrics(["t%d" % v for v in seqs[:, 0].tolist()])
+    finally:
+        deval.accelerate.disable()
+    return rows, texts
+
+
+@pytest.mark.parametrize("case", sorted(GENERATED))
+def test_k_rows_per_sample_of_an_iterable_shard_are_exact(daemon, monkeypatch, case):
+    """The rows one process gathers, k per sample in order, on every rank. They used to be
+    refused; before that, the last round was cut to the remainder by rows (half the last
+    samples lost, or padding kept) without a word, as plain Accelerate still cuts it."""
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
-    res = run_ranks(3, refused_rank, free_port(), group_name("genrows"), "generated",
-                    timeout=120)
-    assert all(r and "holds 8 rows for the batch's 4 samples" in r for _, r in res), res
+    k = GENERATED[case][2]
+    want = [i + 100 * j for i in range(N) for j in range(k)]
+    for rows, texts in run_ranks(3, generated_rank, free_port(), group_name("genrows"), case,
+                                 timeout=120):
+        assert rows == want and texts == ["t%d" % v for v in want], (rows, texts)
 
 
 @pytest.mark.parametrize("case,world,shuffle", [
