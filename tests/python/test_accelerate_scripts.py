@@ -29,7 +29,8 @@ def torchrun(world, args, env, timeout=300):
 # deval on CPU: the first expects at most 2 processes in one case, the second 2 GPUs; the
 # second's cases that run on CPU are below)
 @pytest.mark.parametrize("script,world", [("test_script.py", 2), ("test_sync.py", 2),
-                                          ("test_sync.py", 3)])
+                                          ("test_sync.py", 3),
+                                          ("external_deps/test_metrics.py", 2)])
 def test_accelerate_script_under_enable(daemon, script, world):
     path = os.path.join(SCRIPTS, script)
     if not os.path.exists(path):
