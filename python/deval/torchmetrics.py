@@ -216,11 +216,16 @@ class _Update:
         # (a metric that does not sync is fed every rank's rows, gathered, or is a rank's own)
         lp = _loop.ACTIVE[-1] if _loop.ACTIVE and not _DEPTH[0] and _on(m) and \
             m.sync_on_compute else None
-        if lp is not None and lp.holds_gathered(args, kwargs):
-            # every rank's rows: once, if this is the only rank taking them (checked at sync)
+        gathered = lp is not None and lp.holds_gathered(args, kwargs)
+        if gathered:
+            # every rank's rows: once, if this is the only rank taking them, or the same on
+            # every rank and nothing else (checked at sync)
             for x in _within(m):
                 x.__dict__.setdefault("_deval_gathered", set()).add((lp.seq, lp.batches))
-        elif lp is not None:
+        elif not _DEPTH[0] and _on(m) and m.sync_on_compute:
+            for x in _within(m):  # (rows of a rank's own, or outside a loop: not gathered)
+                x.__dict__["_deval_own"] = True
+        if lp is not None and not gathered:
             real = lp.real
             if getattr(lp, "resumed", 0):
                 _taint(m, (
@@ -392,28 +397,35 @@ def _count(m, lp):
 
 def _check(m):
     """Mismatch on every rank when a rank's state of m may hold a duplicate sample, or when a
-    rank's loop ran out while the others sync m in it."""
+    rank's loop ran out while the others sync m in it. Return: whether every rank's state is
+    one process's, so that m must not sync: every rank took the gathered rows of the same
+    batches, and nothing else."""
     g = _group()
     said = g.gather_object([(m.__dict__.get("_deval_taint"), m.__dict__.get("_deval_seen", {}),
-                             m.__dict__.get("_deval_gathered", set()), _where(m))])
+                             m.__dict__.get("_deval_gathered", set()), _where(m),
+                             bool(m.__dict__.get("_deval_own")))])
     _in_step(said)
-    for rank, (taint, _, _, _) in enumerate(said):
+    for rank, (taint, _, _, _, _) in enumerate(said):
         if taint:
             raise Mismatch("deval.torchmetrics: rank %d: %s" % (rank, taint), -2)
     took = {}
-    for rank, (_, _, gathered, _) in enumerate(said):
+    for rank, (_, _, gathered, _, _) in enumerate(said):
         for seq, batch in gathered:
             took.setdefault((seq, batch), []).append(rank)
+    if len(said) > 1 and took and all(len(r) == len(said) for r in took.values()) and \
+            not any(seen or own for _, seen, _, _, own in said):
+        return True
     for (seq, batch), ranks in sorted(took.items()):
         if len(ranks) > 1:
             raise Mismatch(
                 "deval.torchmetrics: %s was updated with the rows gathered from every rank "
-                "(gather_for_metrics) on ranks %s, at batch %d of loop #%d: it syncs, so each "
-                "sample would count once per rank. Update it with each rank's own rows, or "
-                "with the gathered rows on one rank only, or make it with "
+                "(gather_for_metrics) on ranks %s, at batch %d of loop #%d, but not only "
+                "with the same gathered rows on every rank: it syncs, so those samples would "
+                "count once per rank. Update it with each rank's own rows, or with the "
+                "gathered rows on every rank or on one only, or make it with "
                 "sync_on_compute=False" % (type(m).__name__, ranks, batch, seq), -2)
     loops = {}
-    for _, seen, _, _ in said:
+    for _, seen, _, _, _ in said:
         for seq, (n, samples, _) in seen.items():
             loops.setdefault(seq, [n, 0])[1] += samples
     for seq, (n, samples) in sorted(loops.items()):
@@ -444,17 +456,18 @@ def _ran_out(lp):
     """lp, a loop in which this rank synced a metric and whose pass never opened, ran out on
     this rank: one object gather, which meets the others' at their own loop's end, or the
     sync of a rank still in the loop, which then fails on every rank (_in_step)."""
-    _in_step(_group().gather_object([(None, {}, set(), ("ended", lp.batches, None))]))
+    _in_step(_group().gather_object([(None, {}, set(), ("ended", lp.batches, None), False)]))
 
 
 def _in_step(said):
     """Mismatch on every rank where some ranks' loops ran out (_ran_out) while others sync a
-    metric in theirs: said is each rank's (taint, seen, gathered, where) at one object gather,
-    where _where()'s or _ran_out()'s."""
-    ended = {r: w for r, (_, _, _, w) in enumerate(said) if w is not None and w[0] == "ended"}
+    metric in theirs: said is each rank's (taint, seen, gathered, where, own) at one object
+    gather, where _where()'s or _ran_out()'s."""
+    ended = {r: w for r, (_, _, _, w, _) in enumerate(said)
+             if w is not None and w[0] == "ended"}
     if not ended or len(ended) == len(said):
         return
-    syncing = [(r, w) for r, (_, _, _, w) in enumerate(said) if r not in ended]
+    syncing = [(r, w) for r, (_, _, _, w, _) in enumerate(said) if r not in ended]
     name = next((w[2] for _, w in syncing if w is not None), "a metric")
     at = sorted({w[1] for _, w in syncing if w is not None})
     raise Mismatch(
@@ -476,8 +489,8 @@ def _sync(self, dist_sync_fn=None, process_group=None, should_sync=True,
     if not _on(self):
         return _ORIG["sync"](self, dist_sync_fn, process_group, should_sync,
                              distributed_available)
-    if should_sync and not self._is_synced:
-        _check(self)
+    if should_sync and not self._is_synced and _check(self):
+        should_sync = False  # (every rank's state is one process's: nothing to add)
     if dist_sync_fn is None or getattr(dist_sync_fn, "__module__", "").startswith(
             "torchmetrics."):
         dist_sync_fn = sync  # (torchmetrics' own gather needs torch.distributed)
@@ -533,3 +546,4 @@ def _reset(self):
     _ORIG["reset"](self)
     self.__dict__.pop("_deval_taint", None)
     self.__dict__.pop("_deval_gathered", None)
+    self.__dict__.pop("_deval_own", None)

@@ -443,7 +443,8 @@ def probe_rank(rank, world, sock, name):
           "gathered": tm.CatMetric(sync_on_compute=False), "early": early,
           "midloop": tm.Accuracy(task="multiclass", num_classes=C),
           "per_sample_list": tm.retrieval.RetrievalMRR(),
-          "gathered_everywhere": tm.SumMetric(), "gathered_on_0": tm.CatMetric()}
+          "gathered_everywhere": tm.SumMetric(), "gathered_on_0": tm.CatMetric(),
+          "cat_everywhere": tm.CatMetric(), "mixed": tm.SumMetric()}
     for pb, tb, ib in g.eval_loop(dl):
         ms["scalar"].update((pb.argmax(1) == tb).sum().item())
         ms["one_row"].update((pb.argmax(1) == tb).sum(0, keepdim=True))
@@ -455,6 +456,8 @@ def probe_rank(rank, world, sock, name):
         ms["per_sample_list"].update(pb[:, 0], tb == 0, indexes=ib % 2)
         every = g.gather_for_metrics(ib)
         ms["gathered_everywhere"].update(every.float())  # (a copy: its rows say where it came from)
+        ms["cat_everywhere"].update(every.float())
+        ms["mixed"].update(every.float() if len(ms["cat_everywhere"].value) == 1 else ib.float())
         if rank == 0:
             ms["gathered_on_0"].update(every.view(-1, 1)[:, 0])
     out = {}
@@ -484,7 +487,10 @@ def test_what_a_helper_found(daemon):
         assert out["gathered"] == list(range(7))  # every rank's rows, as gathered
         assert out["early"] == out["midloop"] == acc
         assert out["per_sample_list"] == round(float(mrr.compute()), 6)
-        assert "gathered from every rank" in out["gathered_everywhere"]
+        # the same gathered rows on every rank, nothing else: each state is one process's,
+        # kept unsynced (it used to raise Mismatch; torch.distributed counts each twice)
+        assert out["gathered_everywhere"] == 21.0 and out["cat_everywhere"] == list(range(7))
+        assert "gathered from every rank" in out["mixed"], out
         assert out["gathered_on_0"] == list(range(7))
 
 
