@@ -493,7 +493,34 @@ def holds_gathered(gathered, samples, args, kwargs):
     """Do the values args and kwargs hold (a metric's update) come from what the gathers for
     metrics of the current batch returned (gathered: every rank's rows, not this rank's): the
     results themselves, views of them, or values with as many rows as a result and not one
-    per sample of the batch (samples)?"""
+    per sample of the batch (samples)? 0: no; WHOLE: yes, and every value with rows has as
+    many as a result (all of them, not a part such as a slice of its own); PART: yes, else."""
+    got = _holds_gathered(gathered, samples, args, kwargs)
+    if not got:
+        return 0
+    rows = {v.shape[0] for v in _values(gathered) if hasattr(v, "shape") and len(v.shape)}
+    whole = all(v.shape[0] in rows for v in _values(list(args) + list(kwargs.values()))
+                if hasattr(v, "shape") and len(v.shape))
+    return WHOLE if whole else PART
+
+
+WHOLE, PART = 2, 1
+
+
+def _values(vs):
+    """The leaves of nested lists, tuples and dicts."""
+    todo = list(vs)
+    while todo:
+        v = todo.pop()
+        if isinstance(v, (tuple, list)):
+            todo.extend(v)
+        elif isinstance(v, dict):
+            todo.extend(v.values())
+        else:
+            yield v
+
+
+def _holds_gathered(gathered, samples, args, kwargs):
     if not gathered:
         return False
     ids, ptrs, rows = set(), set(), set()

@@ -29,7 +29,7 @@ import functools
 
 import numpy as np
 
-from . import InvalidArgument, Mismatch, _loop
+from . import InvalidArgument, Mismatch, _loop, _pass
 
 __all__ = ["sync", "attach", "enable", "use"]
 
@@ -216,15 +216,15 @@ class _Update:
         # (a metric that does not sync is fed every rank's rows, gathered, or is a rank's own)
         lp = _loop.ACTIVE[-1] if _loop.ACTIVE and not _DEPTH[0] and _on(m) and \
             m.sync_on_compute else None
-        gathered = lp is not None and lp.holds_gathered(args, kwargs)
+        gathered = lp.holds_gathered(args, kwargs) if lp is not None else 0
         if gathered:
             # every rank's rows: once, if this is the only rank taking them, or the same on
             # every rank and nothing else (checked at sync)
             for x in _within(m):
                 x.__dict__.setdefault("_deval_gathered", set()).add((lp.seq, lp.batches))
-        elif not _DEPTH[0] and _on(m) and m.sync_on_compute:
-            for x in _within(m):  # (rows of a rank's own, or outside a loop: not gathered)
-                x.__dict__["_deval_own"] = True
+        if gathered != _pass.WHOLE and not _DEPTH[0] and _on(m) and m.sync_on_compute:
+            for x in _within(m):  # (rows of a rank's own, a part of the gathered ones, or
+                x.__dict__["_deval_own"] = True  # outside a loop)
         if lp is not None and not gathered:
             real = lp.real
             if getattr(lp, "resumed", 0):

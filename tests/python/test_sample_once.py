@@ -444,7 +444,8 @@ def probe_rank(rank, world, sock, name):
           "midloop": tm.Accuracy(task="multiclass", num_classes=C),
           "per_sample_list": tm.retrieval.RetrievalMRR(),
           "gathered_everywhere": tm.SumMetric(), "gathered_on_0": tm.CatMetric(),
-          "cat_everywhere": tm.CatMetric(), "mixed": tm.SumMetric()}
+          "cat_everywhere": tm.CatMetric(), "mixed": tm.SumMetric(),
+          "part_everywhere": tm.SumMetric()}
     for pb, tb, ib in g.eval_loop(dl):
         ms["scalar"].update((pb.argmax(1) == tb).sum().item())
         ms["one_row"].update((pb.argmax(1) == tb).sum(0, keepdim=True))
@@ -457,6 +458,7 @@ def probe_rank(rank, world, sock, name):
         every = g.gather_for_metrics(ib)
         ms["gathered_everywhere"].update(every.float())  # (a copy: its rows say where it came from)
         ms["cat_everywhere"].update(every.float())
+        ms["part_everywhere"].update(every[rank::world])  # (a view: its storage is every's)
         ms["mixed"].update(every.float() if len(ms["cat_everywhere"].value) == 1 else ib.float())
         if rank == 0:
             ms["gathered_on_0"].update(every.view(-1, 1)[:, 0])
@@ -491,6 +493,7 @@ def test_what_a_helper_found(daemon):
         # kept unsynced (it used to raise Mismatch; torch.distributed counts each twice)
         assert out["gathered_everywhere"] == 21.0 and out["cat_everywhere"] == list(range(7))
         assert "gathered from every rank" in out["mixed"], out
+        assert "gathered from every rank" in out["part_everywhere"], out
         assert out["gathered_on_0"] == list(range(7))
 
 
