@@ -337,9 +337,10 @@ typedef struct {
  * gather_for_metrics after deval_eval_batch() is site 0, the second site 1, and so on; objects
  * count in sites of their own. Without deval_eval_batch() every call is site 0. The first
  * DV_PASS_SITES sites of each kind are counted (a pass by position needs them); the calls
- * past them are gathered uncounted, as a pass with keys does every call (libclient/ident.c).
+ * past them are gathered uncounted, as a pass with keys does every call (libclient/ident.c),
+ * and a pass by position takes them only with the rank's real rows (valid_rows) said.
  */
-#define DV_PASS_SITES 16
+#define DV_PASS_SITES DEVAL_PASS_SITES
 
 /* DV_OP_EVAL_END: the rank's loader ran out (deval_eval_complete()), so the pass may check
  * that every site gathered all num_samples samples. */

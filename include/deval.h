@@ -56,6 +56,7 @@ typedef enum {
 
 #define DEVAL_MAX_DIMS    8
 #define DEVAL_MAX_TENSORS 64 /* tensors in one collective */
+#define DEVAL_PASS_SITES  16 /* calls per batch a pass by position counts (deval_eval_batch) */
 #define DEVAL_MAX_WORLD   512
 
 typedef struct {

@@ -24,3 +24,14 @@ void dv_uncount(deval_group *g, uint32_t steps) {
         if (g)
                 g->uncounted += steps;
 }
+
+/**
+ * dv_site_counted() - whether g's next call for metrics (of objects where @objects, else of
+ * tensors) counts its samples, or needs its real rows said: 0 only for a call of a batch
+ * (deval_eval_batch()) of a pass by position past the DV_PASS_SITES it counts, which
+ * dv_req_site() takes only with valid_rows.
+ * @g: a handle, or NULL (1)
+ */
+int dv_site_counted(const deval_group *g, int objects) {
+        return !g || g->ident || !g->batch || g->site[objects != 0] < DV_PASS_SITES;
+}

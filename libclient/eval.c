@@ -136,6 +136,7 @@ int deval_eval_begin(deval_group *g, int64_t num_samples, deval_order order) {
         if (order != DEVAL_ORDER_RANK && order != DEVAL_ORDER_STRIDED)
                 return dv_set_err(g, DEVAL_EINVAL, "deval_eval_begin: unknown order %d", order);
         pass_forget(g);
+        g->pass_order = order;
         return dv_simple_op(g, DV_OP_EVAL_BEGIN, "deval_eval_begin", num_samples, order);
 }
 

@@ -59,6 +59,7 @@ struct deval_group {
         DvTunables tun;      /* the environment's tunables, read once, at the join */
         bool batch;          /* deval_eval_batch() was called in this pass: calls count per site */
         uint32_t site[2];    /* the next gather_for_metrics call of the batch: tensors, objects */
+        int32_t pass_order;  /* deval_eval_begin()'s: the order of a call past the counted sites */
         uint32_t batch_no;   /* deval_eval_batch() calls since the pass began */
         const uint8_t *view; /* where the last result's descriptors point: out, or a kept copy */
         uint64_t view_size;

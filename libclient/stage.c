@@ -93,8 +93,10 @@ int dv_req_start(deval_group *g, uint32_t op, DvRequest **ret) {
  * Which call of the batch a *_METRICS request is (deval_eval_batch()); 0 without batches. A
  * pass with keys takes any number of calls per batch (each its own stream in ident.c; devald
  * counts none of them); a pass that counts samples by position keeps DV_PASS_SITES counters
- * per batch in the group's control segment, so a call past them is refused, by every rank
- * alike since every rank makes the same calls.
+ * per batch in the group's control segment. A call past them is gathered uncounted, so it
+ * takes the rank's real rows from the caller (valid_rows: the batch's samples that are not
+ * padding, as the counted calls found them); without them it is refused, by every rank alike
+ * since every rank makes the same calls.
  */
 int dv_req_site(deval_group *g, const char *fn, DvRequest *q) {
         int kind = q->op == DV_OP_OBJECTS_METRICS;
@@ -102,14 +104,18 @@ int dv_req_site(deval_group *g, const char *fn, DvRequest *q) {
                 return 0;
         if (!g->batch)
                 return 0;
-        if (!g->ident && g->site[kind] >= DV_PASS_SITES)
+        if (!g->ident && g->site[kind] >= DV_PASS_SITES && q->valid_rows < 0)
                 return dv_set_err(g, DEVAL_EINVAL,
                                   "%s: more than %d calls in one batch of an eval pass that "
                                   "counts samples by position (its batches carry no dataset "
-                                  "indices); gather the batch's tensors in fewer calls (a "
-                                  "tuple or dict is one call), or iterate a map-style dataset "
-                                  "through a DataLoader, whose pass takes any number",
-                                  fn, DV_PASS_SITES);
+                                  "indices) and no valid_rows: a call past the %d it counts "
+                                  "must say which of the rank's rows are real. Gather the "
+                                  "batch's tensors in fewer calls (a tuple or dict is one "
+                                  "call), or iterate a map-style dataset through a DataLoader, "
+                                  "whose pass takes any number",
+                                  fn, DV_PASS_SITES, DV_PASS_SITES);
+        if (!g->ident && g->site[kind] >= DV_PASS_SITES)
+                q->order = g->pass_order; /* uncounted: the pass's order, as its counted calls */
         if (g->site[kind] == UINT32_MAX)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: more than %u calls in one batch", fn,
                                   UINT32_MAX);

@@ -168,10 +168,11 @@ class Group:
 
     # -- gathers
 
-    def _gather(self, fn, x, copy, opts, per_sample=False, samples=None):
+    def _gather(self, fn, x, copy, opts, per_sample=False, samples=None, real=None):
         """The general path: any structure of any inputs (the plain ones, when the fast path
         did not take them). samples: a pass's batch samples, where some tensor holds k rows
-        of each; each call is then led by a tensor of one row per sample."""
+        of each; each call is then led by a tensor of one row per sample. real: this rank's
+        real samples of the batch, for a call past those the pass counts (_site_opts())."""
         h = self._handle()
         leaves = []
         template = _flatten(x, leaves, self.device is not None)
@@ -188,7 +189,7 @@ class Group:
         results = []
         for at in range(0, n, per):
             part = leaves[at:at + per]
-            o = _part_opts(opts, at, len(part))  # (no same_rows with a lead: no keys)
+            o = self._site_opts(_part_opts(opts, at, len(part)), False, real)
             if lead is None:
                 results += self._call(h, fn, part, copy or n > per, o)
             else:
@@ -203,6 +204,16 @@ class Group:
             leaf.fill(t, self.device)
         self._check(fn(h, n, ins, ctypes.byref(opts), outs))
         return [_result(leaf, t, copy) for leaf, t in zip(leaves, outs)]
+
+    def _site_opts(self, opts, objects, real):
+        """opts for the next call for metrics in a pass by position: where it is past the
+        calls of the batch the pass counts (libdeval says), with valid_rows = real, this
+        rank's real samples of the batch (None: not known, and libdeval refuses the call)."""
+        if real is None or _lib.dv_site_counted(self._h, int(objects)):
+            return opts
+        o = type(opts).from_buffer_copy(opts)
+        o.valid_rows = real
+        return o
 
     def _opts(self, pad_value=0.0, pad_first=False, valid_rows=None, keep_rows=None,
               order="rank", root=None):
@@ -284,7 +295,10 @@ class Group:
         keyed = self._keyed
         lp = _loop.ACTIVE[-1] if self._in_pass and not keyed and _loop.ACTIVE else None
         by_samples = None  # the batch's samples, where some tensor holds k rows of each
-        if lp is not None and getattr(lp, "g", None) is self and lp.counted is not None and \
+        if lp is not None and getattr(lp, "g", None) is not self:
+            lp = None
+        real = lp.real_count() if lp is not None else None
+        if lp is not None and lp.counted is not None and \
                 _check_batch_rows(x, lp.counted, _sends_objects(x, use_gather_object)):
             by_samples = lp.counted
             if self.device is not None:
@@ -295,7 +309,8 @@ class Group:
         # in a pass with keys, the tensors that are the batch's own data: duplicates repeat
         # them (and libdeval, not this rank, checks rows per sample: k whole rows each)
         mask = _data_mask(x, self._batch_ids) if keyed and self._batch_ids else 0
-        if self._addr and copy and not use_gather_object and by_samples is None:
+        if self._addr and copy and not use_gather_object and by_samples is None and (
+                real is None or _lib.dv_site_counted(self._h, 0)):
             if type(pad_index) is int and pad_index == 0 and not pad_first:
                 addr = self._masked_addr(mask) if mask else self._plain_addr
             else:
@@ -317,6 +332,8 @@ class Group:
         if mask:
             opts = self._make_opts(pad_index, pad_first)
             opts.same_rows = mask
+        if objects:
+            opts = self._site_opts(opts, True, real)
         if objects and by_samples:  # k items a sample: one object each, flattened back
             k = len(x) // by_samples
             out = self._objects(_lib.deval_gather_objects_for_metrics,
@@ -326,7 +343,8 @@ class Group:
             return self._objects(_lib.deval_gather_objects_for_metrics, _object_items(x), opts)
         # (with keys, libdeval checks rows per sample: k whole rows each)
         return self._gather(_lib.deval_gather_for_metrics, x, copy, opts,
-                            per_sample=self._in_pass and not keyed, samples=by_samples)
+                            per_sample=self._in_pass and not keyed, samples=by_samples,
+                            real=real)
 
     def _masked_addr(self, mask):
         """The address of default options with same_rows = mask, kept for the group."""

@@ -156,6 +156,7 @@ def _load():
         # not the API (libdeval.sym's DEVAL_PRIVATE): the user's calls, numbered (calls.h)
         "dv_calls": ([G], ctypes.c_uint32),
         "dv_uncount": ([G, ctypes.c_uint32], None),
+        "dv_site_counted": ([G, ctypes.c_int], ctypes.c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)

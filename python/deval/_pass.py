@@ -444,6 +444,18 @@ class _LoopPass:
     def holds_gathered(self, args, kwargs):
         return holds_gathered(self.gathered, self.samples, args, kwargs)
 
+    def real_count(self):
+        """This rank's real samples of the current batch, where they are its first ones and
+        each call's rows are the batch's samples (k each): a call past those the pass counts
+        says it (valid_rows). None where that is not known."""
+        real = self.real
+        if real is None:
+            return None
+        n = int(real.sum())
+        if not real[:n].all() or (n and self.counted is None):
+            return None
+        return n
+
     def _padding(self, last):
         """The batch the replay hands the body: one padding sample in the loader's own
         structure, read again from the dataset where its indices are known (self.cur its key),

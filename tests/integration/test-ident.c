@@ -448,7 +448,8 @@ static void test_padding_keys_are_dropped(void **state) {
 /*
  * More calls per batch than the counted sites (DV_PASS_SITES, 16), tensors and objects alike:
  * in a pass with keys each call is its own stream, returns each key once in key order, and
- * the close finds every call complete; a pass by position refuses call 17 on every rank.
+ * the close finds every call complete; a pass by position refuses call 17 on every rank
+ * without valid_rows, and with them returns what the counted calls of the batch returned.
  */
 #define MANY 40
 
@@ -501,9 +502,36 @@ static int rank_many_calls(const Harness *h, int rank, int world, void *arg) {
                 CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
         CHECK(deval_gather_for_metrics(g, 1, &in, NULL, &out) == DEVAL_EINVAL &&
                       strstr(deval_errmsg(g), "more than 16 calls") &&
-                      strstr(deval_errmsg(g), "by position"),
+                      strstr(deval_errmsg(g), "by position") &&
+                      strstr(deval_errmsg(g), "valid_rows"),
               "call 17: %s", deval_errmsg(g));
         CHECK_OK(deval_eval_end(g), g);
+        /* 2*world - 1 samples, strided: the last rank's second row is padding, which the
+         * counted calls drop by position and the later ones by the valid_rows said */
+        CHECK_OK(deval_eval_begin(g, 2 * world - 1, DEVAL_ORDER_STRIDED), g);
+        CHECK_OK(deval_eval_batch(g), g);
+        int64_t mine[2] = {rank, world + rank};
+        in.data = mine;
+        int64_t first[2 * WORLD];
+        int64_t rows = -1;
+        for (int call = 0; call < DEVAL_PASS_SITES + 4; call++) {
+                deval_gather_opts o = DEVAL_GATHER_OPTS_INIT; /* (rank order: the pass's is
+                                                                 * what counts) */
+                if (call >= DEVAL_PASS_SITES)
+                        o.valid_rows = rank == world - 1 ? 1 : 2;
+                CHECK_OK(deval_gather_for_metrics(g, 1, &in, &o, &out), g);
+                const int64_t *got = out.data;
+                if (call == 0) {
+                        rows = out.shape[0];
+                        CHECK(rows == 2 * world - 1, "call 0: %lld rows", (long long)rows);
+                        memcpy(first, got, (size_t)rows * sizeof(*got));
+                }
+                CHECK(out.shape[0] == rows && !memcmp(got, first, (size_t)rows * sizeof(*got)),
+                      "call %d: %lld rows, not call 0's", call, (long long)out.shape[0]);
+        }
+        for (int64_t j = 0; j < rows; j++)
+                CHECK(first[j] == j, "row %lld is %lld", (long long)j, (long long)first[j]);
+        CHECK_OK(deval_eval_complete(g), g);
         deval_leave(g);
         return 0;
 }

@@ -167,6 +167,39 @@ def test_an_iterable_shard_read_by_workers_is_refused(daemon, monkeypatch):
                for t, r in res), res
 
 
+def many_calls_rank(rank, world, port, name):
+    """20 gathers of tensors and 18 of texts in each batch of a sized iterable Accelerate
+    shards on every rank (a pass by position, which counts 16 calls per batch): what each
+    call returned."""
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True,
+                      dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
+    deval.accelerate.enable(acc, group=name)
+    calls = [[] for _ in range(20)]
+    texts = [[] for _ in range(18)]
+    try:
+        for batch in acc.prepare(DataLoader(Prompts(), batch_size=4)):
+            for c in range(20):
+                calls[c] += acc.gather_for_metrics(batch * 100 + c).tolist()
+            for c in range(18):
+                texts[c] += acc.gather_for_metrics(["%d.%d" % (v, c) for v in batch.tolist()])
+    finally:
+        deval.accelerate.disable()
+    return calls, texts
+
+
+def test_calls_past_those_a_pass_by_position_counts_are_exact(daemon, monkeypatch):
+    """The 17th call of a batch and later ones say each rank's real rows, which the loop
+    knows; they used to raise InvalidArgument ("more than 16 calls")."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    for calls, texts in run_ranks(3, many_calls_rank, free_port(), group_name("many"),
+                                  timeout=120):
+        assert calls == [[i * 100 + c for i in range(N)] for c in range(20)], calls
+        assert texts == [["%d.%d" % (i, c) for i in range(N)] for c in range(18)], texts
+
+
 # Loops whose body gathers k rows per sample, as generate(num_return_sequences=k) returns
 # them, over an iterable Accelerate shards: (dataset, dispatch_batches, rows per sample).
 GENERATED = {
