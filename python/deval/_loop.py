@@ -14,6 +14,8 @@ import contextlib
 import sys
 import weakref
 
+import numpy as np
+
 
 class ShardedTwice(ValueError):
     """A loader Accelerate prepared over torch's DistributedSampler: each rank sees a shard
@@ -417,6 +419,23 @@ def shard_rows(loader):
     total = ds.batch_size if ds.split_batches else ds.batch_size * world
     per = ds.batch_size // world if ds.split_batches else ds.batch_size
     return n, lambda m: m // per * total + r * per + m % per
+
+
+def dispatched(loader):
+    """Is loader Accelerate's DataLoaderDispatcher (rank 0 reads each round of batches and
+    deals every rank a slice)?"""
+    acc = _accelerate()
+    return acc is not None and isinstance(loader, acc.DataLoaderDispatcher)
+
+
+def dispatched_real(loader, rank, b):
+    """Which of the b samples a DataLoaderDispatcher dealt rank in its current batch are
+    real: all but in its last round, whose first `remainder` samples (the dispatcher counts
+    them) are, dealt in rank order, b to each rank."""
+    real = b
+    if getattr(loader, "end_of_dataloader", False):
+        real = max(0, min(b, int(loader.remainder) - rank * b))
+    return np.arange(b) < real
 
 
 def check_loader(loader, by_draw=False):

@@ -44,9 +44,11 @@ class _LoopPass:
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
         self.keys = _loop.Keys(base, getattr(loader, "skip_batches", 0), draws) \
             if base is not None else None
-        # where the rows of an iterable Accelerate shards stand, to tell its padding
+        # where the rows of an iterable Accelerate shards stand, to tell its padding; or
+        # whether rank 0 deals them, and says at the end how many were real
         self.rows = _loop.shard_rows(loader) if loader is not None and self.keys is None \
             else None
+        self.dealt_by_0 = self.keys is None and _loop.dispatched(loader)
         self.dealt = 0  # samples of the iterable so far
         self.order_kept = None  # the collate keeps the draws' order (_collate); None: not told
         self.real = None  # the current batch's real samples (a bool array), when known
@@ -303,6 +305,8 @@ class _LoopPass:
                 n, at = self.rows
                 self.real = np.array([at(self.dealt + m) < n for m in range(b)], dtype=bool)
                 self.dealt += b
+            elif self.dealt_by_0 and b is not None:
+                self.real = _loop.dispatched_real(self.loader, self.g.rank, b)
         self.batches += 1
         if self.opened:
             self._declare()

@@ -21,8 +21,6 @@ deval.accelerate.disable() undoes it.
 import os
 import sys
 
-import numpy as np
-
 from . import InvalidArgument, _LoopPass, _loop, _pass, _spans_machines, join
 from . import _errors, _nest
 
@@ -48,13 +46,7 @@ class _Dispatched(_Opaque):
     def batch(self, batch):
         super().batch(batch)
         self.samples = b = _loop.batch_samples(batch)
-        if b is None:
-            self.real = None
-            return
-        real = b
-        if getattr(self.loader, "end_of_dataloader", False):
-            real = max(0, min(b, int(self.loader.remainder) - self.rank * b))
-        self.real = np.arange(b) < real
+        self.real = None if b is None else _loop.dispatched_real(self.loader, self.rank, b)
 
 
 class _Streamed(_Dispatched):

@@ -372,11 +372,11 @@ def _taint(m, why):
 
 
 # what to do where deval cannot tell a sharding's padding
-_KNOWN = ("deval tells it for torch's own DistributedSampler and for Accelerate's shards of a "
-          "DataLoader with a batch_size (torch's BatchSampler), over a map-style dataset; a "
-          "subclass or wrapper of the sampler, a batch sampler of your own, or batches that "
-          "Accelerate dispatches it cannot see into. Use one of those, or update the metric "
-          "with results gathered by gather_for_metrics")
+_KNOWN = ("deval tells it for torch's own DistributedSampler, for Accelerate's shards of a "
+          "DataLoader with a batch_size (torch's BatchSampler) over a map-style dataset, and "
+          "for the batches Accelerate shards or dispatches of an iterable; a subclass or "
+          "wrapper of the sampler, or a batch sampler of your own, it cannot see into. Use one "
+          "of those, or update the metric with results gathered by gather_for_metrics")
 
 
 def _count(m, lp):
