@@ -13,29 +13,6 @@
 #include "plan.h"
 #include "wire.h"
 
-/* What a rank keeps to run steps for the others: the handle's fast. */
-typedef struct {
-        DvRequest *reqs; /* [world]: the requests of a step this rank runs */
-        DvPlan plan;     /* of a step this rank runs, and what it plans with */
-        void *scratch[6];
-        size_t scratch_size[6];
-        uint8_t *out; /* the output area of the steps the ranks run */
-        uint64_t out_size;
-        DvShare *share;     /* the plan of a step every rank copies a share of */
-        uint64_t share_min; /* outputs from this size up are copied by every rank */
-        uint32_t share_did; /* the last step this rank copied its share of */
-        DvResult res;       /* this rank's copy of the result of a step a rank ran */
-} DvFastState;
-
-/* The direct output (DV_REQ_DIRECT), mapped writable once a step needed it. */
-typedef struct {
-        uint8_t *out;
-        uint64_t size;
-        uint64_t gen;
-        uint64_t min; /* a rank gathers this many bytes of input and up directly */
-        uint32_t seq; /* the last step whose result this rank wrote into it */
-} DvDirect;
-
 /* May end bytes of this rank's input go to its inline bytes? */
 bool dv_fast_inline_ok(const deval_group *g, uint64_t end);
 /* Count this rank in at step seq; the last to arrive runs it, or hands it to devald. */

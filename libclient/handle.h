@@ -13,20 +13,100 @@
 #include "deval.h"
 
 #include "crowd.h"
-#include "fast.h"
 #include "join_err.h"
-#include "mirror.h"
+#include "journal.h"
 #include "plan.h"
-#include "replay.h"
-#include "resume.h"
 #include "tunables.h"
 #include "wire.h"
+
+/* The state struct deval_group embeds for other modules: here, so that the handle includes
+ * none of their headers (the layers: tools/check-layers) and none of them is both below and
+ * above it. Each is its module's alone; the join sets it up and frees it. */
+
+/* What devald answered for this rank while it was parked, to replay: the handle's replay
+ * (replay.c). */
+typedef struct {
+        struct DvKept *kept;
+        size_t n, cap, next;
+        bool on;   /* deval_eval_batch() started replaying them */
+        size_t at; /* where the batch being replayed starts in kept */
+} DvReplayState;
+
+/* What a rank keeps to run steps for the others: the handle's fast (fast.c). */
+typedef struct {
+        DvRequest *reqs; /* [world]: the requests of a step this rank runs */
+        DvPlan plan;     /* of a step this rank runs, and what it plans with */
+        void *scratch[6];
+        size_t scratch_size[6];
+        uint8_t *out; /* the output area of the steps the ranks run */
+        uint64_t out_size;
+        DvShare *share;     /* the plan of a step every rank copies a share of */
+        uint64_t share_min; /* outputs from this size up are copied by every rank */
+        uint32_t share_did; /* the last step this rank copied its share of */
+        DvResult res;       /* this rank's copy of the result of a step a rank ran */
+} DvFastState;
+
+/* The direct output (DV_REQ_DIRECT), mapped writable once a step needed it (fast.c). */
+typedef struct {
+        uint8_t *out;
+        uint64_t size;
+        uint64_t gen;
+        uint64_t min; /* a rank gathers this many bytes of input and up directly */
+        uint32_t seq; /* the last step whose result this rank wrote into it */
+} DvDirect;
+
+#define DV_MIRROR_KNOWN 4
+
+/* What a rank keeps to mirror steps: the handle's mirror (mirror.c). */
+typedef struct {
+        bool on;        /* small reduces and barriers may be ($DEVAL_MIRROR=0: never) */
+        int next;       /* the first rank whose record of the step is not seen yet */
+        uint64_t bytes; /* rank 0: bytes of the results of those steps, for devald */
+        DvRequest req;  /* its copy of its own request, with one tensor */
+        DvMirror own;   /* this rank's description of the step in flight */
+        DvMirror *recs; /* [world]: copies of the records of a step */
+        /* a record of each step dv_agree() accepted lately: records that all describe one of
+         * them again need not be asked about (a loop's reduces and barriers, step after step) */
+        DvMirror known_steps[DV_MIRROR_KNOWN];
+        int nknown, next_known;
+        bool known;           /* this rank's step is one of them */
+        DvShape *shapes;      /* [world]: a mirrored gather's inputs */
+        int64_t *valid;       /* [world] */
+        const uint8_t **srcs; /* [world] */
+        DvResult res;         /* the result of the last one */
+        alignas(64) uint8_t out[DV_MIRROR_OUT];
+} DvMirrorState;
+
+/* A pass's journal, and the batches it answers: the handle's resume (resume.c). */
+typedef struct {
+        char key[DV_RESUME_KEY_MAX];   /* the job's resume key; "": this process keeps none */
+        char group[DV_GROUP_NAME_MAX]; /* the group's, as every run of the job names it */
+        uint32_t ordinal;              /* passes begun on the handle */
+        uint8_t *base;                 /* the journal, mapped; NULL: none */
+        uint64_t size;
+        bool on;       /* this pass writes its batches to the journal */
+        bool stopped;  /* it could not grow: batches from here on are not kept */
+        uint64_t kept; /* the pass's first batches, answered from the journal */
+        uint64_t *at;  /* where each of them starts */
+        uint64_t step; /* answering: the next step of the batch, and where the batch ends */
+        uint64_t rec_end;
+        uint32_t steps_left;
+        bool writing; /* a batch is being written: its record starts at rec, ends at tail */
+        uint64_t rec, tail;
+        uint32_t nsteps;
+        uint64_t digest;
+        DvResult res; /* the result being answered */
+        /* deval_eval_kept_state(): the latest state kept in the first state_scanned batches */
+        const uint8_t *state;
+        uint64_t state_len;
+        uint32_t state_scanned;
+} DvResumeState;
 
 typedef struct DvSpan DvSpan;
 
 struct deval_group {
         int sock;
-        DvSpan *span;   /* a group that spans machines (span.c): this handle's collectives
+        DvSpan *span; /* a group that spans machines (span.c): this handle's collectives
                                 run there, in global ranks; NULL: a group of one machine */
         DvRequest *req; /* where this rank describes its collective: its slot, or the span's */
         int rank, world;

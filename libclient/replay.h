@@ -12,14 +12,6 @@
 
 #include "wire.h"
 
-/* What devald answered for this rank while it was parked, to replay: the handle's replay. */
-typedef struct {
-        struct DvKept *kept;
-        size_t n, cap, next;
-        bool on;   /* deval_eval_batch() started replaying them */
-        size_t at; /* where the batch being replayed starts in kept */
-} DvReplayState;
-
 void dv_replay_clear(deval_group *g);
 int dv_replay_keep(deval_group *g, const char *fn, const DvResult *res);
 bool dv_replay_pending(const deval_group *g);

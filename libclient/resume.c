@@ -37,6 +37,7 @@
 #include "handle.h"
 #include "ident.h"
 #include "job.h"
+#include "journal.h"
 #include "replay.h"
 #include "sock.h"
 #include "tunables.h"

@@ -12,32 +12,7 @@
 
 #include "deval.h"
 
-#include "journal.h"
 #include "wire.h"
-
-typedef struct {
-        char key[DV_RESUME_KEY_MAX];   /* the job's resume key; "": this process keeps none */
-        char group[DV_GROUP_NAME_MAX]; /* the group's, as every run of the job names it */
-        uint32_t ordinal;              /* passes begun on the handle */
-        uint8_t *base;                 /* the journal, mapped; NULL: none */
-        uint64_t size;
-        bool on;       /* this pass writes its batches to the journal */
-        bool stopped;  /* it could not grow: batches from here on are not kept */
-        uint64_t kept; /* the pass's first batches, answered from the journal */
-        uint64_t *at;  /* where each of them starts */
-        uint64_t step; /* answering: the next step of the batch, and where the batch ends */
-        uint64_t rec_end;
-        uint32_t steps_left;
-        bool writing; /* a batch is being written: its record starts at rec, ends at tail */
-        uint64_t rec, tail;
-        uint32_t nsteps;
-        uint64_t digest;
-        DvResult res; /* the result being answered */
-        /* deval_eval_kept_state(): the latest state kept in the first state_scanned batches */
-        const uint8_t *state;
-        uint64_t state_len;
-        uint32_t state_scanned;
-} DvResumeState;
 
 /* At the join: the job's resume key, from $DEVAL_RESUME_KEY or the launcher (job.h), and
  * the group's name as every run of the job gives it (group). */
