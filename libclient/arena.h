@@ -16,6 +16,11 @@ int dv_import_dev(deval_group *g, int fd, uint64_t size, uint64_t *ret);
 /* Make sure the input arena holds size bytes, asking devald to grow it: 0, DEVAL_ENOMEM past
  * the group's quota, or a connection failure. */
 int dv_reserve_input(deval_group *g, uint64_t size);
+/* Room for size bytes of this rank's input, what deval_input_buffer() handed out kept: in
+ * the input arena devald grows, or in a spanning handle's part. */
+static inline int dv_reserve(deval_group *g, uint64_t size) {
+        return g->span ? g->span_ops->reserve(g, size) : dv_reserve_input(g, size);
+}
 /* Map the current output arena if devald replaced it: 0, or a connection failure. */
 int dv_refresh_output(deval_group *g);
 /* Map the group's direct output, asking devald to make it hold size bytes (0: the current

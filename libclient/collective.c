@@ -21,7 +21,6 @@
 #include "handle.h"
 #include "ident.h"
 #include "run.h"
-#include "span.h"
 #include "stage.h"
 #include "util.h"
 

@@ -18,8 +18,6 @@
 #include "replay.h"
 #include "resume.h"
 #include "run.h"
-#include "span.h"
-#include "span_step.h"
 #include "stage.h"
 
 static int batch_start(deval_group *g, const char *fn) {
@@ -83,7 +81,7 @@ static int eval_end_step(deval_group *g, const char *fn, uint32_t flags, const c
         q->flags = flags;
         if (why) /* the others' failure quotes it (common/pass.c) */
                 snprintf(q->why, sizeof(q->why), "%s", why);
-        r = g->span ? dv_span_run(g, fn, true, &res)
+        r = g->span ? g->span_ops->run(g, fn, true, &res)
                     : dv_coll_wait(g, fn, /* pass_end= */ true, &res);
         if (r == 0 && !deval_eval_open(g))
                 dv_resume_pass_closed(g); /* done with: nothing to resume */
@@ -234,7 +232,7 @@ int deval_eval_open(const deval_group *g) {
         if (!g)
                 return DEVAL_EINVAL;
         if (g->span)
-                return dv_span_pass_open(g);
+                return g->span_ops->pass_open(g);
         /* acquire pairs with devald's store after its step, published with done_seq */
         return atomic_load_explicit(&g->pass_sh->open, memory_order_acquire) != 0;
 }

@@ -104,10 +104,24 @@ typedef struct {
 
 typedef struct DvSpan DvSpan;
 
+/* What a group across machines does in place of its node's group: span.c's, which the
+ * layers below it reach through the handle rather than by name (tools/check-layers). */
+typedef struct {
+        /* the collective in g->req across every node (dv_span_run()) */
+        int (*run)(deval_group *g, const char *fn, bool pass_end, const DvResult **ret);
+        /* room for size bytes of this rank's input (dv_span_reserve()) */
+        int (*reserve)(deval_group *g, uint64_t size);
+        /* is an eval pass open on g (dv_span_pass_open()) */
+        int (*pass_open)(const deval_group *g);
+        /* leave the node's group and free the spanning state (dv_span_free()) */
+        void (*free)(deval_group *g);
+} DvSpanOps;
+
 struct deval_group {
         int sock;
         DvSpan *span; /* a group that spans machines (span.c): this handle's collectives
                                 run there, in global ranks; NULL: a group of one machine */
+        const DvSpanOps *span_ops; /* what it does, set with span */
         DvRequest *req; /* where this rank describes its collective: its slot, or the span's */
         int rank, world;
         pid_t pid; /* the process that joined; a forked child may not use the handle */

@@ -22,7 +22,6 @@
 #include "replay.h"
 #include "resume.h"
 #include "sock.h"
-#include "span.h"
 #include "tunables.h"
 #include "util.h"
 
@@ -406,7 +405,7 @@ int deval_leave(deval_group *g) {
         if (!g)
                 return 0;
         if (g->span) { /* its node's group is left with it */
-                dv_span_free(g);
+                g->span_ops->free(g);
                 group_free(g);
                 return 0;
         }

@@ -27,7 +27,6 @@
 #include "plan.h"
 #include "replay.h"
 #include "resume.h"
-#include "span.h"
 #include "util.h"
 
 #define SLICE_NS         (20 * 1000 * 1000) /* how often a sleeping rank checks devald is alive */
@@ -368,7 +367,7 @@ int dv_coll_run(deval_group *g, const char *fn, const DvResult **ret) {
                 return dv_replay_take(g, fn, g->req, ret);
         if (dv_resume_answers(g))
                 return dv_resume_take(g, fn, g->req, ret);
-        int r = g->span ? dv_span_run(g, fn, false, ret)
+        int r = g->span ? g->span_ops->run(g, fn, false, ret)
                         : dv_coll_wait(g, fn, /* pass_end= */ false, ret);
         if (g->batch) /* (a pass that keeps no journal: nothing) */
                 dv_resume_keep(g, r == 0 ? *ret : NULL);

@@ -27,6 +27,7 @@
 
 #include "deval.h"
 
+#include "arena.h"
 #include "calls.h"
 #include "check.h"
 #include "handle.h"
@@ -133,7 +134,16 @@ void dv_span_free(deval_group *g) {
         g->out = NULL;
         free(sp);
         g->span = NULL;
+        g->span_ops = NULL;
 }
+
+/* What the layers below reach through the handle (handle.h). */
+static const DvSpanOps span_ops = {
+        .run = dv_span_run,
+        .reserve = dv_span_reserve,
+        .pass_open = dv_span_pass_open,
+        .free = dv_span_free,
+};
 
 static int join_fail(deval_group *g, int status, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
@@ -278,6 +288,7 @@ int deval_join_spanning(const char *group, int rank, int world_size, int local_r
         }
         size_t W = (size_t)world_size;
         g->span = sp;
+        g->span_ops = &span_ops;
         g->sock = -1;
         g->rank = rank;
         g->world = world_size;

@@ -11,16 +11,9 @@
 
 #include "deval.h"
 
-#include "arena.h"
 #include "handle.h"
 #include "wire.h"
 
 int dv_span_run(deval_group *g, const char *fn, bool pass_end, const DvResult **ret);
 int dv_span_reserve(deval_group *g, uint64_t size);
 void dv_span_free(deval_group *g);
-
-/* Room for size bytes of this rank's input, what deval_input_buffer() handed out kept: in
- * the input arena devald grows, or in a spanning handle's part. */
-static inline int dv_reserve(deval_group *g, uint64_t size) {
-        return g->span ? dv_span_reserve(g, size) : dv_reserve_input(g, size);
-}

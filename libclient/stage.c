@@ -23,7 +23,6 @@
 #include "gpu.h"
 #include "handle.h"
 #include "run.h"
-#include "span.h"
 #include "util.h"
 
 int dv_check_tensor(deval_group *g, const char *fn, int i, const deval_tensor *t, bool need_data,
