@@ -102,6 +102,20 @@ typedef struct {
         uint32_t state_scanned;
 } DvResumeState;
 
+/* What the pass's journal does to each collective: resume.c's, which the layers below it
+ * reach through the handle rather than by name (tools/check-layers). resume.c sets it when
+ * a pass begins; NULL before: no collective is answered from a journal or kept in one. */
+typedef struct {
+        /* is the collective in flight answered from the journal (dv_resume_answers()) */
+        bool (*answers)(const deval_group *g);
+        /* answer it (dv_resume_take()) */
+        int (*take)(deval_group *g, const char *fn, const DvRequest *q, const DvResult **ret);
+        /* keep a collective's result; NULL: it failed (dv_resume_keep()) */
+        void (*keep)(deval_group *g, const DvResult *res);
+        /* the handle goes: unmap what the journal holds (dv_resume_free()) */
+        void (*free)(deval_group *g);
+} DvResumeOps;
+
 typedef struct DvSpan DvSpan;
 
 /* What a group across machines does in place of its node's group: span.c's, which the
@@ -159,7 +173,8 @@ struct deval_group {
         uint64_t view_size;
         DvReplayState replay; /* what devald answered for this rank while parked (replay.h) */
         DvResumeState resume; /* the pass's journal, and the batches it answers (resume.h) */
-        int failed;           /* sticky status once the group is unusable */
+        const DvResumeOps *resume_ops; /* what it does, from the first pass on */
+        int failed;                    /* sticky status once the group is unusable */
         bool debug;
         uint64_t spin_ns;  /* busy-wait this long before sleeping on the futex */
         uint64_t yield_ns; /* then yield the core this long (more ranks than cores) */

@@ -30,6 +30,7 @@
 
 #include "deval.h"
 
+#include "journal.h"
 #include "tunables.h"
 #include "util.h"
 
@@ -252,6 +253,32 @@ int dv_job_resume_key(char *key, size_t len) {
                 return DEVAL_EINVAL;
         snprintf(key, len, "%s", job.resume);
         return 0;
+}
+
+/**
+ * dv_job_journal_key() - the key a pass's journal is kept under (resume.c), where the job
+ * asks for one: $DEVAL_RESUME=1, or a $DEVAL_RESUME_KEY of the user's (unless
+ * $DEVAL_RESUME=0).
+ * @tun: the join's tunables
+ * @key: where the key goes: the user's key hashed, or the launcher's (dv_job_resume_key());
+ *       "" where the job keeps no journal
+ * @len: key's size, DV_RESUME_KEY_MAX
+ */
+void dv_job_journal_key(const DvTunables *tun, char *key, size_t len) {
+        char k[DV_RESUME_KEY_MAX] = "";
+        const char *v = secure_getenv("DEVAL_RESUME_KEY");
+        if (len)
+                key[0] = '\0';
+        /* asked for: $DEVAL_RESUME=1, or a resume key of the user's (unless $DEVAL_RESUME=0) */
+        if (!dv_tun_or(tun, DV_TUN_RESUME, v && *v))
+                return;
+        if (v && *v) {
+                uint64_t h = dv_journal_hash(DV_JOURNAL_HASH0, v, strlen(v));
+                snprintf(k, sizeof(k), "user-%016" PRIx64, h);
+        } else if (dv_job_resume_key(k, sizeof(k)) < 0) {
+                return; /* no launcher names a job: nothing to resume */
+        }
+        snprintf(key, len, "%s", k);
 }
 
 /* $DEVAL_ONE_MACHINE=1: every rank runs here, whatever the launcher says. 1 when it says

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "tunables.h"
 #include "wire.h"
 
 typedef struct {
@@ -28,3 +29,5 @@ int dv_job_one_machine(const DvJob *job, char *err, size_t errlen);
 int dv_env_int(const char *name);
 /* The job's resume key (DvJob.resume) into key; DEVAL_EINVAL when no launcher names one. */
 int dv_job_resume_key(char *key, size_t len);
+/* The key a pass's journal is kept under, where the job asks for one; "": none. */
+void dv_job_journal_key(const DvTunables *tun, char *key, size_t len);

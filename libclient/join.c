@@ -20,7 +20,6 @@
 #include "ident.h"
 #include "job.h"
 #include "replay.h"
-#include "resume.h"
 #include "sock.h"
 #include "tunables.h"
 #include "util.h"
@@ -49,7 +48,8 @@ static void group_free(deval_group *g) {
                 close(g->sock);
         dv_replay_clear(g);
         dv_ident_free(g);
-        dv_resume_free(g);
+        if (g->resume_ops)
+                g->resume_ops->free(g);
         free(g->fast.reqs);
         free(g->mirror.recs);
         free(g->mirror.shapes);
@@ -248,8 +248,12 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         if (g->timeout_ms < 0)
                 g->timeout_ms = -1;
         snprintf(g->name, sizeof(g->name), "%s", group);
-        /* a name the launcher gave changes with its restarts: the journal names it apart */
-        dv_resume_init(g, req.launcher[0] ? req.launcher : group);
+        /* a pass's journal (resume.c) is the job's, under its key where it keeps one, and
+         * the group's as every run of the job names it: a name the launcher gave changes with
+         * its restarts, so the journal names it apart */
+        dv_job_journal_key(&g->tun, g->resume.key, sizeof(g->resume.key));
+        snprintf(g->resume.group, sizeof(g->resume.group), "%s",
+                 req.launcher[0] ? req.launcher : group);
         bool named;
         if (dv_client_socket_path(opts ? opts->socket_path : NULL, g->socket_path,
                                   sizeof(g->socket_path), &named) < 0 ||

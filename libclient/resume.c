@@ -36,7 +36,6 @@
 #include "calls.h"
 #include "handle.h"
 #include "ident.h"
-#include "job.h"
 #include "journal.h"
 #include "replay.h"
 #include "sock.h"
@@ -63,31 +62,22 @@ static void reset(DvResumeState *s) {
         s->state_scanned = 0;
 }
 
-void dv_resume_init(deval_group *g, const char *group) {
-        DvResumeState *s = &g->resume;
-        memset(s, 0, sizeof(*s));
-        snprintf(s->group, sizeof(s->group), "%s", group);
-        char key[DV_RESUME_KEY_MAX] = "";
-        const char *v = secure_getenv("DEVAL_RESUME_KEY");
-        /* asked for: $DEVAL_RESUME=1, or a resume key of the user's (unless $DEVAL_RESUME=0) */
-        if (!dv_tun_or(&g->tun, DV_TUN_RESUME, v && *v))
-                return;
-        if (v && *v) {
-                uint64_t h = dv_journal_hash(DV_JOURNAL_HASH0, v, strlen(v));
-                snprintf(key, sizeof(key), "user-%016" PRIx64, h);
-        } else if (dv_job_resume_key(key, sizeof(key)) < 0) {
-                return; /* no launcher names a job: nothing to resume */
-        }
-        snprintf(s->key, sizeof(s->key), "%s", key);
-}
-
 void dv_resume_free(deval_group *g) {
         reset(&g->resume);
 }
 
+/* What the layers below reach through the handle (handle.h). */
+static const DvResumeOps resume_ops = {
+        .answers = dv_resume_answers,
+        .take = dv_resume_take,
+        .keep = dv_resume_keep,
+        .free = dv_resume_free,
+};
+
 void dv_resume_pass_begin(deval_group *g) {
         reset(&g->resume);
         g->resume.ordinal++;
+        g->resume_ops = &resume_ops;
 }
 
 /* Ask devald for this rank's journal of the pass (action), at least size bytes; map it. */

@@ -14,9 +14,6 @@
 
 #include "wire.h"
 
-/* At the join: the job's resume key, from $DEVAL_RESUME_KEY or the launcher (job.h), and
- * the group's name as every run of the job gives it (group). */
-void dv_resume_init(deval_group *g, const char *group);
 /* The handle goes: unmap what it holds. */
 void dv_resume_free(deval_group *g);
 /* A pass begins on g: the next ordinal; nothing of the last pass is kept here. */

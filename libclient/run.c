@@ -26,7 +26,6 @@
 #include "mirror.h"
 #include "plan.h"
 #include "replay.h"
-#include "resume.h"
 #include "util.h"
 
 #define SLICE_NS         (20 * 1000 * 1000) /* how often a sleeping rank checks devald is alive */
@@ -48,12 +47,17 @@ int dv_coll_owner(deval_group *g) {
         return 0;
 }
 
+/* Is the collective in flight answered from the pass's journal (resume.c, once a pass began)? */
+static bool journal_answers(const deval_group *g) {
+        return g->resume_ops && g->resume_ops->answers(g);
+}
+
 /* A collective may start: the group has not failed (a failure sticks, with its message). */
 int dv_coll_begin(deval_group *g) {
         int r = dv_coll_owner(g);
         if (r < 0)
                 return r;
-        if ((g->replay.on && dv_replay_pending(g)) || dv_resume_answers(g))
+        if ((g->replay.on && dv_replay_pending(g)) || journal_answers(g))
                 return 0; /* answered from what was kept, whatever the group did since */
         if (g->failed)
                 return g->failed;
@@ -365,12 +369,12 @@ int dv_coll_wait(deval_group *g, const char *fn, bool pass_end, const DvResult *
 int dv_coll_run(deval_group *g, const char *fn, const DvResult **ret) {
         if (g->replay.on && dv_replay_pending(g))
                 return dv_replay_take(g, fn, g->req, ret);
-        if (dv_resume_answers(g))
-                return dv_resume_take(g, fn, g->req, ret);
+        if (journal_answers(g))
+                return g->resume_ops->take(g, fn, g->req, ret);
         int r = g->span ? g->span_ops->run(g, fn, false, ret)
                         : dv_coll_wait(g, fn, /* pass_end= */ false, ret);
-        if (g->batch) /* (a pass that keeps no journal: nothing) */
-                dv_resume_keep(g, r == 0 ? *ret : NULL);
+        if (g->batch && g->resume_ops) /* (a pass that keeps no journal: nothing) */
+                g->resume_ops->keep(g, r == 0 ? *ret : NULL);
         return r;
 }
 
