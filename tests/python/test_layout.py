@@ -2,9 +2,12 @@
 """The C sources' layout, as docs/architecture.md states it: a module's own header comes
 first in its .c, and no two modules of a directory reach each other through their headers,
 however long the way round (a module is foo.c with foo.h; a header of no .c, as the state
-span_state.h holds, belongs to whoever includes it)."""
+span_state.h holds, belongs to whoever includes it); and libclient's layers, which
+tools/check-layers checks (its cycle() is the one used here)."""
 
 import glob
+import importlib.machinery
+import importlib.util
 import os
 import re
 
@@ -15,6 +18,19 @@ DIRS = ["common", "daemon", "libclient"]
 INCLUDE = re.compile(r'^#include "(\w+)\.h"', re.M)
 
 
+def check_layers():
+    """tools/check-layers, as a module: libclient's table of layers and its check."""
+    path = os.path.join(ROOT, "tools", "check-layers")
+    loader = importlib.machinery.SourceFileLoader("check_layers", path)
+    spec = importlib.util.spec_from_loader("check_layers", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+cycle = check_layers().cycle
+
+
 def modules(d):
     return {os.path.basename(p)[:-2] for p in glob.glob(os.path.join(ROOT, d, "*.c"))}
 
@@ -22,32 +38,6 @@ def modules(d):
 def includes(d, m):
     with open(os.path.join(ROOT, d, m + ".c"), encoding="utf-8") as f:
         return INCLUDE.findall(f.read())
-
-
-def cycle(graph):
-    """A cycle of graph (node -> the nodes it reaches), as a list, or None."""
-    state, path = {}, []
-
-    def visit(n):
-        state[n] = 1
-        path.append(n)
-        for m in sorted(graph[n]):
-            if state.get(m) == 1:
-                return path[path.index(m):] + [m]
-            if m not in state:
-                found = visit(m)
-                if found:
-                    return found
-        state[n] = 2
-        path.pop()
-        return None
-
-    for n in sorted(graph):
-        if n not in state:
-            found = visit(n)
-            if found:
-                return found
-    return None
 
 
 def test_cycle_finds_one():
@@ -72,6 +62,12 @@ def test_no_cycle_between_modules(d):
     graph = {m: {i for i in includes(d, m) if i in mods and i != m} for m in mods}
     found = cycle(graph)
     assert found is None, "%s: %s" % (d, " -> ".join(found))
+
+
+def test_libclient_in_layers():
+    """No file of libclient reaches a layer above its own (tools/check-layers' table)."""
+    errors = check_layers().check(os.path.join(ROOT, "libclient"))
+    assert not errors, "\n".join(errors)
 
 
 def test_every_module_of_the_binding_is_installed():
