@@ -15,7 +15,7 @@ import pickle
 
 import numpy as np
 
-from . import _loop
+from . import _loop, _pass
 from ._errors import _ERRORS, Error, InvalidArgument, Mismatch, _said
 from ._libdeval import _ORDERS, _REDUCTIONS, MAX_TENSORS, _Bytes, _GatherOpts, _lib, _Tensor
 from ._nest import (_check_batch_rows, _check_samples, _data_mask, _flatten, _object_items,
@@ -298,8 +298,10 @@ class Group:
         if lp is not None and getattr(lp, "g", None) is not self:
             lp = None
         real = lp.real_count() if lp is not None else None
-        if lp is not None and lp.counted is not None and \
-                _check_batch_rows(x, lp.counted, _sends_objects(x, use_gather_object)):
+        if lp is not None and lp.counted is not None and any(k != 1 for _, k in (
+                _pass.same_rows_per_sample(lp, int(_sends_objects(x, use_gather_object)),
+                                           _check_batch_rows(x, lp.counted, _sends_objects(
+                                               x, use_gather_object))))):
             by_samples = lp.counted
             if self.device is not None:
                 raise InvalidArgument(

@@ -36,33 +36,37 @@ def _sends_objects(x, forced=False):
         isinstance(v, np.ndarray) or _is_torch(v) for v in x))
 
 
-def _check_batch_rows(x, samples, objects, where="the input"):
+def _check_batch_rows(x, samples, objects, where="the input", ks=None):
     """A pass without dataset indices counts a gather_for_metrics call's samples by rows,
     and drops the samples past the dataset's end as padding. Where the loop knows the
     batch's samples, each tensor of the call (or the objects, when it sends objects:
     _sends_objects()) must hold a whole number k of rows per sample, sample by sample (as
     generation with num_return_sequences=k makes), or samples are lost without a word:
-    anything else is refused. Return: whether some k is not 1, so that the call must be
-    counted by the batch's samples rather than by its rows (Group._gather_for_metrics)."""
+    anything else is refused. Return: the (where, k) of each tensor with rows (of the
+    objects, one), so that a call where some k is not 1 is counted by the batch's samples
+    rather than by its rows (Group._gather_for_metrics), and k is checked to hold from
+    batch to batch (_pass.same_rows_per_sample())."""
+    ks = [] if ks is None else ks
     top = where == "the input"
     if objects:
         if not isinstance(x, list):
-            return False  # (gather_object's items of one value: not per sample to count)
+            return ks  # (gather_object's items of one value: not per sample to count)
         rows, what = len(x), "item"
     elif isinstance(x, collections.abc.Mapping):
-        return any([_check_batch_rows(v, samples, False, "%s[%r]" % ("" if top else where, k))
-                    for k, v in x.items()])
+        for k, v in x.items():
+            _check_batch_rows(v, samples, False, "%s[%r]" % ("" if top else where, k), ks)
+        return ks
     elif isinstance(x, (list, tuple)):
-        return any([_check_batch_rows(v, samples, False, "%s[%d]" % ("" if top else where, i))
-                    for i, v in enumerate(x)])
+        for i, v in enumerate(x):
+            _check_batch_rows(v, samples, False, "%s[%d]" % ("" if top else where, i), ks)
+        return ks
     elif hasattr(x, "shape") and len(x.shape):
         rows, what = x.shape[0], "row"
     else:
-        return False  # (a 0-d tensor or a scalar: _check_samples says what is wrong with it)
-    if rows == samples:
-        return False
-    if samples > 0 and rows > 0 and rows % samples == 0:
-        return True
+        return ks  # (a 0-d tensor or a scalar: _check_samples says what is wrong with it)
+    if rows == samples or (samples > 0 and rows > 0 and rows % samples == 0):
+        ks.append((where, rows // samples if samples else 1))
+        return ks
     raise InvalidArgument(
         "deval.gather_for_metrics: %s holds %d %s%s for the batch's %d samples, not a whole "
         "number per sample; this pass knows no dataset indices, so it tells the samples past "

@@ -55,6 +55,8 @@ class _LoopPass:
         self.samples = None  # how many samples the current batch holds, when known
         self.counted = None  # the same, where each of the batch's tensors says it (no keys)
         self.gathered = []  # what the current batch's gathers for metrics returned
+        self.calls = [0, 0]  # the current batch's gathers for metrics: tensors, objects
+        self.rows_per_sample = {}  # each call's, in the batches so far (same_rows_per_sample)
         self.seq = None  # which of this process's loops it is
         self.loader = loader
         self.ident = None  # which loader (_loop.loader_number())
@@ -260,6 +262,7 @@ class _LoopPass:
         self.real = None
         self.lost = None  # why this batch's padding cannot be told from its samples (_reordered)
         self.gathered = []
+        self.calls = [0, 0]
         self.current = batch
         self.pad_now = False
         if self.keys is not None and self.broken is None:
@@ -485,10 +488,13 @@ class Opaque:
         self.real = self.samples = self.seq = self.n = None
         self.batches = 0
         self.gathered = []  # what this batch's gathers for metrics returned
+        self.calls = [0, 0]  # the current batch's gathers for metrics: tensors, objects
+        self.rows_per_sample = {}  # each call's, in the batches so far (same_rows_per_sample)
 
     def batch(self, batch):
         self.batches += 1
         self.gathered = []
+        self.calls = [0, 0]
 
     def holds_gathered(self, args, kwargs):
         return holds_gathered(self.gathered, self.samples, args, kwargs)
@@ -503,6 +509,28 @@ class Opaque:
                 yield batch
         finally:
             _loop.ACTIVE.remove(self)
+
+
+def same_rows_per_sample(lp, objects, ks):
+    """The rows per sample of each tensor (or of the objects) of the batch's next gather for
+    metrics, ks (_nest._check_batch_rows()), must be those of the same call in the batches of
+    lp before: rows whose count per sample changes from batch to batch (tokens flattened
+    across the batch, which a batch may hold a multiple of by chance) are not k per sample,
+    and cutting the padding's k by position would keep the wrong rows. Return ks."""
+    at = (objects, lp.calls[objects])
+    lp.calls[objects] += 1
+    before = lp.rows_per_sample.setdefault(at, ks)
+    if len(before) == len(ks):
+        for (where, k), (_, was) in zip(ks, before):
+            if k != was:
+                raise InvalidArgument(
+                    "deval.gather_for_metrics: %s holds %d rows per sample of this batch "
+                    "and held %d in the batches before, at this call of the batch: its rows "
+                    "are not a number per sample (tokens flattened across the batch?), so "
+                    "which of them are the padding's cannot be told; give each sample the "
+                    "same number of rows, or evaluate a map-style dataset through a "
+                    "DataLoader, whose pass knows each sample's index" % (where, k, was), -1)
+    return ks
 
 
 def holds_gathered(gathered, samples, args, kwargs):

@@ -198,12 +198,13 @@ def _whole_rows(g, lp, data, objects):
     object gather tells each rank what any rank found (every rank is at that batch, with its
     own rows). Return: the k of each tensor, in recursively_apply's order (of the objects,
     the one k), where some k is not 1; else None."""
-    if not getattr(lp.loader, "end_of_dataloader", False) or lp.samples is None:
+    if lp.samples is None:
         return None
-    why, ks = None, None
-    try:
-        if _nest._check_batch_rows(data if objects else _recursively(_varied, data),
-                                   lp.samples, objects):
+    ks = None
+    try:  # (at every batch, since k must hold from batch to batch; told at the last)
+        said = _pass.same_rows_per_sample(lp, int(objects), _nest._check_batch_rows(
+            data if objects else _recursively(_varied, data), lp.samples, objects))
+        if any(k != 1 for _, k in said):
             if objects:
                 ks = [len(data) // lp.samples]
             else:
@@ -211,7 +212,10 @@ def _whole_rows(g, lp, data, objects):
                 _recursively(leaves.append, data)
                 ks = [1 if _varied(t) is None else t.shape[0] // lp.samples for t in leaves]
     except InvalidArgument as e:
-        why = str(e)
+        lp.why_rows = getattr(lp, "why_rows", None) or str(e)
+    if not getattr(lp.loader, "end_of_dataloader", False):
+        return None
+    why = getattr(lp, "why_rows", None)
     said = g.gather_object([(why, ks)])
     bad = [(r, w) for r, (w, _) in enumerate(said) if w]
     if not bad:
@@ -285,11 +289,21 @@ def _make_methods(st):
             return out
         return _recursively(one, tensor)
 
+    def backward(loss, **kwargs):
+        """Accelerate's own. The loop it runs in trains: an attached metric takes what it is
+        given there, as without deval (the batches a training loop draws are not one
+        process's, so no value of theirs is; deval.torchmetrics)."""
+        if _loop.ACTIVE:
+            _loop.ACTIVE[-1].trains = True
+        own = _METHODS_ORIG[(_patched_class(st.accelerator), "backward")]
+        return own(st.accelerator, loss, **kwargs)
+
     return {"gather": gather, "gather_for_metrics": gather_for_metrics,
-            "pad_across_processes": pad_across_processes, "reduce": reduce}
+            "pad_across_processes": pad_across_processes, "reduce": reduce,
+            "backward": backward}
 
 
-_METHODS = ("gather", "gather_for_metrics", "pad_across_processes", "reduce")
+_METHODS = ("gather", "gather_for_metrics", "pad_across_processes", "reduce", "backward")
 _METHODS_ORIG = {}  # (class, name) -> Accelerate's own function, while patched
 
 

@@ -216,6 +216,8 @@ class _Update:
         # (a metric that does not sync is fed every rank's rows, gathered, or is a rank's own)
         lp = _loop.ACTIVE[-1] if _loop.ACTIVE and not _DEPTH[0] and _on(m) and \
             m.sync_on_compute else None
+        if getattr(lp, "trains", False):
+            lp = None  # (a training loop's: taken as it comes, as without deval)
         gathered = lp.holds_gathered(args, kwargs) if lp is not None else 0
         if gathered:
             # every rank's rows: once, if this is the only rank taking them, or the same on

@@ -210,6 +210,58 @@ def test_calls_past_those_a_pass_by_position_counts_are_exact(daemon, monkeypatc
         assert total == sum(range(N)), total
 
 
+def training_metrics_rank(rank, world, port, name):
+    """torchmetrics' own pattern for a training loop: a MeanMetric of the step's loss and an
+    Accuracy, updated every step, computed at the epoch's end; 37 samples in batches of 4
+    over 3 ranks, so the last batch is mostly Accelerate's padding. (value, what the ranks'
+    own steps give, as Accelerate counts them), for the loss and the accuracy."""
+    set_env(rank, world, port)
+    import torchmetrics
+    import deval.torchmetrics
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+    acc = Accelerator(cpu=True)
+    deval.accelerate.enable(acc, group=name)
+    deval.torchmetrics.enable()
+    try:
+        torch.manual_seed(0)
+        x, y = torch.randn(37, 5), torch.randint(0, 3, (37,))
+        model = torch.nn.Linear(5, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt, train = acc.prepare(model, opt, DataLoader(TensorDataset(x, y),
+                                                               batch_size=4, shuffle=True))
+        loss_m = torchmetrics.MeanMetric()
+        acc_m = torchmetrics.Accuracy(task="multiclass", num_classes=3)
+        losses, hits = [], []
+        for xb, yb in train:
+            logits = model(xb)
+            loss = torch.nn.functional.cross_entropy(logits, yb)
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            loss_m.update(loss.detach())
+            acc_m.update(logits.detach(), yb)
+            losses.append(loss.detach())
+            hits.append(logits.argmax(1) == yb)
+        every_loss = acc.gather(torch.stack(losses))
+        every_hit = acc.gather(torch.cat(hits)).float()
+        return ((float(loss_m.compute()), float(every_loss.mean())),
+                (float(acc_m.compute()), float(every_hit.mean())))
+    finally:
+        deval.torchmetrics.enable(False)
+        deval.accelerate.disable()
+
+
+def test_metrics_of_a_training_loop_run_as_without_deval(daemon, monkeypatch):
+    """A loop that calls accelerator.backward() trains: its metrics take what they are given,
+    as Accelerate's loop does; the 0-d loss of a batch holding padding used to make compute()
+    raise Mismatch on every rank."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    for (loss, want_loss), (accuracy, want_acc) in run_ranks(
+            3, training_metrics_rank, free_port(), group_name("train"), timeout=120):
+        assert loss == pytest.approx(want_loss, rel=1e-6) and accuracy == want_acc
+
+
 # Loops whose body gathers k rows per sample, as generate(num_return_sequences=k) returns
 # them, over an iterable Accelerate shards: (dataset, dispatch_batches, rows per sample).
 GENERATED = {

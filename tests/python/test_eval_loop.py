@@ -300,6 +300,9 @@ def k_rows(rank, world, sock, name, how, n=12):
         if how == "loop":
             for b in g.eval_loop(iter(batches), num_samples=n, order="rank"):
                 got.append(g.gather_for_metrics(np.repeat(b, 2)))
+        elif how == "tokens":  # rows per batch a multiple of its samples, but not per sample
+            for i, b in enumerate(g.eval_loop(iter(batches), num_samples=n, order="rank")):
+                got.append(g.gather_for_metrics(np.repeat(b, [1, 1, 7] if i else 2)))
         else:
             with g.eval_pass(12, order="rank"):
                 for b in batches:
@@ -320,6 +323,11 @@ def test_k_rows_per_sample_without_indices_never_loses_samples(daemon):
     for n in (12, 11):
         for kind, rows in run_ranks(2, k_rows, daemon.socket, group_name("krows"), "loop", n):
             assert kind == "returned" and sorted(rows) == np.repeat(np.arange(n), 2).tolist(), rows
+    # 6 rows for 3 samples in the first batch, 9 (1, 1 and 7) in the last: tokens flattened
+    # across the batch, whose count is a multiple of the samples by chance. Cutting 3 rows
+    # for the padding sample would keep the wrong ones; the batch before held 2 per sample
+    for kind, msg in run_ranks(2, k_rows, daemon.socket, group_name("ktok"), "tokens", 11):
+        assert kind in ("InvalidArgument", "Mismatch") and "rows per sample" in msg, (kind, msg)
     for kind, msg in run_ranks(2, k_rows, daemon.socket, group_name("krowsp"), "pass"):
         assert kind == "Mismatch" and "more than any sampler pads" in msg, (kind, msg)
 
