@@ -50,6 +50,7 @@ class _LoopPass:
             else None
         self.dealt_by_0 = self.keys is None and _loop.dispatched(loader)
         self.dealt = 0  # samples of the iterable so far
+        self.before = 0  # samples of the batches before the pass opened (no keys); None: unknown
         self.order_kept = None  # the collate keeps the draws' order (_collate); None: not told
         self.real = None  # the current batch's real samples (a bool array), when known
         self.samples = None  # how many samples the current batch holds, when known
@@ -93,15 +94,17 @@ class _LoopPass:
                                   "(an eval_loop inside another, inside eval_pass, or one left "
                                   "with break whose iterator is still referenced: close it with "
                                   "its .close()); a group runs one pass at a time", -1)
-        if self.keys is None and self.batches > 1:
+        before = (self.before if self.batches > 1 else 0) if self.keys is None else 0
+        if before is None:
             raise InvalidArgument(
                 "deval: the first gather_for_metrics of this loader's iteration came at its "
-                "batch %d; its batches carry no dataset indices, so the samples of the batches "
-                "before cannot be told apart from the rest: gather from its first batch on"
-                % self.batches, -1)
+                "batch %d; its batches carry no dataset indices, and deval cannot count the "
+                "samples of the batches before, which the pass must leave out: gather from its "
+                "first batch on" % self.batches, -1)
         root = self._root()
         with g._own_steps():
-            shared = self._same_loop(h, 0 if root is None else _roots.root_digest(root))
+            shared = self._same_loop(h, 0 if root is None else _roots.root_digest(root),
+                                     before)
             if self.keys is not None:
                 short = self._name_samples(root, shared)
                 try:  # (a rank that refuses opens the pass too, then leaves it, saying why)
@@ -113,7 +116,9 @@ class _LoopPass:
                 self.broken = self.broken or short
                 self._resume(h, batch if batch is not None else self.current)
             else:
-                g._check(_lib.deval_eval_begin(h, self.n, self.o))
+                # the batches before this gather were whole rounds (only the last one pads),
+                # as many samples on every rank (_same_loop checked): the pass is the rest
+                g._check(_lib.deval_eval_begin(h, self.n - before * g.world_size, self.o))
         if left is not None:
             with contextlib.suppress(Error), g._own_steps(end=True):
                 g._check(_lib.deval_eval_abandon(h))
@@ -213,15 +218,16 @@ class _LoopPass:
             "held in memory, does not (shard it with contiguous=False, or give every rank the "
             "whole dataset behind a DistributedSampler)" % (self.n, self.num_keys), -1)
 
-    def _same_loop(self, h, dataset=0):
+    def _same_loop(self, h, dataset=0, before=0):
         """Every rank opens the pass of the same loader: a rank that left a loop before it
         opened its pass (a break at its first batch, a shard with no batch) would otherwise
         meet the others' pass with its next loader's, and each would get the other's samples.
         One reduce per pass, before it opens; every rank raises alike. It also tells whether
         every rank reads its dataset alike (dataset, _roots.root_digest(), equal on every
-        rank): True then."""
+        rank): True then; and checks that every rank read as many samples before the pass
+        (before: a loader without indices whose first gather came after its first batch)."""
         a = self.ident or 0
-        v = np.array([a, -a, dataset, -dataset], dtype=np.int64)
+        v = np.array([a, -a, dataset, -dataset, before, -before], dtype=np.int64)
         t = _Tensor()
         _fill(v, _NP_TO_DEVAL[v.dtype], t)
         try:
@@ -230,6 +236,13 @@ class _LoopPass:
             raise type(e)(str(e).replace(
                 "Group.reduce: ", "Group.eval_loop (its reduce that checks every rank opens "
                 "the pass of the same loader): ", 1), e.status) from None
+        if v[0] == -v[1] and (v[4] != -v[5] or before * self.g.world_size > self.n):
+            raise Mismatch(
+                "deval: the first gather_for_metrics of this loader's iteration came after "
+                "its first batch, and the ranks read %d to %d samples before it (of %d in "
+                "all): the batches before a pass of a loader without dataset indices must be "
+                "whole rounds, as many samples on every rank; gather from its first batch on"
+                % (-v[5], v[4], self.n), -2)
         if v[0] == -v[1]:
             return v[2] == -v[3]
         raise Mismatch(
@@ -300,6 +313,8 @@ class _LoopPass:
                 self._declare()
                 return pad
         else:
+            if self.batches and not self.opened and self.before is not None:  # (ungathered)
+                self.before = None if self.samples is None else self.before + self.samples
             self.samples = b = _loop.batch_samples(batch)
             self.counted = b if b is not None and _loop.rows_agree(batch, b) else None
             if self.rows is not None and b is None:

@@ -210,6 +210,36 @@ def test_calls_past_those_a_pass_by_position_counts_are_exact(daemon, monkeypatc
         assert total == sum(range(N)), total
 
 
+def late_gather_rank(rank, world, port, name, dispatch):
+    """A sized iterable Accelerate shards or dispatches, 10 samples in batches of 2 over 3
+    ranks (rounds of 6, the second padded with 2), whose loop gathers from its second batch
+    on (its first a warm-up): what the gathers returned."""
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True,
+                      dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
+    deval.accelerate.enable(acc, group=name)
+    got = []
+    try:
+        for i, batch in enumerate(acc.prepare(DataLoader(Prompts(), batch_size=2))):
+            if i:
+                got += acc.gather_for_metrics(batch).tolist()
+        return got
+    finally:
+        deval.accelerate.disable()
+
+
+@pytest.mark.parametrize("dispatch", [False, True])
+def test_a_first_gather_after_the_first_batch_takes_the_rest(daemon, monkeypatch, dispatch):
+    """The batches before the first gather_for_metrics are whole rounds, left out of the
+    pass: the rest, exactly, as Accelerate returns it. It used to raise InvalidArgument."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    for got in run_ranks(3, late_gather_rank, free_port(), group_name("late"), dispatch,
+                         timeout=120):
+        assert got == list(range(6, N)), got
+
+
 def training_metrics_rank(rank, world, port, name):
     """torchmetrics' own pattern for a training loop: a MeanMetric of the step's loss and an
     Accuracy, updated every step, computed at the epoch's end; 37 samples in batches of 4
