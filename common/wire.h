@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  11
+#define DV_PROTO_VERSION  12
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -147,6 +147,16 @@ enum {
         DV_GROUP_STARTING /* every rank joined; devald makes its GPU memory */
 };
 
+/* A group's open eval pass, as its ranks' progress says (common/progress.h). */
+typedef struct {
+        int64_t total;                     /* the pass's samples; -1: no pass is open */
+        int64_t samples;                   /* every rank's gathered so far (at most total) */
+        uint64_t age_us;                   /* since it opened */
+        uint32_t batches_min, batches_max; /* of the ranks still in it */
+        int32_t lag_rank; /* the first of those with batches_min; -1: every one has batches_max */
+        uint32_t ended;   /* ranks that ended their pass (their loader ran out) */
+} DvPassInfo;
+
 typedef struct {
         char name[DV_GROUP_NAME_MAX];
         uint32_t uid;
@@ -158,6 +168,7 @@ typedef struct {
         uint64_t bytes_mapped;
         uint64_t age_us;
         char launcher[DV_LAUNCHER_MAX];
+        DvPassInfo pass;
 } DvGroupInfo;
 
 #define DV_STATUS_MAX_GROUPS 512
@@ -192,6 +203,9 @@ typedef struct {
         uint64_t times_last;  /* collectives it arrived at last */
         uint64_t late_us;     /* when last, how long after the first arrival, on average */
         int32_t numa;         /* the NUMA node its input arena prefers; -1: none */
+        uint32_t pass_state;  /* DV_PASS_RANK_* */
+        int64_t pass_samples; /* in the open pass: what it gave so far */
+        uint32_t pass_batches;
         uint32_t reserved;
 } DvRankInfo;
 
@@ -419,6 +433,12 @@ typedef struct {
         uint8_t data[DV_MIRROR_BYTES];
 } DvMirror;
 
+enum {
+        DV_PASS_RANK_NONE = 0, /* no pass of its own open */
+        DV_PASS_RANK_IN,       /* in its pass's batches */
+        DV_PASS_RANK_ENDED     /* ended its pass while others may go on */
+};
+
 typedef struct {
         /* Bumped (release) by the client once req is complete; read (acquire) by the worker. */
         alignas(64) _Atomic uint32_t arrived_seq;
@@ -428,7 +448,13 @@ typedef struct {
          * area, and its length along the padded dim */
         uint64_t pad_off;
         int64_t pad_len;
-        uint32_t reserved1[8];
+        /* this rank's progress through the open eval pass, for figures alone (a progress bar,
+         * deval-ctl watch: common/progress.h); reset when it opens one */
+        _Atomic int64_t pass_total;    /* the pass's num_samples */
+        _Atomic int64_t pass_samples;  /* a pass with keys: the samples its batches held */
+        _Atomic uint32_t pass_batches; /* its batches so far */
+        _Atomic uint32_t pass_state;   /* DV_PASS_RANK_* */
+        uint32_t reserved1[2];
         DvRequest req;
         DvMirror mirror[2]; /* [seq % 2] */
 } DvSlot;
@@ -622,10 +648,11 @@ _Static_assert(sizeof(DvGrowReq) == 24, "wire layout");
 _Static_assert(sizeof(DvReply) == 600, "wire layout");
 _Static_assert(sizeof(DvTensorDesc) == 88, "wire layout");
 _Static_assert(offsetof(DvRequest, staged_bytes) == 88, "wire layout");
-_Static_assert(sizeof(DvGroupInfo) == 128, "wire layout");
+_Static_assert(sizeof(DvGroupInfo) == 168, "wire layout");
 _Static_assert(sizeof(DvSpanInfo) == 80 + 64 * DV_SPAN_NODES + 2 * DEVAL_MAX_WORLD, "wire layout");
-_Static_assert(sizeof(DvRankInfo) == 48, "wire layout");
+_Static_assert(sizeof(DvRankInfo) == 64, "wire layout");
 _Static_assert(sizeof(DvSlot) % 64 == 0, "slots on their own cache lines");
+_Static_assert(offsetof(DvSlot, req) == 64, "wire layout");
 _Static_assert(sizeof(DvMirror) == 256, "a mirror record is four cache lines");
 _Static_assert(sizeof(DvPassShared) == 8 + 16 + 16 * DV_PASS_STREAMS, "wire layout");
 _Static_assert(sizeof(DvCtlHeader) % 64 == 0, "slots on their own cache lines");

@@ -21,11 +21,22 @@
 #include "log.h"
 #include "output.h"
 #include "proc.h"
+#include "progress.h"
 #include "reply.h"
 #include "sock.h"
 #include "topo.h"
 #include "util.h"
 #include "worker.h"
+
+/* Its open eval pass, as its ranks' progress says; each rank's into ranks[world] (or NULL). */
+static void group_pass(const Group *g, uint64_t now, DvPassInfo *p, DvRankProgress *ranks) {
+        *p = (DvPassInfo){.total = -1, .lag_rank = -1};
+        if (g->loop.state != DV_GROUP_ACTIVE || !g->hdr ||
+            !dv_progress_read(g->hdr, group_pass_shared(g), g->world, p, ranks))
+                return;
+        uint64_t since = atomic_load(&((Group *)g)->pass_since_ns);
+        p->age_us = since && now > since ? (now - since) / 1000 : 0;
+}
 
 static void group_info(const Group *g, uint64_t now, DvGroupInfo *i) {
         memcpy(i->name, g->name, sizeof(i->name));
@@ -42,6 +53,7 @@ static void group_info(const Group *g, uint64_t now, DvGroupInfo *i) {
         i->bytes_moved = atomic_load(&((Group *)g)->bytes_moved);
         i->age_us = (now - g->created_ns) / 1000;
         memcpy(i->launcher, g->launcher, sizeof(i->launcher));
+        group_pass(g, now, &i->pass, NULL);
 }
 
 /* Which groups a client may see: its own uid's, or every group for root. */
@@ -130,6 +142,10 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
         r->nranks = (uint32_t)g->world;
         r->timeout_ms = g->timeout_ns < 0 ? -1 : (int32_t)(g->timeout_ns / 1000000);
         group_info(g, dv_now_ns(), &r->info);
+        _cleanup_(freep) DvRankProgress *prog = calloc((size_t)g->world, sizeof(*prog));
+        if (!prog)
+                return;
+        group_pass(g, dv_now_ns(), &r->info.pass, prog);
         if (g->loop.span)
                 r->span = *g->loop.span;
         pthread_mutex_lock(&g->lock);
@@ -149,6 +165,9 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
         for (int k = 0; k < g->world; k++) {
                 const Member *m = &g->members[k];
                 DvRankInfo *ri = &r->ranks[k];
+                ri->pass_state = prog[k].state;
+                ri->pass_samples = prog[k].samples;
+                ri->pass_batches = prog[k].batches;
                 ri->rank = k;
                 ri->pid = (int32_t)m->pid;
                 ri->state = (uint32_t)m->state;

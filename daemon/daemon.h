@@ -142,7 +142,13 @@ struct Group {
         _Atomic uint64_t collectives;
         _Atomic uint64_t done_ns; /* when the worker last completed a collective */
         _Atomic uint64_t bytes_moved;
+        _Atomic uint64_t pass_since_ns; /* when its open eval pass opened; 0: none is open */
 };
+
+/* The counters of a group's eval pass, in its control segment (wire.h); its ranks write them. */
+static inline DvPassShared *group_pass_shared(const Group *g) {
+        return (DvPassShared *)(g->ctl.map + g->layout.pass_off);
+}
 
 struct Conn {
         Conn *next;

@@ -139,10 +139,6 @@ static void pass_advance(Group *g, const DvRequest *q, const DvPlan *p) {
                 dv_pass_advance(stream, g->world, p->contributed, &ps->c, ps->rows);
 }
 
-static DvPassShared *pass_shared(const Group *g) {
-        return (DvPassShared *)(g->ctl.map + g->layout.pass_off);
-}
-
 /*
  * Before a step of an open pass: its counters as the ranks left them (they run the gathers
  * for metrics they can, fast.c), copied out once and checked, since ranks can write them.
@@ -150,7 +146,7 @@ static DvPassShared *pass_shared(const Group *g) {
 static int pass_load(Step *s) {
         Group *g = s->g;
         DvPass *ps = &g->work.pass;
-        const DvPassShared *sh = pass_shared(g);
+        const DvPassShared *sh = group_pass_shared(g);
         size_t n = (size_t)DV_PASS_STREAMS * (size_t)g->world;
 
         if (!ps->open)
@@ -174,11 +170,15 @@ static int pass_load(Step *s) {
 /* After every step: the pass's state, for the ranks that run the next gathers for metrics. */
 static void pass_store(Group *g) {
         const DvPass *ps = &g->work.pass;
-        DvPassShared *sh = pass_shared(g);
+        DvPassShared *sh = group_pass_shared(g);
         sh->c = ps->c;
         memcpy(sh->rows, ps->rows, (size_t)DV_PASS_STREAMS * (size_t)g->world * sizeof(int64_t));
         /* published with the step (done_seq, release) */
         atomic_store_explicit(&sh->open, ps->open ? 1u : 0u, memory_order_relaxed);
+        uint64_t since = atomic_load_explicit(&g->pass_since_ns, memory_order_relaxed);
+        if (ps->open != (since != 0)) /* for deval-ctl's rate */
+                atomic_store_explicit(&g->pass_since_ns, ps->open ? dv_now_ns() : 0,
+                                      memory_order_relaxed);
 }
 
 /*

@@ -229,6 +229,10 @@ int64_t deval_eval_missed(const deval_group *g);
 /* 1 while an eval pass is open on g; 0 once it closed, also when a collective of the pass
  * failed because a rank left it (the pass is then over on every rank). */
 int deval_eval_open(const deval_group *g);
+/* How far the open pass has come: every rank's samples together, out of num_samples, as the
+ * ranks publish them in shared memory (no collective; figures for a progress bar). Return: 1,
+ * 0 when no pass is open, DEVAL_ENOTSUP in a group spanning machines. */
+int deval_eval_progress(const deval_group *g, int64_t *samples, int64_t *num_samples);
 int deval_eval_replay_done(deval_group *g);
 int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, double pad_value,
                                bool pad_first, deval_tensor *out);

@@ -15,18 +15,27 @@
 #include "collective.h"
 #include "handle.h"
 #include "ident.h"
+#include "progress.h"
 #include "replay.h"
 #include "resume.h"
 #include "run.h"
 #include "stage.h"
 
-static int batch_start(deval_group *g, const char *fn) {
+/* This rank's slot, where it publishes its progress through a pass; NULL: it has none here
+ * (a group spanning machines keeps its pass in its ranks, span_step.c). */
+static DvSlot *progress_slot(deval_group *g) {
+        return g->span || !g->hdr ? NULL : &g->hdr->slots[g->rank];
+}
+
+static int batch_start(deval_group *g, const char *fn, int64_t n) {
         int r = 0;
         if (dv_replay_pending(g)) {
                 if ((r = dv_replay_batch(g)) < 0)
                         return r;
         } else {
                 g->batch_no++;
+                if (progress_slot(g))
+                        dv_progress_batch(progress_slot(g), g->batch_no, n);
                 r = dv_resume_batch(g, fn);
         }
         g->batch = true;
@@ -46,7 +55,7 @@ int deval_eval_batch(deval_group *g) {
         if (!g)
                 return DEVAL_EINVAL;
         dv_ident_batch_unkeyed(g);
-        return batch_start(g, "deval_eval_batch");
+        return batch_start(g, "deval_eval_batch", 0);
 }
 
 /**
@@ -59,7 +68,10 @@ int deval_eval_batch(deval_group *g) {
 int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]) {
         if (!g)
                 return DEVAL_EINVAL;
-        int r = batch_start(g, "deval_eval_batch_keys");
+        int64_t real = 0; /* for the progress figures: the batch's samples, not its padding */
+        for (int64_t j = 0; keys && j < n; j++)
+                real += keys[j] != DEVAL_KEY_PAD;
+        int r = batch_start(g, "deval_eval_batch_keys", real);
         if (r < 0)
                 return r;
         return dv_ident_batch(g, "deval_eval_batch_keys", n, keys);
@@ -70,6 +82,8 @@ static int eval_end_step(deval_group *g, const char *fn, uint32_t flags, const c
         int r;
 
         int left = dv_resume_pass_end(g, fn, !(flags & DV_END_LEFT));
+        if (progress_slot(g))
+                dv_progress_end(progress_slot(g));
         g->batch = false;
         g->site[0] = g->site[1] = 0;
         if ((r = dv_coll_begin(g)) < 0)
@@ -135,6 +149,8 @@ int deval_eval_begin(deval_group *g, int64_t num_samples, deval_order order) {
                 return dv_set_err(g, DEVAL_EINVAL, "deval_eval_begin: unknown order %d", order);
         pass_forget(g);
         g->pass_order = order;
+        if (progress_slot(g))
+                dv_progress_begin(progress_slot(g), num_samples, false);
         return dv_simple_op(g, DV_OP_EVAL_BEGIN, "deval_eval_begin", num_samples, order);
 }
 
@@ -159,6 +175,8 @@ int deval_eval_begin_keys(deval_group *g, int64_t num_samples, int64_t num_keys)
         int r = dv_ident_begin(g, fn, num_samples, num_keys);
         if (r < 0)
                 return r;
+        if (progress_slot(g))
+                dv_progress_begin(progress_slot(g), num_samples, true);
         /* the count devald checks the ranks agree on carries num_keys: every rank must read
          * a dataset of one length, or their keys mean different samples */
         r = dv_simple_op(g, DV_OP_EVAL_BEGIN, fn, DV_IDENT_UNCOUNTED + num_keys, DEVAL_ORDER_RANK);
@@ -235,4 +253,28 @@ int deval_eval_open(const deval_group *g) {
                 return g->span_ops->pass_open(g);
         /* acquire pairs with devald's store after its step, published with done_seq */
         return atomic_load_explicit(&g->pass_sh->open, memory_order_acquire) != 0;
+}
+
+/**
+ * deval_eval_progress() - how far the open eval pass has come, every rank's samples together,
+ * as the ranks publish them in the group's shared memory: no collective, on any rank, at any
+ * time (a progress bar). Figures only: exact after each gather for metrics of a pass by
+ * position, and from each batch's start in a pass with keys.
+ * Return: 1 with *samples and *num_samples set (either may be NULL); 0: no pass is open;
+ * DEVAL_EINVAL (g is NULL); DEVAL_ENOTSUP in a group spanning machines (its pass lives in its
+ * ranks, not in shared memory).
+ */
+int deval_eval_progress(const deval_group *g, int64_t *samples, int64_t *num_samples) {
+        if (!g)
+                return DEVAL_EINVAL;
+        if (g->span || !g->hdr)
+                return DEVAL_ENOTSUP;
+        DvPassInfo p;
+        if (!dv_progress_read(g->hdr, g->pass_sh, g->world, &p, NULL))
+                return 0;
+        if (samples)
+                *samples = p.samples;
+        if (num_samples)
+                *num_samples = p.total;
+        return 1;
 }

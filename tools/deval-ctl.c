@@ -79,6 +79,50 @@ static void json_string(const char *s) {
         putchar('"');
 }
 
+/* A pass's rate (samples a second since it opened) and the seconds left at it; -1: unknown. */
+static void pass_rate(const DvPassInfo *p, double *rate, double *eta) {
+        *rate = p->age_us ? (double)p->samples / ((double)p->age_us / 1e6) : -1;
+        *eta = *rate > 0 ? (double)(p->total - p->samples) / *rate : -1;
+}
+
+/* ,"pass":{...} of a group (null when no pass is open) */
+static void pass_json(const DvPassInfo *p, const char *sp) {
+        printf(",%s\"pass\":%s", sp, sp);
+        if (p->total < 0) {
+                printf("null");
+                return;
+        }
+        double rate, eta;
+        pass_rate(p, &rate, &eta);
+        printf("{\"samples\":%s%" PRId64 ",%s\"total\":%s%" PRId64 ",%s\"age_us\":%s%" PRIu64
+               ",%s\"rate\":%s%.1f,%s\"eta_s\":%s%.1f,%s\"batches_min\":%s%u,%s\"batches_max\":%s%u"
+               ",%s\"lag_rank\":%s%d,%s\"lag_batches\":%s%u,%s\"ended\":%s%u}",
+               sp, p->samples, sp, sp, p->total, sp, sp, p->age_us, sp, sp, rate, sp, sp, eta, sp,
+               sp, p->batches_min, sp, sp, p->batches_max, sp, sp, p->lag_rank, sp, sp,
+               p->batches_max - p->batches_min, sp, sp, p->ended);
+}
+
+/* One line of a group's open pass: its samples, rate, ETA, and the rank that lags. */
+static void pass_line(const char *name, const DvPassInfo *p) {
+        double rate, eta;
+        pass_rate(p, &rate, &eta);
+        printf("eval pass of '%s': %" PRId64 " of %" PRId64 " samples (%.1f%%)", name, p->samples,
+               p->total, p->total ? 100.0 * (double)p->samples / (double)p->total : 100.0);
+        if (rate >= 0)
+                printf(", %.1f samples/s", rate);
+        if (eta >= 0)
+                printf(", ETA %.1f s", eta);
+        printf("; batches %u", p->batches_min);
+        if (p->batches_max != p->batches_min)
+                printf("..%u", p->batches_max);
+        printf(" a rank");
+        if (p->lag_rank >= 0)
+                printf(", rank %d lags by %u", p->lag_rank, p->batches_max - p->batches_min);
+        if (p->ended)
+                printf(", %u ended", p->ended);
+        printf("\n");
+}
+
 static void print_json(const DvStatusReply *r, bool groups_only) {
         const char *nl = arg_json == JSON_PRETTY ? "\n" : "";
         const char *in1 = arg_json == JSON_PRETTY ? "  " : "";
@@ -115,6 +159,7 @@ groups:
                 char launcher[DV_LAUNCHER_MAX];
                 snprintf(launcher, sizeof(launcher), "%.*s", DV_LAUNCHER_MAX - 1, g->launcher);
                 json_string(launcher);
+                pass_json(&g->pass, sp);
                 printf("}");
         }
         if (groups_only)
@@ -174,6 +219,9 @@ static void print_table(const DvStatusReply *r, bool groups_only) {
         }
         if (r->ngroups < r->total_groups)
                 printf("(%u more not shown)\n", r->total_groups - r->ngroups);
+        for (uint32_t i = 0; i < r->ngroups; i++)
+                if (r->groups[i].pass.total >= 0)
+                        pass_line(r->groups[i].name, &r->groups[i].pass);
 }
 
 /* Connect to devald; -1 after saying why on stderr. */
@@ -271,6 +319,16 @@ static int cmd_status(bool groups_only) {
         else
                 print_table(r, groups_only);
         return 0;
+}
+
+static const char *pass_state(uint32_t s) {
+        switch (s) {
+        case DV_PASS_RANK_IN:
+                return "in";
+        case DV_PASS_RANK_ENDED:
+                return "ended";
+        }
+        return "-";
 }
 
 static const char *rank_state(uint32_t s) {
@@ -405,6 +463,7 @@ static int cmd_group(const char *name) {
                 printf(",%s\"worker_tid\":%s%d,%s\"numa\":%s%d,%s\"worker_cpus\":%s", sp, sp,
                        r->worker_tid, sp, sp, r->numa, sp, sp);
                 json_string(r->worker_cpus);
+                pass_json(&g->pass, sp);
                 print_span(r, sp);
                 printf(",%s\"ranks\":%s[", sp, sp);
                 for (uint32_t k = 0; k < r->nranks; k++) {
@@ -413,12 +472,15 @@ static int cmd_group(const char *name) {
                                "%s%s,"
                                "%s\"last_arrived_at\":%s%u,%s\"input_bytes\":%s%" PRIu64
                                ",%s\"times_last\":%s%" PRIu64 ",%s\"late_us\":%s%" PRIu64
-                               ",%s\"numa\":%s%d}",
+                               ",%s\"numa\":%s%d,%s\"pass_state\":%s\"%s\",%s\"pass_batches\":%s%u"
+                               ",%s\"pass_samples\":%s%" PRId64 "}",
                                k ? "," : "", sp, ri->rank, sp, sp, ri->pid, sp, sp,
                                rank_state(ri->state), sp, sp,
                                ri->arrived_seq == r->waiting_seq ? "true" : "false", sp, sp,
                                ri->arrived_seq, sp, sp, ri->input_bytes, sp, sp, ri->times_last, sp,
-                               sp, ri->late_us, sp, sp, ri->numa);
+                               sp, ri->late_us, sp, sp, ri->numa, sp, sp,
+                               pass_state(ri->pass_state), sp, sp, ri->pass_batches, sp, sp,
+                               ri->pass_samples);
                 }
                 printf("]}\n");
                 return 0;
@@ -443,11 +505,15 @@ static int cmd_group(const char *name) {
                 printf("collective latency, first arrival to done: p50 %u us, p99 %u us (last "
                        "%u)\n",
                        r->p50_us, r->p99_us, r->latency_n);
+        bool pass = g->pass.total >= 0;
+        if (pass)
+                pass_line(g->name, &g->pass);
         if (r->worker_cpus[0])
                 printf("worker: thread %d on NUMA node %d, cpus %s; the output prefers node %d\n",
                        r->worker_tid, r->numa, r->worker_cpus, r->numa);
-        printf("%5s %8s %-7s %-20s %11s %4s %9s %10s\n", "RANK", "PID", "STATE", "ARRIVED", "INPUT",
+        printf("%5s %8s %-7s %-20s %11s %4s %9s %10s", "RANK", "PID", "STATE", "ARRIVED", "INPUT",
                "NODE", "LAST", "LATE(avg)");
+        printf(pass ? " %8s %10s %s\n" : "\n", "BATCHES", "SAMPLES", "PASS");
         for (uint32_t k = 0; k < r->nranks; k++) {
                 const DvRankInfo *ri = &r->ranks[k];
                 char in[32], arrived[32];
@@ -464,8 +530,12 @@ static int cmd_group(const char *name) {
                 char node[16] = "-";
                 if (ri->numa >= 0)
                         snprintf(node, sizeof(node), "%d", ri->numa);
-                printf("%5d %8d %-7s %-20s %11s %4s %9" PRIu64 " %10s\n", ri->rank, ri->pid,
+                printf("%5d %8d %-7s %-20s %11s %4s %9" PRIu64 " %10s", ri->rank, ri->pid,
                        rank_state(ri->state), arrived, in, node, ri->times_last, late);
+                if (pass)
+                        printf(" %8u %10" PRId64 " %s", ri->pass_batches, ri->pass_samples,
+                               pass_state(ri->pass_state));
+                printf("\n");
         }
         return 0;
 }

@@ -15,7 +15,7 @@ import pickle
 
 import numpy as np
 
-from . import _loop, _pass
+from . import _loop, _pass, _progress
 from ._errors import _ERRORS, Error, InvalidArgument, Mismatch, _said
 from ._libdeval import _ORDERS, _REDUCTIONS, MAX_TENSORS, _Bytes, _GatherOpts, _lib, _Tensor
 from ._nest import (_check_batch_rows, _check_samples, _data_mask, _flatten, _object_items,
@@ -404,7 +404,7 @@ class Group:
                            "others, so its results lack theirs; use eval_loop(loader), which "
                            "replays them, or run as many batches on every rank" % missed, -2)
 
-    def eval_loop(self, loader, num_samples=None, order=None):
+    def eval_loop(self, loader, num_samples=None, order=None, progress=False):
         """Iterate over loader inside an eval pass: ``for batch in g.eval_loop(loader):``.
 
         The pass opens at the first batch and closes after the last. Any number of
@@ -423,6 +423,10 @@ class Group:
         False), and each deval call in them returns what the others got there without a
         collective. So every rank ends with every sample. The body must make the same deval
         calls on every rank. real_rows() tells a batch's real samples from padding.
+
+        progress=True draws one progress bar on rank 0 for the whole pass, every rank's
+        samples (tqdm where it is installed), when stderr is a terminal; "always" draws it
+        whatever stderr is, a file-like object draws it there.
         """
         if not self._h:
             self._handle()  # (closed; a pass this rank left says so when this one opens)
@@ -454,12 +458,17 @@ class Group:
                                   -1)
         num_samples, order = n, o
         self._pass_args(num_samples, order)  # bad arguments raise here, not at the loop
-        return self._run_loop(lambda: iter(wrapper), num_samples, order, loader)
+        try:
+            _progress.check(progress)
+        except ValueError as e:
+            raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
+        return self._run_loop(lambda: iter(wrapper), num_samples, order, loader, progress)
 
-    def _run_loop(self, make_iter, num_samples, order, loader=None):
+    def _run_loop(self, make_iter, num_samples, order, loader=None, progress=False):
         """The generator behind eval_loop: a pass over the loader, open from its first batch."""
         lp = _LoopPass(self, num_samples, order, loader)
         lp.open_now = True
+        lp.progress = progress
         return lp.run(make_iter)
 
     def pad_across_processes(self, x, dim=0, pad_index=0, pad_first=False, copy=True):

@@ -152,6 +152,8 @@ def _load():
         "deval_job_spans": ([ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int),
         "deval_job_node": ([ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int),
         "deval_eval_open": ([G], ctypes.c_int),
+        "deval_eval_progress": ([G, ctypes.POINTER(ctypes.c_int64),
+                                 ctypes.POINTER(ctypes.c_int64)], ctypes.c_int),
         "deval_dtype_size": ([ctypes.c_int], ctypes.c_size_t),
         # not the API (libdeval.sym's DEVAL_PRIVATE): the user's calls, numbered (calls.h)
         "dv_calls": ([G], ctypes.c_uint32),

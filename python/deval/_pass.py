@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from . import _collate, _loop, _roots
+from . import _collate, _loop, _progress, _roots
 from ._errors import Error, InvalidArgument, Mismatch
 from ._libdeval import _REDUCTIONS, _lib, _Tensor
 from ._tensors import _NP_TO_DEVAL, _fill
@@ -59,6 +59,8 @@ class _LoopPass:
         self.calls = [0, 0]  # the current batch's gathers for metrics: tensors, objects
         self.rows_per_sample = {}  # each call's, in the batches so far (same_rows_per_sample)
         self.seq = None  # which of this process's loops it is
+        self.progress = False  # eval_loop's progress argument (_progress.py)
+        self.bar = None
         self.loader = loader
         self.ident = None  # which loader (_loop.loader_number())
         self.open_now = False  # eval_loop: the pass opens before the first batch
@@ -366,9 +368,14 @@ class _LoopPass:
         self.seq = _loop.LOOPS[0]
         self.ident = _loop.loader_number(self.loader)
         _loop.ACTIVE.append(self)
+        self.bar = _progress.Bar(self.g, self.progress) if self.progress else None
+        ended = False
         try:
             yield from self._run(make_iter)
+            ended = True
         finally:
+            if self.bar is not None:
+                self.bar.close(ended)
             _loop.ACTIVE.remove(self)
             if self.refused is not None and self.g._h:  # (_refuse() stopped the fast path)
                 self.g._addr = self.g._h.value if self.g._fast is not None else 0
@@ -390,6 +397,8 @@ class _LoopPass:
                     last = batch
                     yield body
                     self._end_body()
+                    if self.bar is not None:
+                        self.bar.update()
                     batch = next(it, _END)
                 done = True
             except GeneratorExit:

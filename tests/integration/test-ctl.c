@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * test-ctl.c - deval-ctl status against a real devald while a group is running: the table
- * and the JSON name the group with its world size, ranks, collectives and bytes moved; and
+ * and the JSON name the group with its world size, ranks, collectives and bytes moved, and
+ * how far its eval pass has come (deval_eval_progress() on a rank says the same); and
  * the tool's exit statuses for an unreachable devald and for usage errors.
  */
 #define _GNU_SOURCE
@@ -192,6 +193,104 @@ static void test_straggler_view(void **state) {
         assert_int_equal(harness_run(&H, 3, rank_straggles, NULL, 20), 0);
 }
 
+/* One batch of the pass: rows samples of this rank, gathered for metrics. */
+static int pass_batch(deval_group *g, int64_t rows) {
+        int64_t x[4] = {0};
+        deval_tensor t = {.data = x, .dtype = DEVAL_I64, .ndim = 1, .shape = {rows}, .device = -1},
+                     out;
+        int r = deval_eval_batch(g);
+        return r < 0 ? r : deval_gather_for_metrics(g, 1, &t, NULL, &out);
+}
+
+/* deval-ctl --json=short group NAME has want, else say what it has */
+#define CTL_HAS(h, name, want)                                                  \
+        do {                                                                    \
+                char _a[128], _b[8192];                                         \
+                snprintf(_a, sizeof(_a), "--json=short group %s", name);        \
+                CHECK(harness_ctl(h, _a, _b, sizeof(_b)) == 0, "json: %s", _b); \
+                CHECK(strstr(_b, want), "json lacks\n%s\nin\n%s", want, _b);    \
+        } while (0)
+
+/*
+ * A pass of 30 samples, 4 a batch: ranks 0 and 1 read 12 (3 batches), rank 2 reads 6 (2). What
+ * deval-ctl shows of it, and what deval_eval_progress() says on a rank, at each step.
+ */
+static int rank_in_pass(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        char name[64], want[256];
+        int64_t done = -1, total = -1;
+        snprintf(name, sizeof(name), "progress-%d", (int)getppid());
+        CHECK_OK(harness_join(h, "progress", rank, world, 10000, &g), NULL);
+        CHECK(deval_eval_progress(g, &done, &total) == 0, "no pass is open yet");
+        CHECK_OK(deval_eval_begin(g, 30, DEVAL_ORDER_RANK), g);
+        CHECK_OK(pass_batch(g, 4), g);
+        if (rank != 0) /* ranks 1 and 2 start their second batch after rank 0 looked */
+                while (*phase != 1)
+                        usleep(1000);
+        CHECK_OK(deval_eval_batch(g), g);
+        if (rank == 0) {
+                usleep(100000);
+                /* 12 gathered; rank 0 is in its second batch, the others still in their first */
+                CHECK(deval_eval_progress(g, &done, &total) == 1 && done == 12 && total == 30,
+                      "progress %lld of %lld", (long long)done, (long long)total);
+                CTL_HAS(h, name, "\"pass\":{\"samples\":12,\"total\":30,");
+                CTL_HAS(h, name,
+                        "\"batches_min\":1,\"batches_max\":2,\"lag_rank\":1,"
+                        "\"lag_batches\":1,\"ended\":0}");
+                snprintf(want, sizeof(want),
+                         "\"pass_state\":\"in\",\"pass_batches\":2,\"pass_samples\":4}");
+                CTL_HAS(h, name, want);
+                *phase = 1;
+        }
+        int64_t x[4] = {0};
+        deval_tensor t = {.data = x,
+                          .dtype = DEVAL_I64,
+                          .ndim = 1,
+                          .shape = {rank == 2 ? 2 : 4},
+                          .device = -1},
+                     out;
+        CHECK_OK(deval_gather_for_metrics(g, 1, &t, NULL, &out), g);
+        CHECK(deval_eval_progress(g, &done, &total) == 1 && done == 22, "progress %lld",
+              (long long)done);
+        /* rank 2's loader ran out: devald answers for it from here on */
+        if (rank != 2)
+                CHECK_OK(pass_batch(g, 4), g);
+        if (rank == 0) {
+                char args[128], buf[8192];
+                CHECK(deval_eval_progress(g, &done, &total) == 1 && done == 30, "progress %lld",
+                      (long long)done);
+                CTL_HAS(h, name, "\"pass\":{\"samples\":30,\"total\":30,");
+                CTL_HAS(h, name,
+                        "\"batches_min\":3,\"batches_max\":3,\"lag_rank\":-1,"
+                        "\"lag_batches\":0,\"ended\":1}");
+                CTL_HAS(h, name, "\"pass_state\":\"ended\",\"pass_batches\":2,\"pass_samples\":6}");
+                snprintf(args, sizeof(args), "group %s", name);
+                CHECK(harness_ctl(h, args, buf, sizeof(buf)) == 0, "table: %s", buf);
+                snprintf(want, sizeof(want), "eval pass of '%s': 30 of 30 samples (100.0%%)", name);
+                CHECK(strstr(buf, want) && strstr(buf, "batches 3 a rank, 1 ended") &&
+                              strstr(buf, "BATCHES"),
+                      "table:\n%s", buf);
+                CHECK(harness_ctl(h, "status", buf, sizeof(buf)) == 0 && strstr(buf, want),
+                      "status:\n%s", buf);
+        }
+        if (rank != 2)
+                CHECK_OK(deval_barrier(g), g); /* (answered for rank 2) */
+        CHECK_OK(deval_eval_complete(g), g);
+        CHECK(deval_eval_progress(g, &done, &total) == 0, "the pass closed");
+        if (rank == 0)
+                CTL_HAS(h, name, "\"pass\":null");
+        CHECK_OK(deval_barrier(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_pass_progress(void **state) {
+        (void)state;
+        *phase = 0;
+        assert_int_equal(harness_run(&H, 3, rank_in_pass, NULL, 30), 0);
+}
+
 static void test_status_of_a_running_group(void **state) {
         (void)state;
         assert_int_equal(harness_run(&H, 3, rank_busy, NULL, 20), 0);
@@ -356,6 +455,7 @@ int main(void) {
                 cmocka_unit_test(test_group_details_and_abort),
                 cmocka_unit_test(test_topology),
                 cmocka_unit_test(test_straggler_view),
+                cmocka_unit_test(test_pass_progress),
                 cmocka_unit_test(test_config_and_reload),
                 cmocka_unit_test(test_placement),
         };
