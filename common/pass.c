@@ -279,6 +279,14 @@ int dv_pass_end(DvPass *ps, const DvRequest *q, const char *group, char *buf, si
         return r;
 }
 
+/* dv_pass_end_flags() - see pass.h. */
+uint32_t dv_pass_end_flags(const DvRequest *q, int world) {
+        for (int k = 0; k < world; k++)
+                if (q[k].flags & DV_END_LEFT)
+                        return DV_RES_UNCHECKED;
+        return 0;
+}
+
 /* dv_pass_failed() - see pass.h. */
 void dv_pass_failed(DvPass *ps, int status, uint32_t call, uint32_t op, const char *msg) {
         if (ps->status || !ps->open || !ps->nparked)

@@ -49,6 +49,14 @@ int dv_pass_begin(DvPass *ps, const DvRequest *q, const char *group, char *buf, 
 int dv_pass_end(DvPass *ps, const DvRequest *q, const char *group, char *buf, size_t len);
 
 /*
+ * What every rank gets back (DvResult.flags) from the step q[world] that closed the pass:
+ * DV_RES_UNCHECKED when a rank left its loop early (a break: max steps, say), so that the
+ * pass is checked nowhere, as dv_pass_end() does not check it (a pass with keys checks
+ * itself on each rank).
+ */
+uint32_t dv_pass_end_flags(const DvRequest *q, int world);
+
+/*
  * Step call (op) failed with status and msg while ranks were parked: the first such failure
  * is theirs, told at the close.
  */

@@ -385,9 +385,12 @@ typedef struct {
         uint32_t op;
         uint32_t site;
         uint32_t batch;
-        uint32_t reserved;
+        uint32_t flags; /* DV_RES_* */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
 } DvResult;
+/* eval_end, the step that closed the pass: a rank left its loop early, so no rank checks what
+ * the pass gathered (common/pass.c, dv_pass_end_flags()) */
+#define DV_RES_UNCHECKED 1u
 
 /*
  * A rank whose inputs fit in its inline bytes (DvCtlHeader.inline_size, set by devald for the

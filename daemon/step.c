@@ -455,7 +455,11 @@ static int step_eval(Step *s, bool begin) {
         char msg[DV_MSG_MAX];
         int r = begin ? dv_pass_begin(&g->work.pass, s->reqs, g->name, msg, sizeof(msg))
                       : dv_pass_end(&g->work.pass, s->reqs, g->name, msg, sizeof(msg));
-        return r < 0 ? step_fail(s, r, "%s", msg) : 0;
+        if (r < 0)
+                return step_fail(s, r, "%s", msg);
+        for (int k = 0; !begin && k < g->world; k++)
+                res_of(s, k)->flags = dv_pass_end_flags(s->reqs, g->world);
+        return 0;
 }
 
 /* Rank k in devald's words: its rank and its pid. */

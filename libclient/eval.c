@@ -77,7 +77,10 @@ int deval_eval_batch_keys(deval_group *g, int64_t n, const int64_t keys[]) {
         return dv_ident_batch(g, "deval_eval_batch_keys", n, keys);
 }
 
-static int eval_end_step(deval_group *g, const char *fn, uint32_t flags, const char *why) {
+/* End this rank's pass; *unchecked (when not NULL): a rank left its loop early, so the pass
+ * closed without a check (DV_RES_UNCHECKED). */
+static int eval_end_step(deval_group *g, const char *fn, uint32_t flags, const char *why,
+                         bool *unchecked) {
         const DvResult *res;
         int r;
 
@@ -99,6 +102,8 @@ static int eval_end_step(deval_group *g, const char *fn, uint32_t flags, const c
                     : dv_coll_wait(g, fn, /* pass_end= */ true, &res);
         if (r == 0 && !deval_eval_open(g))
                 dv_resume_pass_closed(g); /* done with: nothing to resume */
+        if (r == 0 && unchecked)
+                *unchecked = (res->flags & DV_RES_UNCHECKED) != 0;
         return r < 0 ? r : left;
 }
 
@@ -110,8 +115,10 @@ static int eval_end(deval_group *g, const char *fn, uint32_t flags, bool check, 
         if (!g)
                 return DEVAL_EINVAL;
         if (!g->ident)
-                return eval_end_step(g, fn, flags | (check ? DV_END_EXHAUSTED : 0), why);
-        int r = eval_end_step(g, fn, flags, why);
+                return eval_end_step(g, fn, flags | (check ? DV_END_EXHAUSTED : 0), why, NULL);
+        bool unchecked = false;
+        int r = eval_end_step(g, fn, flags, why, &unchecked);
+        check &= !unchecked; /* as devald checks no pass a rank left early (pass.h) */
         bool replay = r == 0 && deval_eval_missed(g) > 0;
         if (r < 0 || (!replay && !check)) {
                 dv_ident_free(g);

@@ -243,7 +243,11 @@ static int step_eval(deval_group *g, bool begin) {
         char msg[DV_MSG_MAX];
         int r = begin ? dv_pass_begin(&sp->pass, sp->reqs, g->name, msg, sizeof(msg))
                       : dv_pass_end(&sp->pass, sp->reqs, g->name, msg, sizeof(msg));
-        return r < 0 ? dv_span_fail(sp, r, "%s", msg) : 0;
+        if (r < 0)
+                return dv_span_fail(sp, r, "%s", msg);
+        if (!begin)
+                sp->res.flags = dv_pass_end_flags(sp->reqs, g->world);
+        return 0;
 }
 
 /*

@@ -292,6 +292,51 @@ def test_metrics_of_a_training_loop_run_as_without_deval(daemon, monkeypatch):
         assert loss == pytest.approx(want_loss, rel=1e-6) and accuracy == want_acc
 
 
+def max_steps_rank(rank, world, port, name, keyed):
+    """Evaluation stopped at max_steps with even_batches=False: ranks 0 and 1 break at step 2,
+    where rank 2's shard (2 batches of 4 of 29 samples) runs out."""
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(even_batches=False))
+    deval.accelerate.enable(acc, group=name)
+    data = torch.arange(29) if keyed else Counted(29)
+    loader = acc.prepare(DataLoader(data, batch_size=4))
+    got = []
+    try:
+        for step, x in enumerate(loader):
+            if step == 2:
+                break
+            got += acc.gather_for_metrics(x).reshape(-1).tolist()
+    finally:
+        deval.accelerate.disable()
+    return got
+
+
+class Counted(torch.utils.data.IterableDataset):
+    """n samples in order, with a len(): Accelerate shards it by batches."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(torch.arange(self.n).unbind(0))
+
+    def __len__(self):
+        return self.n
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_a_break_at_max_steps_where_a_shard_ends_is_no_error(daemon, monkeypatch, keyed):
+    """A rank whose loader ran out where the others broke on purpose gets what they get: the
+    pass is checked nowhere, as when every rank breaks. It used to raise "returned 24 of 29"
+    on that rank alone, while the others went on (plain Accelerate: 24 rows on two ranks,
+    17 on the third)."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, max_steps_rank, free_port(), group_name("maxsteps"), keyed, timeout=120)
+    assert res == [list(range(24))] * 3
+
+
 # Loops whose body gathers k rows per sample, as generate(num_return_sequences=k) returns
 # them, over an iterable Accelerate shards: (dataset, dispatch_batches, rows per sample).
 GENERATED = {
