@@ -25,6 +25,7 @@ uses the group given to use(), else the one deval.accelerate.enable() joined, el
 deval.join()'s from the launcher.
 """
 
+import collections
 import functools
 
 import numpy as np
@@ -397,25 +398,31 @@ def _count(m, lp):
             ent[2] = lp.batches
 
 
+# What each rank says of a metric at its sync (_check, _ran_out): why its state is tainted
+# (or None), the samples it took per loop (seen), the batches whose gathered rows it took
+# (gathered), where it syncs (_where()), and whether it took rows of its own (own).
+_Said = collections.namedtuple("_Said", "taint seen gathered where own")
+
+
 def _check(m):
     """Mismatch on every rank when a rank's state of m may hold a duplicate sample, or when a
     rank's loop ran out while the others sync m in it. Return: whether every rank's state is
     one process's, so that m must not sync: every rank took the gathered rows of the same
     batches, and nothing else."""
     g = _group()
-    said = g.gather_object([(m.__dict__.get("_deval_taint"), m.__dict__.get("_deval_seen", {}),
-                             m.__dict__.get("_deval_gathered", set()), _where(m),
-                             bool(m.__dict__.get("_deval_own")))])
+    said = [_Said(*s) for s in g.gather_object([_Said(
+        m.__dict__.get("_deval_taint"), m.__dict__.get("_deval_seen", {}),
+        m.__dict__.get("_deval_gathered", set()), _where(m), bool(m.__dict__.get("_deval_own")))])]
     _in_step(said)
-    for rank, (taint, _, _, _, _) in enumerate(said):
-        if taint:
-            raise Mismatch("deval.torchmetrics: rank %d: %s" % (rank, taint), -2)
+    for rank, s in enumerate(said):
+        if s.taint:
+            raise Mismatch("deval.torchmetrics: rank %d: %s" % (rank, s.taint), -2)
     took = {}
-    for rank, (_, _, gathered, _, _) in enumerate(said):
-        for seq, batch in gathered:
+    for rank, s in enumerate(said):
+        for seq, batch in s.gathered:
             took.setdefault((seq, batch), []).append(rank)
     if len(said) > 1 and took and all(len(r) == len(said) for r in took.values()) and \
-            not any(seen or own for _, seen, _, _, own in said):
+            not any(s.seen or s.own for s in said):
         return True
     for (seq, batch), ranks in sorted(took.items()):
         if len(ranks) > 1:
@@ -427,8 +434,8 @@ def _check(m):
                 "gathered rows on every rank or on one only, or make it with "
                 "sync_on_compute=False" % (type(m).__name__, ranks, batch, seq), -2)
     loops = {}
-    for _, seen, _, _, _ in said:
-        for seq, (n, samples, _) in seen.items():
+    for s in said:
+        for seq, (n, samples, _) in s.seen.items():
             loops.setdefault(seq, [n, 0])[1] += samples
     for seq, (n, samples) in sorted(loops.items()):
         if samples > n:
@@ -458,18 +465,19 @@ def _ran_out(lp):
     """lp, a loop in which this rank synced a metric and whose pass never opened, ran out on
     this rank: one object gather, which meets the others' at their own loop's end, or the
     sync of a rank still in the loop, which then fails on every rank (_in_step)."""
-    _in_step(_group().gather_object([(None, {}, set(), ("ended", lp.batches, None), False)]))
+    _in_step([_Said(*s) for s in _group().gather_object(
+        [_Said(None, {}, set(), ("ended", lp.batches, None), False)])])
 
 
 def _in_step(said):
     """Mismatch on every rank where some ranks' loops ran out (_ran_out) while others sync a
-    metric in theirs: said is each rank's (taint, seen, gathered, where, own) at one object
-    gather, where _where()'s or _ran_out()'s."""
-    ended = {r: w for r, (_, _, _, w, _) in enumerate(said)
-             if w is not None and w[0] == "ended"}
+    metric in theirs: said is each rank's _Said at one object gather, where _where()'s or
+    _ran_out()'s."""
+    ended = {r: s.where for r, s in enumerate(said)
+             if s.where is not None and s.where[0] == "ended"}
     if not ended or len(ended) == len(said):
         return
-    syncing = [(r, w) for r, (_, _, _, w, _) in enumerate(said) if r not in ended]
+    syncing = [(r, s.where) for r, s in enumerate(said) if r not in ended]
     name = next((w[2] for _, w in syncing if w is not None), "a metric")
     at = sorted({w[1] for _, w in syncing if w is not None})
     raise Mismatch(
