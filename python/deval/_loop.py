@@ -750,22 +750,44 @@ def batch_samples(batch):
     return inner.pop() if len(inner) == 1 and -1 not in inner else None
 
 
-def rows_agree(batch, b):
+def rows_agree(batch, b, fields=False):
     """The collated batch is a tensor of b rows, or a mapping whose every tensor has b rows
-    and every list b items: then b surely is its samples' count. (A list or tuple may be the
-    batch's fields or its samples themselves, images of 3 channels say: never sure.)"""
-    if not _mapping(batch) and not _is_data(batch):
+    and every list b items: then b surely is its samples' count. A list or tuple may be the
+    batch's fields or its samples themselves (images of 3 channels, say): never sure, unless
+    fields says that its loader collates fields (collates_fields()), whose every tensor,
+    however nested, then holds b rows."""
+    if not _mapping(batch) and not _is_data(batch) and not (
+            fields and isinstance(batch, (list, tuple))):
         return False
-    fields = list(batch.values()) if _mapping(batch) else [batch]
-    seen = False
-    for v in fields:
-        if _is_data(v):
-            if not len(v.shape) or v.shape[0] != b:
-                return False
-            seen = True
-        elif isinstance(v, (list, tuple)) and len(v) != b:
-            return False
-    return seen
+    return _agree(batch, b, fields) is True
+
+
+def _agree(v, b, fields):
+    """True: v holds tensors, each of b rows (and lists of b items); False: something in it
+    has other rows; None: no tensor in it (a list of b items, a scalar)."""
+    if _is_data(v):
+        return bool(len(v.shape)) and v.shape[0] == b
+    if _mapping(v) or (fields and isinstance(v, (list, tuple)) and any(
+            _is_data(x) or _mapping(x) or isinstance(x, (list, tuple)) for x in v)):
+        said = [_agree(x, b, fields) for x in (v.values() if _mapping(v) else v)]
+        return False if False in said else (True if True in said else None)
+    if isinstance(v, (list, tuple)):
+        return None if len(v) == b else False
+    return None
+
+
+def collates_fields(loader):
+    """Does loader make its batches of fields: torch's default collate (each sample's tuple
+    or dict of fields stacked field by field, every tensor with one row per sample), or
+    Accelerate's dispatcher (each tensor of the batch rank 0 read, sliced alike for each
+    rank)? A collate_fn of one's own may return the samples themselves."""
+    acc = _accelerate()
+    if acc is not None and isinstance(loader, acc.DataLoaderDispatcher):
+        return True
+    col = sys.modules.get("torch.utils.data._utils.collate")
+    fn = getattr(loader, "collate_fn", None)
+    return col is not None and fn is not None and fn in (col.default_collate,
+                                                         col.default_convert)
 
 
 def batch_rows(batch):

@@ -62,6 +62,8 @@ class _LoopPass:
         self.progress = False  # eval_loop's progress argument (_progress.py)
         self.bar = None
         self.loader = loader
+        # its batches are fields, each tensor one row per sample (a list of them too)
+        self.fields = loader is not None and _loop.collates_fields(loader)
         self.ident = None  # which loader (_loop.loader_number())
         self.open_now = False  # eval_loop: the pass opens before the first batch
         self.opened = False
@@ -318,7 +320,8 @@ class _LoopPass:
             if self.batches and not self.opened and self.before is not None:  # (ungathered)
                 self.before = None if self.samples is None else self.before + self.samples
             self.samples = b = _loop.batch_samples(batch)
-            self.counted = b if b is not None and _loop.rows_agree(batch, b) else None
+            self.counted = b if b is not None and _loop.rows_agree(batch, b, self.fields) \
+                else None
             if self.rows is not None and b is None:
                 self.rows = None  # (rows it cannot count: from here on, unknown)
             elif self.rows is not None:

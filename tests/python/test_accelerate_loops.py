@@ -343,7 +343,22 @@ GENERATED = {
     "sized": (Prompts, None, 2),  # a pass of deval's own, counted by the batch's samples
     "dispatched": (Unsized, True, 2),  # Accelerate's remainder cut, k rows per sample
     "sharded": (Unsized, False, 3),
+    # batches that are lists of fields, [ids, labels]: a dataset of tuples, collated by
+    # torch's default collate, or a map-style one dealt by rank 0
+    "fields": (lambda: Fields(), None, 2),
+    "dispatched map": (lambda: torch.utils.data.TensorDataset(torch.arange(N),
+                                                              torch.arange(N) % 3), True, 2),
 }
+
+
+class Fields(torch.utils.data.IterableDataset):
+    """A streamed evaluation set of (id, label) samples that knows its length."""
+
+    def __len__(self):
+        return N
+
+    def __iter__(self):
+        return iter([(torch.tensor(i), torch.tensor(i % 3)) for i in range(N)])
 
 
 def generated_rank(rank, world, port, name, case):
@@ -359,7 +374,7 @@ def generated_rank(rank, world, port, name, case):
     rows, texts = [], []
     try:
         for batch in loader:
-            ids = batch.reshape(-1)
+            ids = (batch[0] if isinstance(batch, list) else batch).reshape(-1)
             seqs = torch.stack([ids + 100 * j for j in range(k)], dim=1).reshape(-1, 1)
             rows += acc.gather_for_metrics(seqs)[:, 0].tolist()
             texts += acc.gather_for_metrics(["t%d" % v for v in seqs[:, 0].tolist()])
@@ -372,7 +387,9 @@ def generated_rank(rank, world, port, name, case):
 def test_k_rows_per_sample_of_an_iterable_shard_are_exact(daemon, monkeypatch, case):
     """The rows one process gathers, k per sample in order, on every rank. They used to be
     refused; before that, the last round was cut to the remainder by rows (half the last
-    samples lost, or padding kept) without a word, as plain Accelerate still cuts it."""
+    samples lost, or padding kept) without a word, as plain Accelerate still cuts it. Batches
+    that are lists of fields had their rows counted as samples: refused when sharded, and
+    dispatched from a map-style dataset half the samples were lost without a word."""
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
     k = GENERATED[case][2]
     want = [i + 100 * j for i in range(N) for j in range(k)]
