@@ -533,10 +533,25 @@ def _sync_dist(self, dist_sync_fn=None, process_group=None):
 
 
 def _forward(self, *args, **kwargs):
-    """Metric.forward: for an attached metric in a batch that is all padding (a replayed
-    batch, a padding step), the batch's own value, computed from its rows as for any batch
-    (a metric of no rows may not compute: AUROC's cat states), while the metric's state is
-    left as it was; anything else torchmetrics' own."""
+    """Metric.forward: torchmetrics' own, which resets the metric to compute the batch's
+    value and then puts its state back: what deval marked of that state (_reset()'s) goes
+    back with it. For an attached metric in a batch that is all padding (a replayed batch, a
+    padding step), the batch's own value, computed from its rows as for any batch (a metric
+    of no rows may not compute: AUROC's cat states), while the metric's state is left as it
+    was."""
+    marks = {k: self.__dict__[k] for k in _MARKS if k in self.__dict__}
+    try:
+        return _forward_state(self, *args, **kwargs)
+    finally:
+        if marks.get("_deval_taint"):  # (the first reason a state cannot sync)
+            self.__dict__["_deval_taint"] = marks["_deval_taint"]
+        if marks.get("_deval_gathered"):
+            self.__dict__.setdefault("_deval_gathered", set()).update(marks["_deval_gathered"])
+        if marks.get("_deval_own"):
+            self.__dict__["_deval_own"] = True
+
+
+def _forward_state(self, *args, **kwargs):
     lp = _loop.ACTIVE[-1] if _loop.ACTIVE and not _DEPTH[0] and _on(self) else None
     real = getattr(lp, "real", None)
     if real is None or real.any():
@@ -552,8 +567,12 @@ def _forward(self, *args, **kwargs):
         self._update_count, self._computed = count, None
 
 
+# What deval marks of an attached metric's state, which a reset() drops: why it cannot sync,
+# the batches whose gathered rows it took, whether it took rows of its own.
+_MARKS = ("_deval_taint", "_deval_gathered", "_deval_own")
+
+
 def _reset(self):
     _ORIG["reset"](self)
-    self.__dict__.pop("_deval_taint", None)
-    self.__dict__.pop("_deval_gathered", None)
-    self.__dict__.pop("_deval_own", None)
+    for k in _MARKS:
+        self.__dict__.pop(k, None)

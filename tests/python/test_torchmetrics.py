@@ -353,3 +353,41 @@ def test_mean_average_precision_masks_sync_through_deval(daemon):
         assert boxes == [[[float(r)] * 4] for r in range(2) for i in range(r + 1)]
         assert labels == [[i] for r in range(2) for i in range(r + 1)]
         assert not initialised
+
+
+def forward_rank(rank, world, sock, name, batch_value):
+    """A mean loss accumulated with forward() over two loaders: the first pads a sample (7
+    over 2 ranks), the second does not (8)."""
+    torch.set_num_threads(1)
+    import deval
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    g = deval.join(name, rank, world, socket=sock, timeout=30)
+    dtm.use(g)
+    m = dtm.attach(torchmetrics.MeanMetric())
+    try:
+        for n in (7, 8):
+            ds = TensorDataset(torch.arange(n).float())
+            dl = DataLoader(ds, batch_size=2, sampler=DistributedSampler(
+                ds, num_replicas=world, rank=rank, shuffle=False))
+            for (x,) in g.eval_loop(dl):
+                # a batch's mean (0-d: which part is padding is lost) or its rows
+                m(x.mean() if batch_value else x, weight=len(x) if batch_value else 1.0)
+        return float(m.compute()), time.monotonic()
+    except deval.Mismatch as e:
+        return str(e), time.monotonic()
+    finally:
+        dtm.use(None)
+        g.leave()
+
+
+def test_forward_keeps_what_deval_knows_of_the_state(daemon):
+    """forward() resets the metric to compute the batch's value and puts its state back:
+    deval's marks of the state went with the reset, so a padded batch's 0-d value in the
+    first loop was forgotten by the second loop's forward(), and compute() returned a mean
+    with the padding in it (the same loops in the other order raised). Values with one row
+    per sample stay exact."""
+    res = run_ranks(2, forward_rank, daemon.socket, group_name("fwd"), True, timeout=120)
+    assert_failed_together(res, "cannot tell which of its rows are the padding's")
+    res = run_ranks(2, forward_rank, daemon.socket, group_name("fwd"), False, timeout=120)
+    want = float(torch.cat([torch.arange(7), torch.arange(8)]).float().mean())
+    assert [v for v, _ in res] == [pytest.approx(want)] * 2
