@@ -19,7 +19,7 @@ from . import _loop, _pass, _progress
 from ._errors import _ERRORS, Error, InvalidArgument, Mismatch, _said
 from ._libdeval import _ORDERS, _REDUCTIONS, MAX_TENSORS, _Bytes, _GatherOpts, _lib, _Tensor
 from ._nest import (_check_batch_rows, _check_samples, _data_mask, _flatten, _object_items,
-                    _rebuild, _sends_objects)
+                    _rebuild, _sends_objects, refuse_time_major)
 from ._pass import _LoopPass
 from ._plain import _GATHER, _GATHER_FOR_METRICS, _fast_path
 from ._tensors import _fill, _result
@@ -293,7 +293,11 @@ class Group:
         ``use_gather_object=True`` forces it.
         """
         keyed = self._keyed
-        lp = _loop.ACTIVE[-1] if self._in_pass and not keyed and _loop.ACTIVE else None
+        at = _loop.ACTIVE[-1] if self._in_pass and _loop.ACTIVE else None
+        if at is not None and getattr(at, "g", None) is self and at.samples and \
+                not _sends_objects(x, use_gather_object):
+            refuse_time_major(x, at.samples)
+        lp = at if not keyed else None
         by_samples = None  # the batch's samples, where some tensor holds k rows of each
         if lp is not None and getattr(lp, "g", None) is not self:
             lp = None

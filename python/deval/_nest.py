@@ -36,6 +36,50 @@ def _sends_objects(x, forced=False):
         isinstance(v, np.ndarray) or _is_torch(v) for v in x))
 
 
+def time_major(v, samples):
+    """T, where v is the rows of a [T, samples, ...] value flattened (a view of it:
+    .reshape(-1), .view(-1, V), .flatten(0, 1)), whose rows run over the batch's samples
+    fastest, T rows per sample interleaved (a time-major model's tokens: torch's RNNs without
+    batch_first); else 0. Its base says so; a copy, or a [T, T] base, says nothing."""
+    base = getattr(v, "_base", None)  # torch
+    if base is None and isinstance(v, np.ndarray):
+        base = v.base
+    if base is None or not hasattr(base, "shape") or len(base.shape) < 2 or \
+            not hasattr(v, "shape") or not len(v.shape):
+        return 0
+    t, b = base.shape[0], base.shape[1]
+    return t if b == samples and t != samples and t > 1 and v.shape[0] == t * b else 0
+
+
+def sample_major(v, samples):
+    """Is v the rows of a [samples, T, ...] value flattened (a view of it), T > 1?"""
+    base = getattr(v, "_base", None)
+    if base is None and isinstance(v, np.ndarray):
+        base = v.base
+    return base is not None and hasattr(base, "shape") and len(base.shape) >= 2 and \
+        hasattr(v, "shape") and len(v.shape) > 0 and base.shape[0] == samples and \
+        base.shape[1] > 1 and v.shape[0] == base.shape[0] * base.shape[1]
+
+
+def refuse_time_major(x, samples, where="the input"):
+    """InvalidArgument where a tensor of x (nested) holds time-major rows (time_major()):
+    gathered, its samples' rows would be cut as if one sample's followed another's."""
+    top = where == "the input"
+    if isinstance(x, collections.abc.Mapping):
+        for k, v in x.items():
+            refuse_time_major(v, samples, "%s[%r]" % ("" if top else where, k))
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            refuse_time_major(v, samples, "%s[%d]" % ("" if top else where, i))
+    elif time_major(x, samples):
+        raise InvalidArgument(
+            "deval.gather_for_metrics: %s is a [%d, %d, ...] value flattened time-major (its "
+            "rows run over the batch's %d samples fastest): a batch's padding is cut sample "
+            "by sample, one sample's rows after another's; make it batch-first before "
+            "flattening (.transpose(0, 1), or batch_first=True)"
+            % (where, time_major(x, samples), samples, samples), -1)
+
+
 def _check_batch_rows(x, samples, objects, where="the input", ks=None):
     """A pass without dataset indices counts a gather_for_metrics call's samples by rows,
     and drops the samples past the dataset's end as padding. Where the loop knows the

@@ -202,6 +202,8 @@ def _whole_rows(g, lp, data, objects):
         return None
     ks = None
     try:  # (at every batch, since k must hold from batch to batch; told at the last)
+        if not objects:
+            _nest.refuse_time_major(data, lp.samples)
         said = _pass.same_rows_per_sample(lp, int(objects), _nest._check_batch_rows(
             data if objects else _recursively(_varied, data), lp.samples, objects))
         if any(k != 1 for _, k in said):

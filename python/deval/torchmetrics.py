@@ -30,7 +30,7 @@ import functools
 
 import numpy as np
 
-from . import InvalidArgument, Mismatch, _loop, _pass
+from . import InvalidArgument, Mismatch, _loop, _nest, _pass
 
 __all__ = ["sync", "attach", "enable", "use"]
 
@@ -331,6 +331,9 @@ def _cut(args, kwargs, real, history):
     value has rows."""
     b = len(real)
     cut_any = False
+    # k rows per sample lie one sample's after another's, unless a value says it is a
+    # [T, batch] value flattened time-major: then every value of the call is taken so
+    time = any(_nest.time_major(v, b) for _, v in _leaves(args, kwargs))
 
     def cut(path, v):
         nonlocal cut_any
@@ -341,7 +344,11 @@ def _cut(args, kwargs, real, history):
         if r % b or history.get(path, 1 if r == b else None) != r // b:
             raise _Uncut("a %s of %d rows" % (type(v).__name__, r))
         cut_any = True
-        keep = np.repeat(real, r // b)
+        # (time-major: sample j's rows at j, b + j, ...; a value of one row each either way)
+        if time and r > b and _nest.sample_major(v, b):
+            raise _Uncut("a %s of %d rows, batch-first where another value of the update "
+                         "is time-major" % (type(v).__name__, r))
+        keep = np.tile(real, r // b) if time else np.repeat(real, r // b)
         if isinstance(v, (list, tuple)):
             kept = [w for w, k in zip(v, keep) if k]
             return type(v)(kept) if type(v) in (list, tuple) else kept

@@ -391,3 +391,52 @@ def test_forward_keeps_what_deval_knows_of_the_state(daemon):
     res = run_ranks(2, forward_rank, daemon.socket, group_name("fwd"), False, timeout=120)
     want = float(torch.cat([torch.arange(7), torch.arange(8)]).float().mean())
     assert [v for v, _ in res] == [pytest.approx(want)] * 2
+
+
+def time_major_rank(rank, world, sock, name, n, gather):
+    """Token accuracy of a time-major tagger ([T, batch] outputs, as torch's RNNs give
+    without batch_first) over a padded sampler: its flattened tokens, a view of the [T, batch]
+    predictions, and targets flattened from a transpose (a copy); or the tokens gathered."""
+    torch.set_num_threads(1)
+    import deval
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    g = deval.join(name, rank, world, socket=sock, timeout=30)
+    dtm.use(g)
+    x, y = tokens(n)
+    ds = TensorDataset(x, y)
+    dl = DataLoader(ds, batch_size=3, sampler=DistributedSampler(
+        ds, num_replicas=world, rank=rank, shuffle=False))
+    m = dtm.attach(torchmetrics.Accuracy(task="multiclass", num_classes=3))
+    try:
+        for xb, yb in g.eval_loop(dl):
+            preds = ((xb * 7 + 1) % 3).t().contiguous()  # [T, batch], as a model gives it
+            if gather:
+                g.gather_for_metrics(preds.reshape(-1))
+            m.update(preds.reshape(-1), yb.t().reshape(-1))
+        return float(m.compute())
+    except deval.InvalidArgument as e:
+        return str(e)
+    finally:
+        dtm.use(None)
+        g.leave()
+
+
+def tokens(n, t=4):
+    gen = torch.Generator().manual_seed(n)
+    return torch.randint(0, 9, (n, t), generator=gen), torch.randint(0, 3, (n, t), generator=gen)
+
+
+def test_time_major_tokens_are_cut_by_sample(daemon):
+    """A [T, batch] value flattened runs over the batch's samples fastest: an update cuts the
+    padding's tokens where they lie (it cut them as if one sample's followed another's: a
+    wrong accuracy, no error); gather_for_metrics, whose results are one sample's rows after
+    another's, refuses it on every rank."""
+    n = 7
+    x, y = tokens(n)
+    want = float(((x * 7 + 1) % 3 == y).float().mean())
+    for value in run_ranks(2, time_major_rank, daemon.socket, group_name("tmaj"), n, False,
+                           timeout=120):
+        assert value == pytest.approx(want)
+    for refused in run_ranks(2, time_major_rank, daemon.socket, group_name("tmaj"), n, True,
+                             timeout=120):
+        assert "flattened time-major" in refused, refused
