@@ -169,7 +169,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
         _cleanup_(group_freep) deval_group *g = NULL;
         DvJoinReq req = {.hdr = {DV_PROTO_VERSION, DV_MSG_JOIN}};
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
-        DvReply rep;
+        DvReply rep = {0};
         DvJob job;
         int fds[DV_MAX_FDS], nfds = DV_MAX_FDS, r;
 
@@ -324,6 +324,12 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                                    "devald at %s did not answer the join of group '%s' within "
                                    "%d ms, the join's timeout, and %d ms more (" DV_TIMEOUT_SET ")",
                                    g->socket_path, group, g->timeout_ms, REPLY_GRACE_MS);
+        if (r == DEVAL_EPROTO && rep.hdr.version && rep.hdr.version != DV_PROTO_VERSION)
+                return dv_join_err(r,
+                                   "devald at %s speaks protocol version %u, this libdeval %d: "
+                                   "it is another deval's (one that ran before an upgrade, "
+                                   "say); stop it, or wait for it to exit when idle",
+                                   g->socket_path, (unsigned)rep.hdr.version, DV_PROTO_VERSION);
         if (r < 0)
                 return dv_join_err(r, "devald at %s hung up during the join of group '%s'",
                                    g->socket_path, group);

@@ -449,3 +449,29 @@ def test_joining_twice(daemon):
         assert same and out == [0, 1]
         assert r == deval.InvalidArgument.status and "already holds group" in said
         assert took < 1.0
+
+
+def test_a_devald_of_another_version_is_named(tmp_path):
+    """A devald that speaks another protocol (one started before an upgrade, still running)
+    answers a join with its own version: the error says so, not that it hung up."""
+    import socket
+    import struct
+    import threading
+    path = str(tmp_path / "old.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    srv.bind(path)
+    srv.listen(1)
+
+    def answer():
+        c, _ = srv.accept()
+        c.recv(4096)
+        # an old devald's DvReply: its version, DV_MSG_REPLY, a failure, its words
+        c.send(struct.pack("<IIiI", 11, 6, -9, 0).ljust(600, b"\0"))
+        c.close()
+
+    t = threading.Thread(target=answer)
+    t.start()
+    with pytest.raises(deval.ProtocolError, match="speaks protocol version 11, this libdeval"):
+        deval.join(group_name("old"), 0, 1, socket=path, timeout=5)
+    t.join()
+    srv.close()
