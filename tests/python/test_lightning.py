@@ -29,8 +29,14 @@ def run(daemon, tmp_path, devices, how, n):
     env = dict(os.environ, DEVAL_SOCKET=daemon.socket, OMP_NUM_THREADS="1",
                PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep +
                os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, JOB, str(devices), how, str(n), str(out)], env=env,
-                       cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    for _ in range(2):
+        p = subprocess.run([sys.executable, JOB, str(devices), how, str(n), str(out)], env=env,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=240)
+        # plain Lightning over gloo, no deval in it, now and then aborts as its threads
+        # end with the process: once more
+        if not (how == "plain" and p.returncode == -6 and
+                "terminate called without an active exception" in p.stderr):
+            break
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
     return json.loads(out.read_text()) if out.exists() else p.stdout
 
