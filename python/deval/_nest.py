@@ -41,24 +41,28 @@ def time_major(v, samples):
     .reshape(-1), .view(-1, V), .flatten(0, 1)), whose rows run over the batch's samples
     fastest, T rows per sample interleaved (a time-major model's tokens: torch's RNNs without
     batch_first); else 0. Its base says so; a copy, or a [T, T] base, says nothing."""
-    base = getattr(v, "_base", None)  # torch
-    if base is None and isinstance(v, np.ndarray):
-        base = v.base
-    if base is None or not hasattr(base, "shape") or len(base.shape) < 2 or \
-            not hasattr(v, "shape") or not len(v.shape):
+    base = _flattened_from(v)
+    if base is None:
         return 0
     t, b = base.shape[0], base.shape[1]
-    return t if b == samples and t != samples and t > 1 and v.shape[0] == t * b else 0
+    return t if b == samples and t != samples and t > 1 else 0
+
+
+def _flattened_from(v):
+    """The value whose first two dims v's rows flatten (v a view of it: a torch tensor's
+    _base, an array's base), or None."""
+    base = getattr(v, "_base", None) if not isinstance(v, np.ndarray) else v.base
+    if base is None or not hasattr(base, "shape") or len(base.shape) < 2 or \
+            not hasattr(v, "shape") or not len(v.shape) or \
+            v.shape[0] != base.shape[0] * base.shape[1]:
+        return None
+    return base
 
 
 def sample_major(v, samples):
     """Is v the rows of a [samples, T, ...] value flattened (a view of it), T > 1?"""
-    base = getattr(v, "_base", None)
-    if base is None and isinstance(v, np.ndarray):
-        base = v.base
-    return base is not None and hasattr(base, "shape") and len(base.shape) >= 2 and \
-        hasattr(v, "shape") and len(v.shape) > 0 and base.shape[0] == samples and \
-        base.shape[1] > 1 and v.shape[0] == base.shape[0] * base.shape[1]
+    base = _flattened_from(v)
+    return base is not None and base.shape[0] == samples and base.shape[1] > 1
 
 
 def refuse_time_major(x, samples, where="the input"):
