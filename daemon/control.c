@@ -38,7 +38,8 @@ static void group_pass(const Group *g, uint64_t now, DvPassInfo *p, DvRankProgre
         p->age_us = since && now > since ? (now - since) / 1000 : 0;
 }
 
-static void group_info(const Group *g, uint64_t now, DvGroupInfo *i) {
+/* What a group is, for status and group; its ranks' progress into ranks[world] (or NULL). */
+static void group_info(const Group *g, uint64_t now, DvGroupInfo *i, DvRankProgress *ranks) {
         memcpy(i->name, g->name, sizeof(i->name));
         i->uid = (uint32_t)g->uid;
         i->state = (uint32_t)g->loop.state;
@@ -53,7 +54,7 @@ static void group_info(const Group *g, uint64_t now, DvGroupInfo *i) {
         i->bytes_moved = atomic_load(&((Group *)g)->bytes_moved);
         i->age_us = (now - g->created_ns) / 1000;
         memcpy(i->launcher, g->launcher, sizeof(i->launcher));
-        group_pass(g, now, &i->pass, NULL);
+        group_pass(g, now, &i->pass, ranks);
 }
 
 /* Which groups a client may see: its own uid's, or every group for root. */
@@ -87,7 +88,7 @@ static void handle_status(Daemon *d, Conn *c) {
                 if (!visible_to(g, c))
                         continue;
                 DvGroupInfo *i = &r->groups[r->ngroups++];
-                group_info(g, now, i);
+                group_info(g, now, i, NULL);
                 pthread_mutex_lock(&g->lock);
                 i->bytes_mapped = g->locked.bytes_mapped;
                 pthread_mutex_unlock(&g->lock);
@@ -141,11 +142,10 @@ static void handle_group(Daemon *d, Conn *c, const DvNameReq *req) {
         r->hdr = (DvMsgHdr){DV_PROTO_VERSION, DV_MSG_GROUP};
         r->nranks = (uint32_t)g->world;
         r->timeout_ms = g->timeout_ns < 0 ? -1 : (int32_t)(g->timeout_ns / 1000000);
-        group_info(g, dv_now_ns(), &r->info);
         _cleanup_(freep) DvRankProgress *prog = calloc((size_t)g->world, sizeof(*prog));
         if (!prog)
                 return;
-        group_pass(g, dv_now_ns(), &r->info.pass, prog);
+        group_info(g, dv_now_ns(), &r->info, prog);
         if (g->loop.span)
                 r->span = *g->loop.span;
         pthread_mutex_lock(&g->lock);

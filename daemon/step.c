@@ -457,8 +457,9 @@ static int step_eval(Step *s, bool begin) {
                       : dv_pass_end(&g->work.pass, s->reqs, g->name, msg, sizeof(msg));
         if (r < 0)
                 return step_fail(s, r, "%s", msg);
-        for (int k = 0; !begin && k < g->world; k++)
-                res_of(s, k)->flags = dv_pass_end_flags(s->reqs, g->world);
+        uint32_t flags = begin ? 0 : dv_pass_end_flags(s->reqs, g->world);
+        for (int k = 0; k < g->world; k++)
+                res_of(s, k)->flags = flags;
         return 0;
 }
 
