@@ -293,19 +293,19 @@ class Group:
         ``use_gather_object=True`` forces it.
         """
         keyed = self._keyed
-        at = _loop.ACTIVE[-1] if self._in_pass and _loop.ACTIVE else None
-        if at is not None and getattr(at, "g", None) is self and at.samples and \
-                not _sends_objects(x, use_gather_object):
-            refuse_time_major(x, at.samples)
-        lp = at if not keyed else None
-        by_samples = None  # the batch's samples, where some tensor holds k rows of each
+        lp = _loop.ACTIVE[-1] if self._in_pass and _loop.ACTIVE else None
         if lp is not None and getattr(lp, "g", None) is not self:
             lp = None
+        objects = _sends_objects(x, use_gather_object) if lp is not None else None
+        if lp is not None and lp.samples and not objects:
+            refuse_time_major(x, lp.samples)
+        if keyed:
+            lp = None
+        by_samples = None  # the batch's samples, where some tensor holds k rows of each
         real = lp.real_count() if lp is not None else None
-        if lp is not None and lp.counted is not None and any(k != 1 for _, k in (
-                _pass.same_rows_per_sample(lp, int(_sends_objects(x, use_gather_object)),
-                                           _check_batch_rows(x, lp.counted, _sends_objects(
-                                               x, use_gather_object))))):
+        if lp is not None and lp.counted is not None and any(
+                k != 1 for _, k in _pass.same_rows_per_sample(
+                    lp, int(objects), _check_batch_rows(x, lp.counted, objects))):
             by_samples = lp.counted
             if self.device is not None:
                 raise InvalidArgument(
@@ -331,7 +331,8 @@ class Group:
                 if type(r) is int:
                     self._check(r)
                 return r
-        objects = _sends_objects(x, use_gather_object)
+        if objects is None:
+            objects = _sends_objects(x, use_gather_object)
         opts = self._opts(pad_index, pad_first)
         if objects and keyed:
             mask = int(id(x) in self._batch_ids)

@@ -65,26 +65,35 @@ def sample_major(v, samples):
     return base is not None and base.shape[0] == samples and base.shape[1] > 1
 
 
-def refuse_time_major(x, samples, where="the input"):
-    """InvalidArgument where a tensor of x (nested) holds time-major rows (time_major()):
-    gathered, its samples' rows would be cut as if one sample's followed another's."""
+def _leaves_at(x, where="the input"):
+    """(where, value) of each value in x, through mappings, lists and tuples: where names it
+    as the user wrote it (['logits'], [0])."""
     top = where == "the input"
     if isinstance(x, collections.abc.Mapping):
         for k, v in x.items():
-            refuse_time_major(v, samples, "%s[%r]" % ("" if top else where, k))
+            yield from _leaves_at(v, "%s[%r]" % ("" if top else where, k))
     elif isinstance(x, (list, tuple)):
         for i, v in enumerate(x):
-            refuse_time_major(v, samples, "%s[%d]" % ("" if top else where, i))
-    elif time_major(x, samples):
-        raise InvalidArgument(
-            "deval.gather_for_metrics: %s is a [%d, %d, ...] value flattened time-major (its "
-            "rows run over the batch's %d samples fastest): a batch's padding is cut sample "
-            "by sample, one sample's rows after another's; make it batch-first before "
-            "flattening (.transpose(0, 1), or batch_first=True)"
-            % (where, time_major(x, samples), samples, samples), -1)
+            yield from _leaves_at(v, "%s[%d]" % ("" if top else where, i))
+    else:
+        yield where, x
 
 
-def _check_batch_rows(x, samples, objects, where="the input", ks=None):
+def refuse_time_major(x, samples):
+    """InvalidArgument where a tensor of x (nested) holds time-major rows (time_major()):
+    gathered, its samples' rows would be cut as if one sample's followed another's."""
+    for where, v in _leaves_at(x):
+        t = time_major(v, samples)
+        if t:
+            raise InvalidArgument(
+                "deval.gather_for_metrics: %s is a [%d, %d, ...] value flattened time-major "
+                "(its rows run over the batch's %d samples fastest): a batch's padding is cut "
+                "sample by sample, one sample's rows after another's; make it batch-first "
+                "before flattening (.transpose(0, 1), or batch_first=True)"
+                % (where, t, samples, samples), -1)
+
+
+def _check_batch_rows(x, samples, objects):
     """A pass without dataset indices counts a gather_for_metrics call's samples by rows,
     and drops the samples past the dataset's end as padding. Where the loop knows the
     batch's samples, each tensor of the call (or the objects, when it sends objects:
@@ -94,34 +103,27 @@ def _check_batch_rows(x, samples, objects, where="the input", ks=None):
     objects, one), so that a call where some k is not 1 is counted by the batch's samples
     rather than by its rows (Group._gather_for_metrics), and k is checked to hold from
     batch to batch (_pass.same_rows_per_sample())."""
-    ks = [] if ks is None else ks
-    top = where == "the input"
     if objects:
         if not isinstance(x, list):
-            return ks  # (gather_object's items of one value: not per sample to count)
-        rows, what = len(x), "item"
-    elif isinstance(x, collections.abc.Mapping):
-        for k, v in x.items():
-            _check_batch_rows(v, samples, False, "%s[%r]" % ("" if top else where, k), ks)
-        return ks
-    elif isinstance(x, (list, tuple)):
-        for i, v in enumerate(x):
-            _check_batch_rows(v, samples, False, "%s[%d]" % ("" if top else where, i), ks)
-        return ks
-    elif hasattr(x, "shape") and len(x.shape):
-        rows, what = x.shape[0], "row"
-    else:
-        return ks  # (a 0-d tensor or a scalar: _check_samples says what is wrong with it)
-    if rows == samples or (samples > 0 and rows > 0 and rows % samples == 0):
-        ks.append((where, rows // samples if samples else 1))
-        return ks
-    raise InvalidArgument(
-        "deval.gather_for_metrics: %s holds %d %s%s for the batch's %d samples, not a whole "
-        "number per sample; this pass knows no dataset indices, so it tells the samples past "
-        "the dataset's end (padding, dropped) by their rows: give each sample the same number "
-        "of rows, one after another (generation's num_return_sequences=k gives k), or "
-        "evaluate a map-style dataset through a DataLoader, whose pass knows each sample's "
-        "index" % (where, rows, what, "" if rows == 1 else "s", samples), -1)
+            return []  # (gather_object's items of one value: not per sample to count)
+        leaves = [("the input", len(x), "item")]
+    else:  # (a 0-d tensor or a scalar: _check_samples says what is wrong with it)
+        leaves = [(where, v.shape[0], "row") for where, v in _leaves_at(x)
+                  if hasattr(v, "shape") and len(v.shape)]
+    ks = []
+    for where, rows, what in leaves:
+        if rows == samples or (samples > 0 and rows > 0 and rows % samples == 0):
+            ks.append((where, rows // samples if samples else 1))
+            continue
+        raise InvalidArgument(
+            "deval.gather_for_metrics: %s holds %d %s%s for the batch's %d samples, not a "
+            "whole number per sample; this pass knows no dataset indices, so it tells the "
+            "samples past the dataset's end (padding, dropped) by their rows: give each "
+            "sample the same number of rows, one after another (generation's "
+            "num_return_sequences=k gives k), or evaluate a map-style dataset through a "
+            "DataLoader, whose pass knows each sample's index"
+            % (where, rows, what, "" if rows == 1 else "s", samples), -1)
+    return ks
 
 
 def _data_mask(x, ids):
