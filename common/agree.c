@@ -33,7 +33,7 @@ int dv_agree_fail(DvAgree *a, int status, const char *fmt, ...) {
  * site of the batch, for tensors or for objects. Return: the stream, or -1 for none.
  */
 int dv_pass_stream(bool pass_open, const DvRequest *q) {
-        if (!pass_open || q->site >= DV_PASS_SITES)
+        if (!pass_open || q->site >= DV_PASS_SITES || (q->flags & DV_SITE_UNCOUNTED))
                 return -1;
         if (q->op == DV_OP_GATHER_METRICS)
                 return (int)q->site;

@@ -150,16 +150,18 @@ bool dv_pass_counts_valid(const DvPassCounts *c, const int64_t *rows, int world)
 
 /*
  * The close of a pass: every stream dropped fewer rows past the end than one round of
- * batches (its largest step) holds, as a sampler pads, and when every rank's loader ran out (exhausted), every stream returned all
- * num_samples samples. Counting by position, a row is a sample only while every call of the
+ * batches (its largest step) holds, as a sampler pads, and when every rank's loader ran out
+ * (exhausted), every stream returned all num_samples samples, but a stream some rank's batch
+ * did not call (partial: a gather of examples on the first batch), which holds only the
+ * samples of the batches that called it. Counting by position, a row is a sample only while every call of the
  * stream is one batch's: a second call per batch, or a loader that yields its samples twice,
  * gathers past the end far more than a sampler pads, and is caught here.
  * Return: 0, or DEVAL_EMISMATCH with why in buf.
  */
-static int pass_close(const DvPass *ps, bool exhausted, char *buf, size_t len) {
+static int pass_close(const DvPass *ps, bool exhausted, uint32_t partial, char *buf, size_t len) {
         const DvPassCounts *c = &ps->c;
         for (int st = 0; st < DV_PASS_STREAMS; st++) {
-                if (!(c->used & (1u << st)))
+                if (!(c->used & (1u << st)) || (partial & (1u << st)))
                         continue;
                 int64_t kept = dv_pass_kept(c->num_samples, c->order, c->total[st],
                                             &ps->rows[st * ps->world], ps->world);
@@ -268,13 +270,16 @@ int dv_pass_end(DvPass *ps, const DvRequest *q, const char *group, char *buf, si
                 return DEVAL_EINVAL;
         }
         bool exhausted = true; /* parked ranks, too, arrive with their eval_end */
-        for (int k = 0; k < ps->world; k++)
+        uint32_t partial = 0;
+        for (int k = 0; k < ps->world; k++) {
                 exhausted &= (q[k].flags & DV_END_EXHAUSTED) != 0;
+                partial |= q[k].partial;
+        }
         int r = ps->status;
         if (r)
                 snprintf(buf, len, "%s", ps->msg);
         else if ((r = left_raising(q, ps->world, buf, len)) == 0)
-                r = pass_close(ps, exhausted, buf, len);
+                r = pass_close(ps, exhausted, partial, buf, len);
         dv_pass_reset(ps);
         return r;
 }
@@ -300,7 +305,8 @@ void dv_pass_failed(DvPass *ps, int status, uint32_t call, uint32_t op, const ch
 int dv_pass_sites(const DvRequest *q, int world, int *bad) {
         for (int k = 0; k < world; k++) {
                 *bad = k;
-                if (q[k].site != q[0].site)
+                if (q[k].site != q[0].site ||
+                    (q[k].flags & DV_SITE_UNCOUNTED) != (q[0].flags & DV_SITE_UNCOUNTED))
                         return DEVAL_EMISMATCH;
         }
         return 0;

@@ -546,6 +546,7 @@ void dv_req_empty(DvRequest *q, const DvRequest *tmpl, uint32_t seq) {
         q->root = tmpl->root;
         q->dim = tmpl->dim;
         q->site = tmpl->site;
+        q->flags = tmpl->flags & DV_SITE_UNCOUNTED; /* (the same call, uncounted alike) */
         q->batch = tmpl->batch;
         bool gather = tmpl->op != DV_OP_PAD;
         for (uint32_t i = 0; i < q->ntensors; i++) {

@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  12
+#define DV_PROTO_VERSION  13
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -334,13 +334,15 @@ typedef struct {
         int64_t num_samples;
         int32_t status; /* < 0: this rank could not stage its input; the step fails */
         uint32_t site;  /* *_METRICS in an eval pass: which call of the batch */
-        uint32_t flags; /* DV_OP_EVAL_END: DV_END_* */
+        uint32_t flags; /* DV_OP_EVAL_END: DV_END_*; *_METRICS: DV_SITE_UNCOUNTED */
         uint32_t batch; /* deval_eval_batch() calls since the pass began */
         /* the rank's collective calls so far, this one included: what messages name. seq is
          * the step's; a step turned back unrun is posted again under the next seq, and a
          * spanning group's call runs as several steps of its node, each of the same call */
         uint32_t call;
-        uint32_t reserved;
+        /* DV_OP_EVAL_END: a bit per stream (dv_pass_stream()) that some batch of this rank
+         * did not call: the close does not ask it for every sample */
+        uint32_t partial;
         uint64_t staged_bytes; /* with status: how much it tried to stage */
         char why[256]; /* with status, or DV_END_LEFT: the rank's own words (untrusted text) */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
@@ -362,6 +364,10 @@ typedef struct {
 /* DV_OP_EVAL_END: the rank left its loop before its loader ran out (deval_eval_abandon()): a
  * step where another rank still calls fails on every rank (common/pass.c). */
 #define DV_END_LEFT 2u
+/* *_METRICS in a pass by position: the call's site is one that some batch before did not
+ * call (libclient/sites.h), so its rows no longer follow the loop's samples: no stream counts
+ * it, and valid_rows says the rank's real rows, as for a call past DV_PASS_SITES. */
+#define DV_SITE_UNCOUNTED 1u
 /* Any op: the rank's input also lies in its slot's inline bytes, at the offsets of its
  * descriptors, so a rank may run the step (see DvFast). */
 #define DV_REQ_INLINE 0x100u

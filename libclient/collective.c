@@ -95,7 +95,7 @@ int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
         /* a pass with keys: the batch's keys go first, and decide what the result keeps */
         deval_tensor call[DEVAL_MAX_TENSORS], res[DEVAL_MAX_TENSORS];
         deval_gather_opts own = DEVAL_GATHER_OPTS_INIT;
-        int stream = DV_IDENT_STREAM(g->site[0], false), r;
+        int stream = (int)DV_SITE_STREAM(dv_sites_peek(&g->sites, false), false), r;
         if (!out)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: out is NULL", fn);
         if (opts && (r = dv_take_opts(g, fn, opts, &own)) < 0)
@@ -304,7 +304,7 @@ int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes
         const deval_bytes *call, *res;
         size_t res_n;
         deval_gather_opts own = DEVAL_GATHER_OPTS_INIT;
-        int stream = DV_IDENT_STREAM(g->site[1], true), r;
+        int stream = (int)DV_SITE_STREAM(dv_sites_peek(&g->sites, true), true), r;
         if ((n > 0 && !items) || !out_n || !out_items)
                 return dv_set_err(g, DEVAL_EINVAL, "%s: items, out_n or out_items is NULL", fn);
         if (opts && (r = dv_take_opts(g, fn, opts, &own)) < 0)

@@ -39,7 +39,7 @@ static int batch_start(deval_group *g, const char *fn, int64_t n) {
                 r = dv_resume_batch(g, fn);
         }
         g->batch = true;
-        g->site[0] = g->site[1] = 0;
+        dv_sites_batch(&g->sites);
         return r;
 }
 
@@ -87,8 +87,8 @@ static int eval_end_step(deval_group *g, const char *fn, uint32_t flags, const c
         int left = dv_resume_pass_end(g, fn, !(flags & DV_END_LEFT));
         if (progress_slot(g))
                 dv_progress_end(progress_slot(g));
+        uint32_t partial = g->batch ? dv_sites_partial(&g->sites, DV_PASS_SITES) : 0;
         g->batch = false;
-        g->site[0] = g->site[1] = 0;
         if ((r = dv_coll_begin(g)) < 0)
                 return r;
         dv_replay_clear(g);
@@ -96,6 +96,7 @@ static int eval_end_step(deval_group *g, const char *fn, uint32_t flags, const c
         if ((r = dv_req_start(g, DV_OP_EVAL_END, &q)) < 0)
                 return r;
         q->flags = flags;
+        q->partial = partial;
         if (why) /* the others' failure quotes it (common/pass.c) */
                 snprintf(q->why, sizeof(q->why), "%s", why);
         r = g->span ? g->span_ops->run(g, fn, true, &res)
@@ -134,7 +135,7 @@ static int eval_end(deval_group *g, const char *fn, uint32_t flags, bool check, 
 /* What this rank kept of its last pass (batches, a replay not finished, keys) is over. */
 static void pass_forget(deval_group *g) {
         g->batch = false;
-        g->site[0] = g->site[1] = 0;
+        dv_sites_free(&g->sites);
         g->batch_no = 0;
         dv_replay_clear(g);
         dv_ident_free(g);

@@ -16,6 +16,7 @@
 #include "join_err.h"
 #include "journal.h"
 #include "plan.h"
+#include "sites.h"
 #include "tunables.h"
 #include "wire.h"
 
@@ -166,7 +167,7 @@ struct deval_group {
         uint32_t call_as;    /* a spanning group's node group: the user's call its steps serve */
         DvTunables tun;      /* the environment's tunables, read once, at the join */
         bool batch;          /* deval_eval_batch() was called in this pass: calls count per site */
-        uint32_t site[2];    /* the next gather_for_metrics call of the batch: tensors, objects */
+        DvSites sites;       /* the pass's call sites, and the next call's (sites.h) */
         int32_t pass_order;  /* deval_eval_begin()'s: the order of a call past the counted sites */
         uint32_t batch_no;   /* deval_eval_batch() calls since the pass began */
         const uint8_t *view; /* where the last result's descriptors point: out, or a kept copy */

@@ -10,9 +10,11 @@
  * metrics sends them as one more tensor, ahead of the caller's. devald gathers them like any
  * tensor, in rank order, dropping nothing (the pass asks for DV_IDENT_UNCOUNTED samples), and
  * its plan moves whole samples of k rows each. Here, every rank then orders the samples by
- * key and keeps the first of each key the stream has not returned before: the duplicates a
- * sharding adds are dropped, wherever they fell. The close checks that each stream (each call
- * of the batch) returned num_samples distinct keys, and names those missing.
+ * key and keeps the first of each key the stream has not returned before, nor any stream in
+ * a batch before this one (a call made in some batches only, the last say, has not returned
+ * the samples whose repeats pad the last round): the duplicates a sharding adds are dropped,
+ * wherever they fell. The close checks that each stream that every batch called returned
+ * num_samples distinct keys, and names those missing.
  *
  * Every rank sees the same results in the same order (a parked rank through its replay), so
  * every rank reaches the same verdict on them; a rank whose own input is wrong fails alone,
@@ -56,10 +58,13 @@ typedef struct {
 struct DvIdent {
         int64_t num_samples, num_keys;
         bool check_due;
+        uint64_t *before; /* [num_keys bits]: keys some stream returned in a batch before */
+        int64_t *fresh;   /* keys first returned in this batch, for before at the next */
+        size_t nfresh, fresh_cap;
         int64_t *keys; /* the batch's; nkeys < 0: a batch declared without keys */
         int64_t nkeys;
         size_t keys_cap;
-        Stream *st; /* [nst]: DV_IDENT_STREAM(call, objects), made as calls first use them */
+        Stream *st; /* [nst]: DV_SITE_STREAM(site, objects), sites.h, made as calls first use them */
         size_t nst;
         Entry *ent;
         size_t ent_cap;
@@ -92,6 +97,8 @@ void dv_ident_free(deval_group *g) {
                 free(id->st[s].shp);
         }
         free(id->st);
+        free(id->before);
+        free(id->fresh);
         free(id->keys);
         free(id->ent);
         free(id->buf);
@@ -125,6 +132,12 @@ int dv_ident_begin(deval_group *g, const char *fn, int64_t num_samples, int64_t 
         id->num_keys = num_keys;
         id->nkeys = -1;
         g->ident = id;
+        id->before = calloc(DV_MAX((size_t)(num_keys + 63) / 64, (size_t)1), sizeof(uint64_t));
+        if (!id->before) {
+                dv_ident_free(g);
+                return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory for %" PRId64 " keys", fn,
+                                  num_keys);
+        }
         return 0;
 }
 
@@ -145,6 +158,9 @@ int dv_ident_batch(deval_group *g, const char *fn, int64_t n, const int64_t keys
                                   "%s: no eval pass with keys is open (deval_eval_begin_keys())",
                                   fn);
         id->nkeys = -1;
+        for (size_t j = 0; j < id->nfresh; j++) /* the batch before is over */
+                id->before[id->fresh[j] / 64] |= (uint64_t)1 << (id->fresh[j] % 64);
+        id->nfresh = 0;
         if (n < 0 || (n > 0 && !keys))
                 return dv_set_err(g, DEVAL_EINVAL, "%s: %" PRId64 " keys at %p", fn, n,
                                   (const void *)keys);
@@ -300,8 +316,12 @@ static bool seen(const Stream *s, int64_t key) {
         return s->seen[key / 64] >> (key % 64) & 1;
 }
 
+static bool returned_before(const DvIdent *id, int64_t key) {
+        return id->before[key / 64] >> (key % 64) & 1;
+}
+
 /*
- * The stream of a call of the batch (DV_IDENT_STREAM()), made the first time a batch makes
+ * The stream of a call of the batch (DV_SITE_STREAM()), made the first time a batch makes
  * that many calls: as many calls per batch as memory holds, each its own stream.
  */
 static int stream_at(deval_group *g, const char *fn, int stream, Stream **ret) {
@@ -393,8 +413,8 @@ static int differs(deval_group *g, const char *fn, int stream, int64_t key) {
 
 /*
  * Sort the nent samples of a result by key and keep, in id->ent[0..*kept), those whose key
- * this stream has not returned; mark them returned. *same: the kept are all of them, in the
- * order they came.
+ * this stream has not returned, nor any stream in a batch before; mark them returned. *same:
+ * the kept are all of them, in the order they came.
  */
 static int select_new(deval_group *g, const char *fn, int stream, size_t nent, size_t *kept,
                       bool *same) {
@@ -423,6 +443,15 @@ static int select_new(deval_group *g, const char *fn, int stream, size_t nent, s
                                 return differs(g, fn, stream, key);
                         continue;
                 }
+                if (returned_before(id, key)) /* (a stream some batch did not call) */
+                        continue;
+                if (id->nfresh == id->fresh_cap) {
+                        int r = grow(g, fn, (void **)&id->fresh, &id->fresh_cap, id->nfresh + 1,
+                                     sizeof(*id->fresh));
+                        if (r < 0)
+                                return r;
+                }
+                id->fresh[id->nfresh++] = key;
                 s->seen[key / 64] |= (uint64_t)1 << (key % 64);
                 if (s->sig) {
                         s->sig[key] = id->ent[j].sig;
@@ -682,8 +711,9 @@ bool dv_ident_check_due(const deval_group *g) {
 }
 
 /**
- * dv_ident_check() - every stream of the pass returned num_samples distinct keys; then the
- * pass with keys is over. Return: 0; DEVAL_EMISMATCH naming the stream and the missing keys.
+ * dv_ident_check() - every stream of the pass that each of this rank's batches called
+ * returned num_samples distinct keys (one that some batch did not call, a gather of examples
+ * on the first batch, holds only its batches' samples); then the pass with keys is over. Return: 0; DEVAL_EMISMATCH naming the stream and the missing keys.
  */
 int dv_ident_check(deval_group *g, const char *fn) {
         DvIdent *id = g->ident;
@@ -691,7 +721,7 @@ int dv_ident_check(deval_group *g, const char *fn) {
 
         for (size_t st = 0; id && st < id->nst && r == 0; st++) {
                 const Stream *s = &id->st[st];
-                if (!s->used || s->count == id->num_samples)
+                if (!s->used || s->count == id->num_samples || !dv_sites_whole(&g->sites, st))
                         continue;
                 char missing[160] = "";
                 size_t len = 0;

@@ -16,9 +16,6 @@
 
 typedef struct DvIdent DvIdent;
 
-/* The stream of the site-th call of a batch (0-based) of tensors or of objects. */
-#define DV_IDENT_STREAM(site, objects) ((int)(2 * (site) + ((objects) ? 1 : 0)))
-
 int dv_ident_begin(deval_group *g, const char *fn, int64_t num_samples, int64_t num_keys);
 void dv_ident_free(deval_group *g);
 void dv_ident_batch_unkeyed(deval_group *g);

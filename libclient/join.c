@@ -48,6 +48,7 @@ static void group_free(deval_group *g) {
                 close(g->sock);
         dv_replay_clear(g);
         dv_ident_free(g);
+        dv_sites_free(&g->sites);
         if (g->resume_ops)
                 g->resume_ops->free(g);
         free(g->fast.reqs);
@@ -223,6 +224,7 @@ int deval_join(const char *group, int rank, int world_size, const deval_join_opt
                 return dv_join_err(DEVAL_ENOMEM, "deval_join: out of memory");
         g->sock = -1;
         g->device = -1;
+        dv_sites_free(&g->sites); /* (none yet: sets its empty state) */
         dv_plan_init(&g->fast.plan);
         size_t w = (size_t)world_size;
         g->fast.reqs = calloc(w, sizeof(DvRequest));

@@ -89,13 +89,14 @@ int dv_req_start(deval_group *g, uint32_t op, DvRequest **ret) {
 }
 
 /*
- * Which call of the batch a *_METRICS request is (deval_eval_batch()); 0 without batches. A
+ * Which call of the batch a *_METRICS request is (its site, sites.h); 0 without batches. A
  * pass with keys takes any number of calls per batch (each its own stream in ident.c; devald
  * counts none of them); a pass that counts samples by position keeps DV_PASS_SITES counters
- * per batch in the group's control segment. A call past them is gathered uncounted, so it
- * takes the rank's real rows from the caller (valid_rows: the batch's samples that are not
- * padding, as the counted calls found them); without them it is refused, by every rank alike
- * since every rank makes the same calls.
+ * per batch in the group's control segment. A call past them, or at a site that some batch
+ * before did not call (whose count no longer follows the loop's samples), is gathered
+ * uncounted, so it takes the rank's real rows from the caller (valid_rows: the batch's
+ * samples that are not padding, as the counted calls found them); without them it is
+ * refused, by every rank alike since every rank makes the same calls.
  */
 int dv_req_site(deval_group *g, const char *fn, DvRequest *q) {
         int kind = q->op == DV_OP_OBJECTS_METRICS;
@@ -103,7 +104,11 @@ int dv_req_site(deval_group *g, const char *fn, DvRequest *q) {
                 return 0;
         if (!g->batch)
                 return 0;
-        if (!g->ident && g->site[kind] >= DV_PASS_SITES && q->valid_rows < 0)
+        uint32_t site;
+        bool whole;
+        if (dv_sites_take(&g->sites, kind, &site, &whole) < 0)
+                return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory", fn);
+        if (!g->ident && site >= DV_PASS_SITES && q->valid_rows < 0)
                 return dv_set_err(g, DEVAL_EINVAL,
                                   "%s: more than %d calls in one batch of an eval pass that "
                                   "counts samples by position (its batches carry no dataset "
@@ -113,12 +118,21 @@ int dv_req_site(deval_group *g, const char *fn, DvRequest *q) {
                                   "call), or iterate a map-style dataset through a DataLoader, "
                                   "whose pass takes any number",
                                   fn, DV_PASS_SITES, DV_PASS_SITES);
-        if (!g->ident && g->site[kind] >= DV_PASS_SITES)
+        if (!g->ident && !whole && q->valid_rows < 0)
+                return dv_set_err(g, DEVAL_EINVAL,
+                                  "%s: call %u of batch %u is made where batch %u or one before "
+                                  "made none, in an eval pass that counts samples by position "
+                                  "(its batches carry no dataset indices): such a call must say "
+                                  "which of the rank's rows are real (valid_rows), which this "
+                                  "loader does not tell. Make the call in every batch, or "
+                                  "iterate a map-style dataset through a DataLoader, whose pass "
+                                  "takes calls made in some batches only",
+                                  fn, site + 1, g->sites.batch, g->sites.batch - 1);
+        if (!g->ident && (site >= DV_PASS_SITES || !whole))
                 q->order = g->pass_order; /* uncounted: the pass's order, as its counted calls */
-        if (g->site[kind] == UINT32_MAX)
-                return dv_set_err(g, DEVAL_EINVAL, "%s: more than %u calls in one batch", fn,
-                                  UINT32_MAX);
-        q->site = g->site[kind]++;
+        if (!g->ident && !whole)
+                q->flags |= DV_SITE_UNCOUNTED;
+        q->site = site;
         return 0;
 }
 

@@ -541,6 +541,109 @@ static void test_many_calls_per_batch(void **state) {
         assert_int_equal(harness_run(&H, WORLD, rank_many_calls, NULL, 60), 0);
 }
 
+/*
+ * A call made in some batches only, by position (strided, 3 batches of 2 rows a rank, the
+ * last rank's last row padding): call A in batches 1 and 3, call B in all three, each at the
+ * site the binding names (dv_site_next(), as the Python binding names them by the user's
+ * code). B is counted and checked; A, skipped in batch 2, is counted nowhere from batch 3 on:
+ * there it is refused without valid_rows, then returns the real rows said; the close checks B
+ * alone and passes.
+ */
+int dv_site_next(deval_group *g, int objects, int64_t site); /* (libdeval.sym's private) */
+
+static int rank_partial_site(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "partial-site", rank, world, 10000, &g), NULL);
+        int64_t n = 6 * world - 1, b_next = 0;
+        CHECK_OK(deval_eval_begin(g, n, DEVAL_ORDER_STRIDED), g);
+        for (int b = 0; b < 3; b++) {
+                CHECK_OK(deval_eval_batch(g), g);
+                int64_t v[2] = {2 * b * world + rank, (2 * b + 1) * world + rank};
+                deval_tensor in = {
+                        .data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1};
+                deval_tensor out;
+                if (b != 1) { /* call A */
+                        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+                        CHECK_OK(dv_site_next(g, 0, 0), g);
+                        if (b == 2) {
+                                CHECK(deval_gather_for_metrics(g, 1, &in, NULL, &out) ==
+                                                      DEVAL_EINVAL &&
+                                              strstr(deval_errmsg(g), "call 1 of batch 3") &&
+                                              strstr(deval_errmsg(g), "valid_rows"),
+                                      "A, batch 3: %s", deval_errmsg(g));
+                                o.valid_rows = rank == world - 1 ? 1 : 2;
+                                CHECK_OK(dv_site_next(g, 0, 0), g);
+                        }
+                        CHECK_OK(deval_gather_for_metrics(g, 1, &in, &o, &out), g);
+                        const int64_t *got = out.data;
+                        int64_t want = b == 2 ? 2 * world - 1 : 2 * world;
+                        CHECK(out.shape[0] == want, "A, batch %d: %lld rows", b + 1,
+                              (long long)out.shape[0]);
+                        for (int64_t j = 0; j < out.shape[0]; j++)
+                                CHECK(got[j] == 2 * b * world + j, "A, batch %d row %lld: %lld",
+                                      b + 1, (long long)j, (long long)got[j]);
+                }
+                CHECK_OK(dv_site_next(g, 0, 1), g); /* call B */
+                CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+                const int64_t *got = out.data;
+                for (int64_t j = 0; j < out.shape[0]; j++, b_next++)
+                        CHECK(got[j] == b_next, "B, batch %d row %lld: %lld", b + 1, (long long)j,
+                              (long long)got[j]);
+        }
+        CHECK(b_next == n, "B returned %lld rows of %lld", (long long)b_next, (long long)n);
+        CHECK_OK(deval_eval_complete(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_a_call_some_batches_skip(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, WORLD, rank_partial_site, NULL, 30), 0);
+}
+
+/*
+ * A call first made at the last batch of a pass with keys (examples logged there): KEYS'
+ * batch 2 repeats keys 7 and 2 of batch 1 as padding, which that call has not returned but
+ * the pass has, in a batch before: it returns the batch's 4 new samples alone, in key order,
+ * and the close, which checks the call made in both batches, passes.
+ */
+static int rank_late_site(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "late-site", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_eval_begin_keys(g, N, N), g);
+        int64_t every = 0;
+        for (int c = 0; c < CALLS; c++) {
+                const int64_t *keys = KEYS[rank][c];
+                CHECK_OK(deval_eval_batch_keys(g, 2, keys), g);
+                int64_t v[2] = {keys[0], keys[1]};
+                deval_tensor in = {
+                        .data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1};
+                deval_tensor out;
+                if (c == CALLS - 1) {
+                        CHECK_OK(dv_site_next(g, 0, 1), g);
+                        CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+                        const int64_t want[4] = {1, 4, 6, 8}, *got = out.data;
+                        CHECK(out.shape[0] == 4 && !memcmp(got, want, sizeof(want)),
+                              "the last batch's own call: %lld rows, first %lld",
+                              (long long)out.shape[0], (long long)got[0]);
+                }
+                CHECK_OK(dv_site_next(g, 0, 0), g);
+                CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+                every += out.shape[0];
+        }
+        CHECK(every == N, "the call of every batch returned %lld", (long long)every);
+        CHECK_OK(deval_eval_complete(g), g);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_a_call_of_the_last_batch_only(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, WORLD, rank_late_site, NULL, 30), 0);
+}
+
 static int rank_bad_args(const Harness *h, int rank, int world, void *arg) {
         (void)arg;
         deval_group *g;
@@ -590,6 +693,8 @@ int main(void) {
                 cmocka_unit_test(test_bad_arguments),
                 cmocka_unit_test(test_padding_keys_are_dropped),
                 cmocka_unit_test(test_many_calls_per_batch),
+                cmocka_unit_test(test_a_call_some_batches_skip),
+                cmocka_unit_test(test_a_call_of_the_last_batch_only),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
