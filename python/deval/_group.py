@@ -66,6 +66,7 @@ class Group:
         self._pass_ended = False  # a step failed because a rank left the pass: it is over
         self._left = None  # the failure of a pass this rank left, for its next call
         self._batch_ids = ()  # in a pass with keys: what the current batch is made of
+        self._sites = None  # the pass's sites, while a gather for metrics is under way
         self._fast = _fast_path() if device is None else None  # (_speed or a _Fast)
         # what the fast path is given: the handle's address (0 once left), default options
         self._addr = handle.value if self._fast is not None else 0
@@ -189,6 +190,8 @@ class Group:
         results = []
         for at in range(0, n, per):
             part = leaves[at:at + per]
+            if fn is _lib.deval_gather_for_metrics:
+                self._name_site(False, at // per)
             o = self._site_opts(_part_opts(opts, at, len(part)), False, real)
             if lead is None:
                 results += self._call(h, fn, part, copy or n > per, o)
@@ -204,6 +207,12 @@ class Group:
             leaf.fill(t, self.device)
         self._check(fn(h, n, ins, ctypes.byref(opts), outs))
         return [_result(leaf, t, copy) for leaf, t in zip(leaves, outs)]
+
+    def _name_site(self, objects, part=0):
+        """Tell libdeval the site of the next call for metrics: where the user's code made
+        the gather under way (_sites.py), where it is one of an eval_loop's batch."""
+        if self._sites is not None:
+            _lib.dv_site_next(self._h, int(objects), self._sites.site(int(objects), part))
 
     def _site_opts(self, opts, objects, real):
         """opts for the next call for metrics in a pass by position: where it is past the
@@ -273,11 +282,17 @@ class Group:
 
     def gather_for_metrics(self, x, copy=True, use_gather_object=False, pad_index=0,
                            pad_first=False):
+        lp = _loop.ACTIVE[-1] if self._in_pass and _loop.ACTIVE else None
+        if lp is not None and getattr(lp, "g", None) is self:
+            lp.sites.enter()  # (its calls name their sites: _name_site())
+            self._sites = lp.sites
         try:
             out = self._gather_for_metrics(x, copy, use_gather_object, pad_index, pad_first)
         except InvalidArgument as e:  # (the binding's own checks: every rank learns them)
             self._refuse(e)
             raise
+        finally:
+            self._sites = None
         if _loop.ACTIVE:  # (a metric updated with it takes every rank's rows as they are)
             _loop.ACTIVE[-1].gathered.append(out)
         return out
@@ -315,6 +330,7 @@ class Group:
         # in a pass with keys, the tensors that are the batch's own data: duplicates repeat
         # them (and libdeval, not this rank, checks rows per sample: k whole rows each)
         mask = _data_mask(x, self._batch_ids) if keyed and self._batch_ids else 0
+        self._name_site(False)
         if self._addr and copy and not use_gather_object and by_samples is None and (
                 real is None or _lib.dv_site_counted(self._h, 0)):
             if type(pad_index) is int and pad_index == 0 and not pad_first:
@@ -340,6 +356,7 @@ class Group:
             opts = self._make_opts(pad_index, pad_first)
             opts.same_rows = mask
         if objects:
+            self._name_site(True)
             opts = self._site_opts(opts, True, real)
         if objects and by_samples:  # k items a sample: one object each, flattened back
             k = len(x) // by_samples

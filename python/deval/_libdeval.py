@@ -159,6 +159,7 @@ def _load():
         "dv_calls": ([G], ctypes.c_uint32),
         "dv_uncount": ([G, ctypes.c_uint32], None),
         "dv_site_counted": ([G, ctypes.c_int], ctypes.c_int),
+        "dv_site_next": ([G, ctypes.c_int, ctypes.c_int64], ctypes.c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from . import _collate, _loop, _progress, _roots
+from . import _collate, _loop, _progress, _roots, _sites
 from ._errors import Error, InvalidArgument, Mismatch
 from ._libdeval import _REDUCTIONS, _lib, _Tensor
 from ._tensors import _NP_TO_DEVAL, _fill
@@ -56,7 +56,7 @@ class _LoopPass:
         self.samples = None  # how many samples the current batch holds, when known
         self.counted = None  # the same, where each of the batch's tensors says it (no keys)
         self.gathered = []  # what the current batch's gathers for metrics returned
-        self.calls = [0, 0]  # the current batch's gathers for metrics: tensors, objects
+        self.sites = _sites.Sites()  # where its gathers for metrics are made (_sites.py)
         self.rows_per_sample = {}  # each call's, in the batches so far (same_rows_per_sample)
         self.seq = None  # which of this process's loops it is
         self.progress = False  # eval_loop's progress argument (_progress.py)
@@ -279,7 +279,7 @@ class _LoopPass:
         self.real = None
         self.lost = None  # why this batch's padding cannot be told from its samples (_reordered)
         self.gathered = []
-        self.calls = [0, 0]
+        self.sites.batch(_sites.loop_frame())
         self.current = batch
         self.pad_now = False
         if self.keys is not None and self.broken is None:
@@ -370,7 +370,8 @@ class _LoopPass:
         _loop.LOOPS[0] += 1
         self.seq = _loop.LOOPS[0]
         self.ident = _loop.loader_number(self.loader)
-        _loop.ACTIVE.append(self)
+        active = _loop.ACTIVE  # (held: a loop left open is closed when modules are gone)
+        active.append(self)
         self.bar = _progress.Bar(self.g, self.progress) if self.progress else None
         ended = False
         try:
@@ -379,7 +380,7 @@ class _LoopPass:
         finally:
             if self.bar is not None:
                 self.bar.close(ended)
-            _loop.ACTIVE.remove(self)
+            active.remove(self)
             if self.refused is not None and self.g._h:  # (_refuse() stopped the fast path)
                 self.g._addr = self.g._h.value if self.g._fast is not None else 0
 
@@ -464,6 +465,8 @@ class _LoopPass:
         try:
             for _ in range(missed):
                 self.batches += 1
+                self.gathered = []
+                self.sites.batch(_sites.loop_frame())
                 self._declare()
                 yield pad
         except GeneratorExit:
@@ -515,13 +518,13 @@ class Opaque:
         self.real = self.samples = self.seq = self.n = None
         self.batches = 0
         self.gathered = []  # what this batch's gathers for metrics returned
-        self.calls = [0, 0]  # the current batch's gathers for metrics: tensors, objects
+        self.sites = _sites.Sites()  # where its gathers for metrics are made (_sites.py)
         self.rows_per_sample = {}  # each call's, in the batches so far (same_rows_per_sample)
 
     def batch(self, batch):
         self.batches += 1
         self.gathered = []
-        self.calls = [0, 0]
+        self.sites.batch(_sites.loop_frame())
 
     def holds_gathered(self, args, kwargs):
         return holds_gathered(self.gathered, self.samples, args, kwargs)
@@ -539,13 +542,13 @@ class Opaque:
 
 
 def same_rows_per_sample(lp, objects, ks):
-    """The rows per sample of each tensor (or of the objects) of the batch's next gather for
-    metrics, ks (_nest._check_batch_rows()), must be those of the same call in the batches of
-    lp before: rows whose count per sample changes from batch to batch (tokens flattened
-    across the batch, which a batch may hold a multiple of by chance) are not k per sample,
-    and cutting the padding's k by position would keep the wrong rows. Return ks."""
-    at = (objects, lp.calls[objects])
-    lp.calls[objects] += 1
+    """The rows per sample of each tensor (or of the objects) of the batch's gather for
+    metrics under way (lp.sites.call), ks (_nest._check_batch_rows()), must be those of the
+    same call in the batches of lp before: rows whose count per sample changes from batch to
+    batch (tokens flattened across the batch, which a batch may hold a multiple of by chance)
+    are not k per sample, and cutting the padding's k by position would keep the wrong rows.
+    Return ks."""
+    at = (objects, lp.sites.call)
     before = lp.rows_per_sample.setdefault(at, ks)
     if len(before) == len(ks):
         for (where, k), (_, was) in zip(ks, before):

@@ -257,6 +257,7 @@ def _make_methods(st):
     def gather_for_metrics(input_data, use_gather_object=False):
         lp = st.innermost()
         if isinstance(lp, _Dispatched):  # Accelerate's own, over deval's gather
+            lp.sites.enter()
             objects = use_gather_object or not _all_tensors(input_data)
             ks = _whole_rows(g, lp, input_data, objects)
             own = _METHODS_ORIG[(_patched_class(st.accelerator), "gather_for_metrics")]

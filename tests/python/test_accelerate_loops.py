@@ -337,6 +337,69 @@ def test_a_break_at_max_steps_where_a_shard_ends_is_no_error(daemon, monkeypatch
     assert res == [list(range(24))] * 3
 
 
+def some_batches_rank(rank, world, port, name, keyed, when, enable, even=True):
+    """A loop that also gathers the batch's inputs for a logger in some batches only: on the
+    first (before its predictions), on every other one (after them), on the second, or on
+    the last (before them); every gather through one helper, as loops write it. 29 samples,
+    3 ranks of 4 a batch, map-style or a sized iterable Accelerate shards."""
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(even_batches=even))
+    if enable:
+        deval.accelerate.enable(acc, group=name)
+    data = torch.arange(29) if keyed else Counted(29)
+    loader = acc.prepare(DataLoader(data, batch_size=4))
+
+    def gather(t):
+        return acc.gather_for_metrics(t)
+
+    got, logged = [], []
+    try:
+        for step, x in enumerate(loader):
+            if when == "first" and step == 0 or \
+                    when == "last" and acc.gradient_state.end_of_dataloader:
+                logged.append(gather(x * 10).tolist())
+            got += gather(x).reshape(-1).tolist()
+            if when == "every other" and step % 2 == 0 or when == "second" and step == 1:
+                logged.append(gather(x * 10).tolist())
+    finally:
+        if enable:
+            deval.accelerate.disable()
+    return got, logged
+
+
+@pytest.mark.parametrize("when", ["first", "every other", "second", "last"])
+@pytest.mark.parametrize("keyed", [True, False])
+def test_a_gather_made_in_some_batches_only(daemon, monkeypatch, keyed, when):
+    """Every sample once from the call made in every batch, and what plain Accelerate's
+    optional call returns. Calls were told apart by their order in the batch, so the optional
+    one shifted the others into its stream, and the close refused the loop on every rank
+    ("call 1 of each batch returned 12 distinct samples of the pass's 29"); then, told apart
+    by the line that calls the helper alone, a call of the last batch only kept the sampler's
+    padding (36 predictions for 29, no error)."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    want = run_ranks(3, some_batches_rank, free_port(), group_name("plain"), keyed, when,
+                     False, timeout=120)
+    assert want[0][0] == list(range(29))
+    res = run_ranks(3, some_batches_rank, free_port(), group_name("some"), keyed, when, True,
+                    timeout=120)
+    assert res == want
+
+
+def test_a_gather_in_some_batches_with_uneven_shards(daemon, monkeypatch):
+    """even_batches=False, a gather on every other batch: rank 2, one batch short, replays
+    the others' last one, where that gather is made; it counted the replayed batch as none
+    and raised alone after the loop that the every-batch call lacked samples. (Plain
+    Accelerate cannot run this loop: its ranks' last gathers differ in size.)"""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, some_batches_rank, free_port(), group_name("uneven"), True,
+                    "every other", True, False, timeout=120)
+    # 8 batches of 4 (the last of 1) dealt in turn: steps 0 and 2 hold batches 0-2, 6-7
+    want = (list(range(29)), [list(range(0, 120, 10)), [240, 250, 260, 270, 280]])
+    assert res == [want] * 3
+
+
 # Loops whose body gathers k rows per sample, as generate(num_return_sequences=k) returns
 # them, over an iterable Accelerate shards: (dataset, dispatch_batches, rows per sample).
 GENERATED = {
