@@ -330,7 +330,8 @@ class Group:
         # in a pass with keys, the tensors that are the batch's own data: duplicates repeat
         # them (and libdeval, not this rank, checks rows per sample: k whole rows each)
         mask = _data_mask(x, self._batch_ids) if keyed and self._batch_ids else 0
-        self._name_site(False)
+        if not objects:  # (a call of objects names its own site below)
+            self._name_site(False)
         if self._addr and copy and not use_gather_object and by_samples is None and (
                 real is None or _lib.dv_site_counted(self._h, 0)):
             if type(pad_index) is int and pad_index == 0 and not pad_first:

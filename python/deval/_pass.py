@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _collate, _loop, _progress, _roots, _sites
 from ._errors import Error, InvalidArgument, Mismatch
-from ._libdeval import _REDUCTIONS, _lib, _Tensor
+from ._libdeval import _ORDERS, _REDUCTIONS, _lib, _Tensor
 from ._tensors import _NP_TO_DEVAL, _fill
 
 _END = object()
@@ -49,6 +49,10 @@ class _LoopPass:
         self.rows = _loop.shard_rows(loader) if loader is not None and self.keys is None \
             else None
         self.dealt_by_0 = self.keys is None and _loop.dispatched(loader)
+        # samples this rank's batches held so far, where the pass deals by stride: its j-th
+        # is the pass's j*W + rank, padding from n on (eval_loop's, which opens at once)
+        self.mine = 0 if self.o == _ORDERS["strided"] and self.keys is None and \
+            self.rows is None and not self.dealt_by_0 else None
         self.dealt = 0  # samples of the iterable so far
         self.before = 0  # samples of the batches before the pass opened (no keys); None: unknown
         self.order_kept = None  # the collate keeps the draws' order (_collate); None: not told
@@ -330,6 +334,12 @@ class _LoopPass:
                 self.dealt += b
             elif self.dealt_by_0 and b is not None:
                 self.real = _loop.dispatched_real(self.loader, self.g.rank, b)
+            elif self.mine is not None and b is None:
+                self.mine = None  # (rows it cannot count: from here on, unknown)
+            elif self.mine is not None:
+                at = np.arange(self.mine, self.mine + b) * self.g.world_size + self.g.rank
+                self.real = at < self.n
+                self.mine += b
         self.batches += 1
         if self.opened:
             self._declare()

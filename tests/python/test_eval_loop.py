@@ -90,6 +90,36 @@ def test_distributed_sampler_is_strided(daemon, n, world, drop_last):
         assert sq == [i * i for i in range(keep)]
 
 
+def strided_some_batches(rank, world, sock, name, n):
+    """Each rank streams its strided share of n samples (DistributedSampler's dealing,
+    padded with the first samples), one a batch, through eval_loop by position: a gather in
+    every batch, one in the second batch only, one in the last only."""
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    per = -(-n // world)
+    mine = [i % n for i in range(per * world)][rank::world]
+    every, second, last, real = [], None, None, 0
+    loader = [np.array([i], dtype=np.int64) for i in mine]
+    for step, idx in enumerate(g.eval_loop(loader, num_samples=n, order="strided")):
+        real += int(deval.real_rows().sum())
+        every += g.gather_for_metrics(idx).tolist()
+        if step == 1:
+            second = g.gather_for_metrics(idx * 10).tolist()
+        if step == per - 1:
+            last = g.gather_for_metrics(idx * 100).tolist()
+    g.leave()
+    return every, second, last, real
+
+
+def test_a_strided_pass_knows_its_padding(daemon):
+    """A pass by position in strided order knows which of a rank's rows are the padding (its
+    j-th sample is the pass's j*W + r): real_rows() says them (it was None), and a call some
+    batch skipped is cut by them (it was refused on every rank)."""
+    n, world = 11, 3
+    res = run_ranks(world, strided_some_batches, daemon.socket, group_name("strsome"), n)
+    assert [r[:3] for r in res] == [(list(range(n)), [30, 40, 50], [900, 1000])] * world
+    assert [r[3] for r in res] == [len(range(r, n, world)) for r in range(world)]
+
+
 def bad_inputs(rank, world, sock, name):
     """Inputs a pass cannot take raise InvalidArgument on the rank that made them, and leave
     the pass on every rank (test_refusals.py): the loop's later calls raise too."""
