@@ -42,6 +42,12 @@ int dv_pass_stream(bool pass_open, const DvRequest *q) {
         return -1;
 }
 
+/** dv_pass_based() - see agree.h. */
+bool dv_pass_based(bool pass_open, const DvRequest *q) {
+        return pass_open && dv_pass_stream(pass_open, q) < 0 && (q->flags & DV_SITE_BASED) &&
+               (q->op == DV_OP_GATHER_METRICS || q->op == DV_OP_OBJECTS_METRICS);
+}
+
 #define SAME_ON_ALL(a, field, fmtspec, what)                                                      \
         do {                                                                                      \
                 for (int _k = 1; _k < (a)->world; _k++)                                           \
@@ -132,6 +138,14 @@ static int gather_opts(DvAgree *a) {
                 if (a->msg)
                         dv_pass_sites_msg(a->msg, a->msg_len, q, bad, a->call, n0, nk);
                 return r;
+        }
+        if (metrics && dv_pass_based(a->pass_open, &q[0])) { /* (said by each rank) */
+                for (int k = 0; k < a->world; k++)
+                        if (q[k].base_total < 0 || q[k].base_total > (1ll << 50) ||
+                            q[k].base_rows < 0 || q[k].base_rows > (1ll << 50))
+                                return malformed(a, k, "request");
+                SAME_ON_ALL(a, base_total, "%" PRId64,
+                            "how many samples of the eval pass came before this batch");
         }
         bool stream = dv_pass_stream(a->pass_open, &q[0]) >= 0;
         if (!stream) /* in a pass, the pass's order is the order */

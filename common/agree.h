@@ -38,3 +38,6 @@ int dv_agree(DvAgree *a);
 int dv_agree_fail(DvAgree *a, int status, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 int dv_pass_stream(bool pass_open, const DvRequest *q);
+/* Whether q (every rank's alike, once agreed) is a call of an open pass that no stream counts
+ * and that says where its batch starts (DV_SITE_BASED): dv_pass_plan_based() plans it. */
+bool dv_pass_based(bool pass_open, const DvRequest *q);

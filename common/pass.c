@@ -138,6 +138,18 @@ void dv_pass_plan(const DvPassCounts *c, const int64_t *rows, int world, int str
         in->pass_rows = &rows[stream * world];
 }
 
+/* dv_pass_plan_based() - see pass.h. */
+void dv_pass_plan_based(int order, int64_t num_samples, const DvRequest *q, int world,
+                        int64_t *rows, DvPlanInput *in) {
+        in->in_pass = true;
+        in->order = order;
+        in->num_samples = num_samples;
+        in->pass_total = q[0].base_total;
+        for (int k = 0; k < world; k++)
+                rows[k] = q[k].base_rows;
+        in->pass_rows = rows;
+}
+
 /* dv_pass_counts_valid() - see pass.h. */
 bool dv_pass_counts_valid(const DvPassCounts *c, const int64_t *rows, int world) {
         for (int st = 0; st < DV_PASS_STREAMS; st++)
@@ -201,7 +213,8 @@ int dv_pass_init(DvPass *ps, int world) {
         *ps = (DvPass){.world = world};
         ps->rows = calloc((size_t)DV_PASS_STREAMS * (size_t)world, sizeof(int64_t));
         ps->parked = calloc((size_t)world, sizeof(bool));
-        if (!ps->rows || !ps->parked) {
+        ps->base = calloc((size_t)world, sizeof(int64_t));
+        if (!ps->rows || !ps->parked || !ps->base) {
                 dv_pass_deinit(ps);
                 return DEVAL_ENOMEM;
         }
@@ -211,8 +224,10 @@ int dv_pass_init(DvPass *ps, int world) {
 void dv_pass_deinit(DvPass *ps) {
         free(ps->rows);
         free(ps->parked);
+        free(ps->base);
         ps->rows = NULL;
         ps->parked = NULL;
+        ps->base = NULL;
 }
 
 /* dv_pass_reset() - see pass.h. */
@@ -305,8 +320,8 @@ void dv_pass_failed(DvPass *ps, int status, uint32_t call, uint32_t op, const ch
 int dv_pass_sites(const DvRequest *q, int world, int *bad) {
         for (int k = 0; k < world; k++) {
                 *bad = k;
-                if (q[k].site != q[0].site ||
-                    (q[k].flags & DV_SITE_UNCOUNTED) != (q[0].flags & DV_SITE_UNCOUNTED))
+                uint32_t how = DV_SITE_UNCOUNTED | DV_SITE_BASED;
+                if (q[k].site != q[0].site || (q[k].flags & how) != (q[0].flags & how))
                         return DEVAL_EMISMATCH;
         }
         return 0;

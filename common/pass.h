@@ -21,6 +21,7 @@ typedef struct {
         int world;
         DvPassCounts c;
         int64_t *rows; /* [stream * world + rank]: the samples each rank gave so far */
+        int64_t *base; /* [world]: a based call's starts (dv_pass_plan_based()) */
         bool *parked;  /* [world]: ended its pass while others had not (dv_pass_park()) */
         int nparked;
         /* the first failure of a step that answered for parked ranks: theirs at the close */
@@ -68,6 +69,14 @@ void dv_pass_failed(DvPass *ps, int status, uint32_t call, uint32_t op, const ch
  */
 void dv_pass_plan(const DvPassCounts *c, const int64_t *rows, int world, int stream,
                   DvPlanInput *in);
+
+/*
+ * The same for a gather of every rank's request q[world] that no stream counts but says where
+ * its batch starts (dv_pass_based()): as a counted stream's that held base_total samples,
+ * base_rows of each rank's (into rows[world]), in a pass of order and num_samples.
+ */
+void dv_pass_plan_based(int order, int64_t num_samples, const DvRequest *q, int world,
+                        int64_t *rows, DvPlanInput *in);
 
 /*
  * Counters as a rank left them in shared memory: every stream's consistent (each rank's count

@@ -317,15 +317,23 @@ static int plan_order(const DvPlanInput *in, DvPlan *p) {
         for (int64_t t = tmin; t < tend && p->samples < keep; t++) {
                 if (in->in_pass && t * W >= in->num_samples)
                         break;
+                int64_t next = INT64_MAX; /* the next t some rank's rows start at */
                 for (int k = 0; k < W && p->samples < keep; k++) {
                         int64_t base = in->in_pass ? in->pass_rows[k] : 0;
-                        if (t < base || t >= base + p->contributed[k])
+                        if (t < base || t >= base + p->contributed[k]) {
+                                if (t < base && p->contributed[k])
+                                        next = DV_MIN(next, base);
                                 continue;
+                        }
+                        next = t + 1;
                         if (in->in_pass && t * W + k >= in->num_samples)
                                 break;
                         if ((r = run_add(p, k, t - base, 1)) < 0)
                                 return r;
                 }
+                if (next == INT64_MAX)
+                        break;
+                t = next - 1; /* (ranks' rows far apart: the gap, skipped) */
         }
         return 0;
 }
@@ -546,7 +554,9 @@ void dv_req_empty(DvRequest *q, const DvRequest *tmpl, uint32_t seq) {
         q->root = tmpl->root;
         q->dim = tmpl->dim;
         q->site = tmpl->site;
-        q->flags = tmpl->flags & DV_SITE_UNCOUNTED; /* (the same call, uncounted alike) */
+        /* (the same call, uncounted alike, from where the others start: it adds no rows) */
+        q->flags = tmpl->flags & (DV_SITE_UNCOUNTED | DV_SITE_BASED);
+        q->base_total = tmpl->base_total;
         q->batch = tmpl->batch;
         bool gather = tmpl->op != DV_OP_PAD;
         for (uint32_t i = 0; i < q->ntensors; i++) {

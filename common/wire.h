@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  13
+#define DV_PROTO_VERSION  14
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -334,7 +334,7 @@ typedef struct {
         int64_t num_samples;
         int32_t status; /* < 0: this rank could not stage its input; the step fails */
         uint32_t site;  /* *_METRICS in an eval pass: which call of the batch */
-        uint32_t flags; /* DV_OP_EVAL_END: DV_END_*; *_METRICS: DV_SITE_UNCOUNTED */
+        uint32_t flags; /* DV_OP_EVAL_END: DV_END_*; *_METRICS: DV_SITE_* */
         uint32_t batch; /* deval_eval_batch() calls since the pass began */
         /* the rank's collective calls so far, this one included: what messages name. seq is
          * the step's; a step turned back unrun is posted again under the next seq, and a
@@ -344,6 +344,10 @@ typedef struct {
          * did not call: the close does not ask it for every sample */
         uint32_t partial;
         uint64_t staged_bytes; /* with status: how much it tried to stage */
+        /* *_METRICS with DV_SITE_BASED: where the call's batch starts in the pass, as a
+         * counted site says it: the pass's samples before it, and this rank's */
+        int64_t base_total;
+        int64_t base_rows;
         char why[256]; /* with status, or DV_END_LEFT: the rank's own words (untrusted text) */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
 } DvRequest;
@@ -368,6 +372,10 @@ typedef struct {
  * call (libclient/sites.h), so its rows no longer follow the loop's samples: no stream counts
  * it, and valid_rows says the rank's real rows, as for a call past DV_PASS_SITES. */
 #define DV_SITE_UNCOUNTED 1u
+/* *_METRICS in a pass by position, at a site no stream counts: the request says where its
+ * batch starts (base_total, base_rows), and the step cuts its rows at the pass's end as a
+ * counted stream's at that point (dv_pass_plan_based()); no counter moves. */
+#define DV_SITE_BASED 2u
 /* Any op: the rank's input also lies in its slot's inline bytes, at the offsets of its
  * descriptors, so a rank may run the step (see DvFast). */
 #define DV_REQ_INLINE 0x100u

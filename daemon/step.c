@@ -130,6 +130,9 @@ static void plan_input(Step *s, int n, const DvShape *shapes, const int64_t *val
                             .max_out = g->d->max_group_bytes};
         if (stream >= 0)
                 dv_pass_plan(&g->work.pass.c, g->work.pass.rows, g->world, stream, in);
+        else if (dv_pass_based(g->work.pass.open, q))
+                dv_pass_plan_based(g->work.pass.c.order, g->work.pass.c.num_samples, s->reqs,
+                                   g->world, g->work.pass.base, in);
 }
 
 static void pass_advance(Group *g, const DvRequest *q, const DvPlan *p) {

@@ -65,6 +65,9 @@ static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
                 if ((r = dev ? dv_view_of_dev(g, fn, &res->t[i], &out[i])
                              : dv_view_of(g, fn, &res->t[i], &out[i])) < 0)
                         return r;
+        if (op == DV_OP_GATHER_METRICS) /* (its samples: tensor 0's rows, a 0-d one's one) */
+                dv_sites_done(&g->sites, in[0].ndim ? in[0].shape[0] : 1,
+                              out[0].ndim ? out[0].shape[0] : 1);
         return 0;
 }
 
@@ -241,6 +244,8 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
             (r = dv_view_of(g, fn, &res->t[1], &ob)) < 0 || ol.dtype != DEVAL_I64 ||
             ob.dtype != DEVAL_U8)
                 return r < 0 ? r : dv_set_err(g, DEVAL_EPROTO, "%s: malformed result", fn);
+        if (op == DV_OP_OBJECTS_METRICS)
+                dv_sites_done(&g->sites, (int64_t)n, ol.shape[0]);
         size_t count = (size_t)ol.shape[0];
         if (count > g->items_cap) {
                 deval_bytes *p = realloc(g->items, DV_MAX(count, (size_t)1) * sizeof(*p));

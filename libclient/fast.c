@@ -223,6 +223,13 @@ static bool fast_gather(deval_group *g, const DvRequest *q, bool pass_open, bool
                     !dv_pass_counts_ok(&rows[at], W, c.total[stream]))
                         return false;
                 dv_pass_plan(&c, rows, W, stream, &in); /* which reads the stream's alone */
+        } else if (dv_pass_based(pass_open, &q[0])) {   /* (agreed: every rank's request is) */
+                int64_t *rows = scratch(g, 5, (size_t)W * sizeof(*rows));
+                int order = sh->c.order;
+                int64_t num = sh->c.num_samples;
+                if (!rows || num < 0 || (order != DEVAL_ORDER_RANK && order != DEVAL_ORDER_STRIDED))
+                        return false;
+                dv_pass_plan_based(order, num, q, W, rows, &in);
         }
         if (dv_plan_gather(&in, p) < 0 || (!direct && p->out_end > g->fast.out_size))
                 return false;

@@ -15,14 +15,13 @@ void dv_sites_batch(DvSites *s) {
         s->batch++;
         s->next[0] = s->next[1] = 0;
         s->named[0] = s->named[1] = -1;
+        s->pending = SIZE_MAX;
 }
 
 /** dv_sites_free() - see sites.h. */
 void dv_sites_free(DvSites *s) {
-        free(s->uses);
-        free(s->last);
-        free(s->gap);
-        *s = (DvSites){.named = {-1, -1}};
+        free(s->st);
+        *s = (DvSites){.named = {-1, -1}, .taken = SIZE_MAX, .pending = SIZE_MAX};
 }
 
 /** dv_sites_name() - see sites.h. */
@@ -39,12 +38,12 @@ uint32_t dv_sites_peek(const DvSites *s, int objects) {
 /* Whether stream st, called now, has called in every batch of the pass. */
 static bool whole_now(const DvSites *s, size_t st) {
         uint32_t batch = s->batch;
-        if (st >= s->n || !s->uses[st])
+        if (st >= s->n || !s->st[st].uses)
                 return batch <= 1; /* its first call: whole only in the pass's first batch */
-        if (s->gap[st])
+        const DvSiteStream *t = &s->st[st];
+        if (t->gap)
                 return false;
-        uint32_t uses = s->uses[st] + (s->last[st] != batch);
-        return uses >= batch;
+        return t->uses + (t->last != batch) >= batch;
 }
 
 /** dv_sites_whole_next() - see sites.h. */
@@ -55,24 +54,15 @@ bool dv_sites_whole_next(const DvSites *s, int objects) {
 static int grow(DvSites *s, size_t st) {
         size_t n = s->n ? s->n : 8;
         while (n <= st) {
-                if (n > SIZE_MAX / 2 / sizeof(uint32_t))
+                if (n > SIZE_MAX / 2 / sizeof(DvSiteStream))
                         return DEVAL_ENOMEM;
                 n *= 2;
         }
-        uint32_t *uses = realloc(s->uses, n * sizeof(*uses));
-        if (uses)
-                s->uses = uses;
-        uint32_t *last = realloc(s->last, n * sizeof(*last));
-        if (last)
-                s->last = last;
-        bool *gap = realloc(s->gap, n * sizeof(*gap));
-        if (gap)
-                s->gap = gap;
-        if (!uses || !last || !gap)
+        DvSiteStream *p = realloc(s->st, n * sizeof(*p));
+        if (!p)
                 return DEVAL_ENOMEM;
-        memset(uses + s->n, 0, (n - s->n) * sizeof(*uses));
-        memset(last + s->n, 0, (n - s->n) * sizeof(*last));
-        memset(gap + s->n, 0, (n - s->n) * sizeof(*gap));
+        memset(p + s->n, 0, (n - s->n) * sizeof(*p));
+        s->st = p;
         s->n = n;
         return 0;
 }
@@ -88,12 +78,15 @@ int dv_sites_take(DvSites *s, int objects, uint32_t *ret_site, bool *ret_whole) 
                         return r;
         }
         bool whole = whole_now(s, st);
-        if (s->last[st] != s->batch) {
-                s->gap[st] = !whole;
-                s->uses[st]++;
-                s->last[st] = s->batch;
+        DvSiteStream *t = &s->st[st];
+        if (t->last != s->batch) {
+                t->gap = !whole;
+                t->uses++;
+                t->last = s->batch;
         }
         s->named[kind] = -1;
+        s->taken = st;
+        s->pending = SIZE_MAX;
         if (site >= s->next[kind])
                 s->next[kind] = site + 1; /* (an unnamed call after a named one: the next) */
         *ret_site = site;
@@ -103,9 +96,9 @@ int dv_sites_take(DvSites *s, int objects, uint32_t *ret_site, bool *ret_whole) 
 
 /** dv_sites_whole() - see sites.h. */
 bool dv_sites_whole(const DvSites *s, size_t stream) {
-        if (stream >= s->n || !s->uses[stream])
+        if (stream >= s->n || !s->st[stream].uses)
                 return true;
-        return !s->gap[stream] && s->uses[stream] >= s->batch;
+        return !s->st[stream].gap && s->st[stream].uses >= s->batch;
 }
 
 /** dv_sites_partial() - see sites.h. */
@@ -116,4 +109,47 @@ uint32_t dv_sites_partial(const DvSites *s, uint32_t nsites) {
                         if (!dv_sites_whole(s, DV_SITE_STREAM(site, objects)))
                                 mask |= 1u << (objects ? nsites + site : site);
         return mask;
+}
+
+/** dv_sites_counts() - see sites.h. */
+void dv_sites_counts(DvSites *s, int64_t valid_rows) {
+        s->pending = s->taken;
+        s->pending_valid = valid_rows;
+}
+
+/** dv_sites_done() - see sites.h. */
+void dv_sites_done(DvSites *s, int64_t own, int64_t kept) {
+        size_t st = s->pending;
+        s->pending = SIZE_MAX;
+        if (st >= s->n)
+                return; /* (a call no stream counts) */
+        if (s->pending_valid >= 0 && s->pending_valid < own)
+                own = s->pending_valid;
+        DvSiteStream *t = &s->st[st];
+        if (t->done_last != s->batch) {
+                t->done++;
+                t->done_last = s->batch;
+                t->kept_before = t->kept;
+                t->own_before = t->own;
+        }
+        t->kept += kept;
+        t->own += own;
+}
+
+/** dv_sites_base() - see sites.h. */
+bool dv_sites_base(const DvSites *s, uint32_t nsites, int64_t *kept, int64_t *own) {
+        uint32_t before = s->batch ? s->batch - 1 : 0;
+        *kept = *own = 0;
+        if (!before)
+                return true; /* the first batch starts the pass */
+        for (size_t st = 0; st < s->n && st < 2 * (size_t)nsites; st++) {
+                const DvSiteStream *t = &s->st[st];
+                bool now = t->done_last == s->batch;
+                if (t->gap || t->done - now != before)
+                        continue; /* (a batch before did not count a call there) */
+                *kept = now ? t->kept_before : t->kept;
+                *own = now ? t->own_before : t->own;
+                return true;
+        }
+        return false;
 }

@@ -15,14 +15,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* One stream of a pass's sites. */
 typedef struct {
-        uint32_t batch;   /* the pass's batches so far, replayed ones too: the current one */
-        uint32_t next[2]; /* the site of the batch's next call when none is named */
-        int64_t named[2]; /* the site named for the next call; -1: none */
-        uint32_t *uses;   /* [stream]: the pass's batches that called there */
-        uint32_t *last;   /* [stream]: the last of them (its batch number) */
-        bool *gap;        /* [stream]: a batch before its last did not call there */
-        size_t n;         /* streams allocated */
+        uint32_t uses; /* the pass's batches that called there */
+        uint32_t last; /* the last of them (its batch number) */
+        bool gap;      /* a batch before its last did not call there */
+        /* where its calls were counted (dv_sites_done()): the batches whose call gave a
+         * result, the last of them, and what the stream held before it and after it */
+        uint32_t done, done_last;
+        int64_t kept, own;               /* the pass's samples it returned; this rank's */
+        int64_t kept_before, own_before; /* the same before the batch done_last */
+} DvSiteStream;
+
+typedef struct {
+        uint32_t batch;        /* the pass's batches so far, replayed ones too: the current one */
+        uint32_t next[2];      /* the site of the batch's next call when none is named */
+        int64_t named[2];      /* the site named for the next call; -1: none */
+        DvSiteStream *st;      /* [n]: by DV_SITE_STREAM() */
+        size_t n;              /* streams allocated */
+        size_t taken;          /* the stream of the last call taken (dv_sites_take()) */
+        size_t pending;        /* the same while it is under way, where it counts; else SIZE_MAX */
+        int64_t pending_valid; /* its valid_rows */
 } DvSites;
 
 /* The stream of a site, for tensors or objects: as many as memory holds. */
@@ -50,3 +63,18 @@ bool dv_sites_whole(const DvSites *s, size_t stream);
 /* The streams of the first nsites sites of each kind that some batch of the pass did not
  * call, as a pass's counters number them (tensors' sites, then objects'). */
 uint32_t dv_sites_partial(const DvSites *s, uint32_t nsites);
+/*
+ * The call just taken is one the pass counts by position (valid_rows: the rows of its input
+ * it said real; -1: all), and its result will hold every sample the step kept.
+ */
+void dv_sites_counts(DvSites *s, int64_t valid_rows);
+/* The call under way returned: own samples of this rank's input, kept samples in all. */
+void dv_sites_done(DvSites *s, int64_t own, int64_t kept);
+/*
+ * Where the current batch starts in a pass counted by position, for a call no stream counts
+ * (one past the first nsites sites of a kind, or at a site some batch skipped): *kept, the
+ * pass's samples before it, and *own, this rank's, as the first of the first nsites sites
+ * whose calls every batch before made and counted says them (none before the first batch).
+ * Return: false where no site says them.
+ */
+bool dv_sites_base(const DvSites *s, uint32_t nsites, int64_t *kept, int64_t *own);

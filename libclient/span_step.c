@@ -78,6 +78,9 @@ static void plan_input(DvSpan *sp, int W, int n, DvPlanInput *in) {
                             .max_out = sp->max_out};
         if (stream >= 0)
                 dv_pass_plan(&sp->pass.c, sp->pass.rows, W, stream, in);
+        else if (dv_pass_based(sp->pass.open, q))
+                dv_pass_plan_based(sp->pass.c.order, sp->pass.c.num_samples, q, W, sp->pass.base,
+                                   in);
 }
 
 static void pass_advance(DvSpan *sp, int W, const DvPlan *p) {

@@ -94,9 +94,10 @@ int dv_req_start(deval_group *g, uint32_t op, DvRequest **ret) {
  * counts none of them); a pass that counts samples by position keeps DV_PASS_SITES counters
  * per batch in the group's control segment. A call past them, or at a site that some batch
  * before did not call (whose count no longer follows the loop's samples), is gathered
- * uncounted, so it takes the rank's real rows from the caller (valid_rows: the batch's
- * samples that are not padding, as the counted calls found them); without them it is
- * refused, by every rank alike since every rank makes the same calls.
+ * uncounted: it says where its batch starts in the pass (DV_SITE_BASED), as a site that every
+ * batch before called counted it (dv_sites_base()), and the step cuts its rows as that site's
+ * own; where none did, it takes the rank's real rows from the caller (valid_rows), and is
+ * refused without them, by every rank alike since every rank makes the same calls.
  */
 int dv_req_site(deval_group *g, const char *fn, DvRequest *q) {
         int kind = q->op == DV_OP_OBJECTS_METRICS;
@@ -108,32 +109,33 @@ int dv_req_site(deval_group *g, const char *fn, DvRequest *q) {
         bool whole;
         if (dv_sites_take(&g->sites, kind, &site, &whole) < 0)
                 return dv_set_err(g, DEVAL_ENOMEM, "%s: out of memory", fn);
-        if (!g->ident && site >= DV_PASS_SITES && q->valid_rows < 0)
-                return dv_set_err(g, DEVAL_EINVAL,
-                                  "%s: more than %d calls in one batch of an eval pass that "
-                                  "counts samples by position (its batches carry no dataset "
-                                  "indices) and no valid_rows: a call past the %d it counts "
-                                  "must say which of the rank's rows are real. Gather the "
-                                  "batch's tensors in fewer calls (a tuple or dict is one "
-                                  "call), or iterate a map-style dataset through a DataLoader, "
-                                  "whose pass takes any number",
-                                  fn, DV_PASS_SITES, DV_PASS_SITES);
-        if (!g->ident && !whole && q->valid_rows < 0)
-                return dv_set_err(g, DEVAL_EINVAL,
-                                  "%s: call %u of batch %u is made where batch %u or one before "
-                                  "made none, in an eval pass that counts samples by position "
-                                  "(its batches carry no dataset indices): such a call must say "
-                                  "which of the rank's rows are real (valid_rows), which this "
-                                  "loader does not tell. Make the call in every batch, or "
-                                  "iterate a map-style dataset through a DataLoader, whose pass "
-                                  "takes calls made in some batches only",
-                                  fn, site + 1, g->sites.batch, g->sites.batch - 1);
-        if (!g->ident && (site >= DV_PASS_SITES || !whole))
-                q->order = g->pass_order; /* uncounted: the pass's order, as its counted calls */
-        if (!g->ident && !whole)
-                q->flags |= DV_SITE_UNCOUNTED;
         q->site = site;
-        return 0;
+        if (g->ident)
+                return 0;
+        if (site < DV_PASS_SITES && whole) {
+                if (q->root < 0 && q->keep_rows < 0) /* (a result with every sample kept) */
+                        dv_sites_counts(&g->sites, q->valid_rows);
+                return 0;
+        }
+        q->order = g->pass_order; /* uncounted: the pass's order, as its counted calls */
+        if (!whole)
+                q->flags |= DV_SITE_UNCOUNTED;
+        if (dv_sites_base(&g->sites, DV_PASS_SITES, &q->base_total, &q->base_rows)) {
+                q->flags |= DV_SITE_BASED;
+                return 0;
+        }
+        if (q->valid_rows >= 0)
+                return 0;
+        return dv_set_err(g, DEVAL_EINVAL,
+                          "%s: call %u of batch %u is one that no counter of this eval pass "
+                          "counts (the pass counts samples by position, its batches carry no "
+                          "dataset indices, and this call is %s), and no call of the batch "
+                          "was made in every batch before it, which would say where the "
+                          "batch's samples start: such a call must say which of the rank's "
+                          "rows are real (valid_rows). Make one call in every batch, or "
+                          "iterate a map-style dataset through a DataLoader",
+                          fn, site + 1, g->sites.batch,
+                          whole ? "past the ones it counts" : "at a site a batch before skipped");
 }
 
 void dv_desc_set(DvTensorDesc *d, const deval_tensor *t, uint64_t offset, uint64_t bytes) {

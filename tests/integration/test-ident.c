@@ -445,6 +445,25 @@ static void test_padding_keys_are_dropped(void **state) {
         assert_int_equal(harness_run(&H, WORLD, rank_padding_keys, NULL, 30), 0);
 }
 
+/* A call's result out in batch b (from 0): want rows, first, first + 1, ... in turn. */
+static int rows_from(const char *what, int b, const deval_tensor *out, int64_t want,
+                     int64_t first) {
+        const int64_t *got = out->data;
+        CHECK(out->shape[0] == want, "%s, batch %d: %lld rows, not %lld", what, b + 1,
+              (long long)out->shape[0], (long long)want);
+        for (int64_t j = 0; j < want; j++)
+                CHECK(got[j] == first + j, "%s, batch %d row %lld: %lld", what, b + 1, (long long)j,
+                      (long long)got[j]);
+        return 0;
+}
+
+/* Rank rank's two rows of batch b (from 0), strided: the pass's (2b + j)*world + rank. */
+static deval_tensor strided_rows(int64_t v[2], int b, int world, int rank) {
+        v[0] = 2 * b * world + rank;
+        v[1] = (2 * b + 1) * world + rank;
+        return (deval_tensor){.data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1};
+}
+
 /*
  * More calls per batch than the counted sites (DV_PASS_SITES, 16), tensors and objects alike:
  * in a pass with keys each call is its own stream, returns each key once in key order, and
@@ -492,46 +511,35 @@ static int rank_many_calls(const Harness *h, int rank, int world, void *arg) {
         for (int call = 0; call < MANY; call++)
                 for (int key = 0; key < N; key++)
                         CHECK(seen[call][key], "call %d never returned key %d", call, key);
-        /* by position: 16 counted calls, and the 17th refused here as on every rank */
-        CHECK_OK(deval_eval_begin(g, N, DEVAL_ORDER_STRIDED), g);
-        CHECK_OK(deval_eval_batch(g), g);
-        int64_t v[2] = {rank, rank};
-        deval_tensor in = {.data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1};
-        deval_tensor out;
-        for (int call = 0; call < 16; call++)
-                CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
-        CHECK(deval_gather_for_metrics(g, 1, &in, NULL, &out) == DEVAL_EINVAL &&
-                      strstr(deval_errmsg(g), "more than 16 calls") &&
-                      strstr(deval_errmsg(g), "by position") &&
-                      strstr(deval_errmsg(g), "valid_rows"),
-              "call 17: %s", deval_errmsg(g));
-        CHECK_OK(deval_eval_end(g), g);
-        /* 2*world - 1 samples, strided: the last rank's second row is padding, which the
-         * counted calls drop by position and the later ones by the valid_rows said */
-        CHECK_OK(deval_eval_begin(g, 2 * world - 1, DEVAL_ORDER_STRIDED), g);
-        CHECK_OK(deval_eval_batch(g), g);
-        int64_t mine[2] = {rank, world + rank};
-        in.data = mine;
-        int64_t first[2 * WORLD];
-        int64_t rows = -1;
-        for (int call = 0; call < DEVAL_PASS_SITES + 4; call++) {
-                deval_gather_opts o = DEVAL_GATHER_OPTS_INIT; /* (rank order: the pass's is
-                                                                 * what counts) */
-                if (call >= DEVAL_PASS_SITES)
-                        o.valid_rows = rank == world - 1 ? 1 : 2;
-                CHECK_OK(deval_gather_for_metrics(g, 1, &in, &o, &out), g);
-                const int64_t *got = out.data;
-                if (call == 0) {
-                        rows = out.shape[0];
-                        CHECK(rows == 2 * world - 1, "call 0: %lld rows", (long long)rows);
-                        memcpy(first, got, (size_t)rows * sizeof(*got));
+        /* by position, 3 batches of 2 rows a rank, 6*world - 1 samples in each order (the
+         * last rank's last row padding): the calls past the 16 counted start where call 0 of
+         * every batch before says, and are cut as it is; in the last batch, every other one
+         * says valid_rows too */
+        for (int order = DEVAL_ORDER_RANK; order <= DEVAL_ORDER_STRIDED; order++) {
+                int64_t n = 6 * world - 1;
+                CHECK_OK(deval_eval_begin(g, n, order), g);
+                for (int b = 0; b < 3; b++) {
+                        CHECK_OK(deval_eval_batch(g), g);
+                        int64_t v[2];
+                        deval_tensor in = strided_rows(v, b, world, rank);
+                        if (order == DEVAL_ORDER_RANK) /* (each row's place in the pass) */
+                                for (int j = 0; j < 2; j++)
+                                        v[j] = 2 * b * world + 2 * rank + j;
+                        for (int call = 0; call < DEVAL_PASS_SITES + 4; call++) {
+                                deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+                                if (b == 2 && call >= DEVAL_PASS_SITES && call % 2)
+                                        o.valid_rows = rank == world - 1 ? 1 : 2;
+                                deval_tensor out;
+                                char what[32];
+                                snprintf(what, sizeof(what), "order %d call %d", order, call + 1);
+                                CHECK_OK(deval_gather_for_metrics(g, 1, &in, &o, &out), g);
+                                if (rows_from(what, b, &out, b == 2 ? 2 * world - 1 : 2 * world,
+                                              2 * b * world))
+                                        return 1;
+                        }
                 }
-                CHECK(out.shape[0] == rows && !memcmp(got, first, (size_t)rows * sizeof(*got)),
-                      "call %d: %lld rows, not call 0's", call, (long long)out.shape[0]);
+                CHECK_OK(deval_eval_complete(g), g);
         }
-        for (int64_t j = 0; j < rows; j++)
-                CHECK(first[j] == j, "row %lld is %lld", (long long)j, (long long)first[j]);
-        CHECK_OK(deval_eval_complete(g), g);
         deval_leave(g);
         return 0;
 }
@@ -546,8 +554,9 @@ static void test_many_calls_per_batch(void **state) {
  * last rank's last row padding): call A in batches 1 and 3, call B in all three, each at the
  * site the binding names (dv_site_next(), as the Python binding names them by the user's
  * code). B is counted and checked; A, skipped in batch 2, is counted nowhere from batch 3 on:
- * there it is refused without valid_rows, then returns the real rows said; the close checks B
- * alone and passes.
+ * there it starts where B says batch 3 starts, and is cut as B; the close checks B alone and
+ * passes. Where no site was called in every batch before, A is refused without valid_rows,
+ * then returns the real rows said.
  */
 int dv_site_next(deval_group *g, int objects, int64_t site); /* (libdeval.sym's private) */
 
@@ -559,30 +568,14 @@ static int rank_partial_site(const Harness *h, int rank, int world, void *arg) {
         CHECK_OK(deval_eval_begin(g, n, DEVAL_ORDER_STRIDED), g);
         for (int b = 0; b < 3; b++) {
                 CHECK_OK(deval_eval_batch(g), g);
-                int64_t v[2] = {2 * b * world + rank, (2 * b + 1) * world + rank};
-                deval_tensor in = {
-                        .data = v, .dtype = DEVAL_I64, .ndim = 1, .shape = {2}, .device = -1};
-                deval_tensor out;
+                int64_t v[2];
+                deval_tensor in = strided_rows(v, b, world, rank), out;
                 if (b != 1) { /* call A */
-                        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
                         CHECK_OK(dv_site_next(g, 0, 0), g);
-                        if (b == 2) {
-                                CHECK(deval_gather_for_metrics(g, 1, &in, NULL, &out) ==
-                                                      DEVAL_EINVAL &&
-                                              strstr(deval_errmsg(g), "call 1 of batch 3") &&
-                                              strstr(deval_errmsg(g), "valid_rows"),
-                                      "A, batch 3: %s", deval_errmsg(g));
-                                o.valid_rows = rank == world - 1 ? 1 : 2;
-                                CHECK_OK(dv_site_next(g, 0, 0), g);
-                        }
-                        CHECK_OK(deval_gather_for_metrics(g, 1, &in, &o, &out), g);
-                        const int64_t *got = out.data;
-                        int64_t want = b == 2 ? 2 * world - 1 : 2 * world;
-                        CHECK(out.shape[0] == want, "A, batch %d: %lld rows", b + 1,
-                              (long long)out.shape[0]);
-                        for (int64_t j = 0; j < out.shape[0]; j++)
-                                CHECK(got[j] == 2 * b * world + j, "A, batch %d row %lld: %lld",
-                                      b + 1, (long long)j, (long long)got[j]);
+                        CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+                        if (rows_from("A", b, &out, b == 2 ? 2 * world - 1 : 2 * world,
+                                      2 * b * world))
+                                return 1;
                 }
                 CHECK_OK(dv_site_next(g, 0, 1), g); /* call B */
                 CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
@@ -593,6 +586,30 @@ static int rank_partial_site(const Harness *h, int rank, int world, void *arg) {
         }
         CHECK(b_next == n, "B returned %lld rows of %lld", (long long)b_next, (long long)n);
         CHECK_OK(deval_eval_complete(g), g);
+        /* no site called in every batch before batch 3 (A in 1 and 3, B in 2): nothing says
+         * where batch 3 starts, so A there is refused without valid_rows, on every rank */
+        CHECK_OK(deval_eval_begin(g, n, DEVAL_ORDER_STRIDED), g);
+        for (int b = 0; b < 3; b++) {
+                CHECK_OK(deval_eval_batch(g), g);
+                int64_t v[2];
+                deval_tensor in = strided_rows(v, b, world, rank), out;
+                CHECK_OK(dv_site_next(g, 0, b == 1), g);
+                if (b < 2) {
+                        CHECK_OK(deval_gather_for_metrics(g, 1, &in, NULL, &out), g);
+                        continue;
+                }
+                CHECK(deval_gather_for_metrics(g, 1, &in, NULL, &out) == DEVAL_EINVAL &&
+                              strstr(deval_errmsg(g), "call 1 of batch 3") &&
+                              strstr(deval_errmsg(g), "valid_rows"),
+                      "A, batch 3: %s", deval_errmsg(g));
+                deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+                o.valid_rows = rank == world - 1 ? 1 : 2;
+                CHECK_OK(dv_site_next(g, 0, 0), g);
+                CHECK_OK(deval_gather_for_metrics(g, 1, &in, &o, &out), g);
+                if (rows_from("A", b, &out, 2 * world - 1, 4 * world))
+                        return 1;
+        }
+        CHECK_OK(deval_eval_end(g), g);
         deval_leave(g);
         return 0;
 }

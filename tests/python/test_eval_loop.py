@@ -120,6 +120,40 @@ def test_a_strided_pass_knows_its_padding(daemon):
     assert [r[3] for r in res] == [len(range(r, n, world)) for r in range(world)]
 
 
+def rank_order_many_calls(rank, world, sock, name, n, extra):
+    """Each rank streams its part of n samples, one a batch, through eval_loop by position in
+    rank order (batch j's rows are the pass's next W, rank by rank; the last round pads): a
+    gather in every batch, `extra` more from one loop of the body (the calls past the 16 the
+    pass counts), one in the second batch only and one in the last only."""
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    per = -(-n // world)
+    loader = [np.array([j * world + rank], dtype=np.int64) for j in range(per)]
+    every, more, second, last = [], [[] for _ in range(extra)], None, None
+    for step, idx in enumerate(g.eval_loop(loader, num_samples=n, order="rank")):
+        every += g.gather_for_metrics(idx).tolist()
+        for k in range(extra):
+            more[k] += g.gather_for_metrics(idx * 1000 + k).tolist()
+        if step == 1:
+            second = g.gather_for_metrics(idx * 10).tolist()
+        if step == per - 1:
+            last = g.gather_for_metrics(idx * 100).tolist()
+    g.leave()
+    return every, more, second, last
+
+
+def test_a_rank_order_pass_takes_any_calls(daemon):
+    """In a pass by position in rank order no rank knows which of its rows are the padding
+    until the ranks before it have said theirs; the calls the pass does not count (past its
+    16 per batch, or at a site some batch skipped) start where a counted call of every batch
+    before says, and are cut as it is: they were refused on every rank."""
+    n, world, extra = 11, 3, 20
+    res = run_ranks(world, rank_order_many_calls, daemon.socket, group_name("rankmany"), n,
+                    extra)
+    want_more = [[i * 1000 + k for i in range(n)] for k in range(extra)]
+    assert res == [(list(range(n)), want_more, [30, 40, 50], [900, 1000])] * world
+
+
+
 def bad_inputs(rank, world, sock, name):
     """Inputs a pass cannot take raise InvalidArgument on the rank that made them, and leave
     the pass on every rank (test_refusals.py): the loop's later calls raise too."""

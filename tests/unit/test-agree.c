@@ -116,11 +116,45 @@ static void test_named_once(void **state) {
         assert_int_equal(agree(q, 2, NULL), 0);
 }
 
+/* a call of a pass no stream counts says where its batch starts: every rank alike, in range */
+static void test_where_a_batch_starts_agrees(void **state) {
+        (void)state;
+        DvRequest q[2];
+        for (int k = 0; k < 2; k++) {
+                one_tensor(&q[k], DV_OP_GATHER_METRICS, 2);
+                q[k].site = DEVAL_PASS_SITES;
+                q[k].flags = DV_SITE_BASED;
+                q[k].base_total = 12;
+                q[k].base_rows = 6;
+        }
+        DvAgree a = {.q = q,
+                     .world = 2,
+                     .call = 3,
+                     .who = who,
+                     .desc = desc,
+                     .msg = msg,
+                     .msg_len = sizeof(msg),
+                     .pass_open = true};
+        assert_int_equal(dv_agree(&a), 0);
+        q[1].base_total = 10;
+        assert_int_equal(dv_agree(&a), DEVAL_EMISMATCH);
+        assert_string_equal(msg, "collective #3 (gather_for_metrics): ranks disagree on how many "
+                                 "samples of the eval pass came before this batch: rank 0 has "
+                                 "12, rank 1 has 10");
+        q[1].base_total = 12;
+        q[1].base_rows = -1;
+        assert_int_equal(dv_agree(&a), DEVAL_EPROTO);
+        q[1].base_rows = 6;
+        q[1].flags = 0; /* (one rank says where, the other not: not the same call) */
+        assert_int_equal(dv_agree(&a), DEVAL_EMISMATCH);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_shapes_name_the_call),
                 cmocka_unit_test(test_executor_words_name_the_call),
                 cmocka_unit_test(test_named_once),
+                cmocka_unit_test(test_where_a_batch_starts_agrees),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "pass.h"
 #include "plan-cases.h"
 #include "plan.h"
 #include "util.h"
@@ -330,6 +331,55 @@ static void test_pass_drops_tail(void **state) {
         dv_plan_deinit(&p);
 }
 
+/* A call no stream counts but that says where its batch starts is planned as the counted
+ * stream's at that point: the same 10 samples over 4 ranks, from requests. */
+static void test_pass_based(void **state) {
+        (void)state;
+        DvShape sh[4];
+        int64_t valid[4] = {-1, -1, -1, -1}, base[4];
+        DvRequest q[4];
+        memset(q, 0, sizeof(q));
+        for (int r = 0; r < 4; r++) {
+                sh[r] = (DvShape){DEVAL_I32, 1, {2}};
+                q[r].flags = DV_SITE_BASED;
+                q[r].base_total = 8;
+                q[r].base_rows = 2;
+        }
+        for (int order = DEVAL_ORDER_RANK; order <= DEVAL_ORDER_STRIDED; order++) {
+                DvPlanInput in = {.world = 4,
+                                  .ntensors = 1,
+                                  .in = sh,
+                                  .valid_rows = valid,
+                                  .keep_rows = -1,
+                                  .order = DEVAL_ORDER_RANK,
+                                  .max_out = 1 << 20};
+                dv_pass_plan_based(order, 10, q, 4, base, &in);
+                DvPlan p;
+                dv_plan_init(&p);
+                assert_int_equal(dv_plan_gather(&in, &p), 0);
+                assert_int_equal(p.samples, 2);
+                assert_int_equal(p.runs[0].rank, 0);
+                assert_int_equal(p.runs[order == DEVAL_ORDER_STRIDED].rank,
+                                 order == DEVAL_ORDER_STRIDED);
+                dv_plan_deinit(&p);
+        }
+        /* strided, ranks' rows 2^40 apart (as a hostile rank may say): the gap is skipped */
+        q[1].base_rows = 1ll << 40;
+        DvPlanInput in = {.world = 2,
+                          .ntensors = 1,
+                          .in = sh,
+                          .valid_rows = valid,
+                          .keep_rows = -1,
+                          .max_out = 1 << 20};
+        q[0].base_rows = 0;
+        dv_pass_plan_based(DEVAL_ORDER_STRIDED, 1ll << 45, q, 2, base, &in);
+        DvPlan p;
+        dv_plan_init(&p);
+        assert_int_equal(dv_plan_gather(&in, &p), 0);
+        assert_int_equal(p.samples, 4);
+        dv_plan_deinit(&p);
+}
+
 static void test_quota(void **state) {
         (void)state;
         DvShape sh[2] = {{DEVAL_F64, 2, {1000, 1}}, {DEVAL_F64, 2, {0, 1000000000}}};
@@ -398,6 +448,7 @@ int main(void) {
                 cmocka_unit_test(test_rows_per_sample_mismatch),
                 cmocka_unit_test(test_segments_merge),
                 cmocka_unit_test(test_pass_drops_tail),
+                cmocka_unit_test(test_pass_based),
                 cmocka_unit_test(test_quota),
                 cmocka_unit_test(test_random_pads),
         };

@@ -3,7 +3,8 @@
  * test-sites.c - an eval pass's call sites: calls take sites 0, 1, ... in turn unless named;
  * a site every batch called is whole, one some batch skipped is not from the batch after it
  * on (and stays so), one first called after the first batch never is; the close's mask names
- * the skipped ones as a pass's counters number them; many sites grow as memory holds.
+ * the skipped ones as a pass's counters number them; many sites grow as memory holds; the
+ * counted calls of every batch before say where a batch starts.
  */
 /* cmocka needs these first */
 /* clang-format off */
@@ -113,12 +114,70 @@ static void test_many_sites(void **state) {
         dv_sites_free(&s);
 }
 
+/* a counted call of the current batch at site (tensors) returned own of kept samples */
+static void counted(DvSites *s, uint32_t site, int64_t valid, int64_t own, int64_t kept) {
+        bool whole;
+        dv_sites_name(s, 0, site);
+        take(s, 0, &whole);
+        dv_sites_counts(s, valid);
+        dv_sites_done(s, own, kept);
+}
+
+static void base_is(const DvSites *s, int64_t kept, int64_t own) {
+        int64_t k = -1, o = -1;
+        assert_true(dv_sites_base(s, DEVAL_PASS_SITES, &k, &o));
+        assert_int_equal(k, kept);
+        assert_int_equal(o, own);
+}
+
+static void test_where_a_batch_starts(void **state) {
+        (void)state;
+        DvSites s = {0};
+        dv_sites_free(&s);
+        bool whole;
+        int64_t k, o;
+        dv_sites_batch(&s);
+        base_is(&s, 0, 0); /* the first batch starts the pass */
+        counted(&s, 1, -1, 4, 12);
+        base_is(&s, 0, 0);
+        dv_sites_batch(&s);
+        base_is(&s, 12, 4);
+        counted(&s, 1, 3, 4, 11); /* valid_rows 3: 3 of its 4 rows */
+        base_is(&s, 12, 4);       /* (the batch's own call leaves its start) */
+        dv_sites_batch(&s);
+        base_is(&s, 23, 7);
+        /* a call not counted (the result of a root-only call, say) says nothing */
+        dv_sites_name(&s, 0, 1);
+        take(&s, 0, &whole);
+        dv_sites_done(&s, 5, 5);
+        dv_sites_batch(&s);
+        assert_false(dv_sites_base(&s, DEVAL_PASS_SITES, &k, &o));
+        dv_sites_free(&s);
+
+        /* site 0 skips batch 2: site 2, counted in every batch, says where batch 3 starts;
+         * a site past the counted ones says nothing */
+        for (uint32_t b = 1; b <= 3; b++) {
+                dv_sites_batch(&s);
+                if (b == 3)
+                        base_is(&s, 20, 4);
+                if (b != 2)
+                        counted(&s, 0, -1, 1, 3);
+                counted(&s, 2, -1, 2, 10);
+                counted(&s, DEVAL_PASS_SITES, -1, 7, 7);
+        }
+        dv_sites_batch(&s);
+        base_is(&s, 30, 6);
+        assert_false(dv_sites_base(&s, 0, &k, &o));
+        dv_sites_free(&s);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_calls_in_turn_and_named),
                 cmocka_unit_test(test_a_skipped_site_is_not_whole),
                 cmocka_unit_test(test_a_site_first_called_late_is_never_whole),
                 cmocka_unit_test(test_many_sites),
+                cmocka_unit_test(test_where_a_batch_starts),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
