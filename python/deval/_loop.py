@@ -707,7 +707,7 @@ def _host(x):
     """x on the host, as numpy can read it (a torch tensor copied off its device; a dtype
     numpy lacks, bfloat16, widened)."""
     if hasattr(x, "detach"):
-        x = x.detach().cpu()
+        x = x.detach().resolve_neg().cpu()
         if str(x.dtype) == "torch.bfloat16":
             x = x.float()
         return x.numpy()

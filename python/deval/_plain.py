@@ -157,8 +157,8 @@ class _Fast:
         kinds = []
         for i, v in enumerate(leaves):
             if codes is not None and isinstance(v, torch.Tensor):
-                if not v.is_cpu or not v.is_contiguous() or v.dim() > MAX_DIMS:
-                    return None
+                if not v.is_cpu or not v.is_contiguous() or v.dim() > MAX_DIMS or v.is_neg():
+                    return None  # (a negative bit: its memory holds the values negated)
                 code = codes.get(v.dtype)
                 shape = tuple(v.shape)
                 ptr = v.data_ptr()

@@ -69,7 +69,7 @@ static struct {
         PyObject *bfloat16;    /* torch.bfloat16 */
         PyObject *malformed;   /* deval.ProtocolError(msg, status) */
         PyObject *torch_setup; /* called with torch once it is imported: configure_torch() */
-        PyObject *s_dtype, *s_shape, *s_data_ptr, *s_is_contiguous, *s_is_cpu, *s_view;
+        PyObject *s_dtype, *s_shape, *s_data_ptr, *s_is_contiguous, *s_is_cpu, *s_view, *s_is_neg;
 } S;
 
 enum { /* deval.h's dtype numbers: the last one, and bfloat16 (whose bits numpy lacks) */
@@ -165,6 +165,14 @@ static int describe_torch(PyObject *v, Leaf *l, deval_tensor *t) {
         bool contiguous = o == Py_True;
         Py_DECREF(o);
         if (!contiguous)
+                return 0;
+        /* torch's negative bit (z.conj().imag): its memory holds the values negated */
+        o = PyObject_CallMethodNoArgs(v, S.s_is_neg);
+        if (!o)
+                return -1;
+        bool neg = o == Py_True;
+        Py_DECREF(o);
+        if (neg)
                 return 0;
         o = PyObject_GetAttr(v, S.s_dtype);
         if (!o)
@@ -561,10 +569,10 @@ static struct PyModuleDef speed_module = {
 };
 
 PyMODINIT_FUNC PyInit__speed(void) {
-        static const char *const names[] = {"dtype",         "shape",  "data_ptr",
-                                            "is_contiguous", "is_cpu", "view"};
-        PyObject **interned[] = {&S.s_dtype,         &S.s_shape,  &S.s_data_ptr,
-                                 &S.s_is_contiguous, &S.s_is_cpu, &S.s_view};
+        static const char *const names[] = {"dtype",  "shape", "data_ptr", "is_contiguous",
+                                            "is_cpu", "view",  "is_neg"};
+        PyObject **interned[] = {&S.s_dtype,  &S.s_shape, &S.s_data_ptr, &S.s_is_contiguous,
+                                 &S.s_is_cpu, &S.s_view,  &S.s_is_neg};
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
                 if (!*interned[i] && !(*interned[i] = PyUnicode_InternFromString(names[i])))
                         return NULL;

@@ -96,7 +96,7 @@ class _Leaf:
             self.kind = "torch"
             self.device = x.device
             self.torch_dtype = x.dtype
-            t = x.detach()
+            t = x.detach().resolve_neg()  # (z.conj().imag's memory holds -imag)
             if t.device.type != "cpu":
                 t = t.cpu()  # the host backend works on host memory; results go back
             t = t.contiguous()
@@ -136,7 +136,7 @@ class _Leaf:
         if is_torch:
             if x.device.type != "cuda":
                 return False
-            t = x.detach().contiguous()
+            t = x.detach().resolve_neg().contiguous()
             self.torch_dtype = t.dtype
             self.device = t.device
             if t.dtype == torch.bfloat16:

@@ -121,6 +121,18 @@ def _others(rank, world, sock, name, path):
         empty = np.zeros((0, 3), dtype=np.float32) if rank == 1 else d["f32"]
         got = g.gather(empty)
         assert got.shape == (sum(2 + r for r in range(world) if r != 1), 3)
+        # torch's negative bit (z.conj().imag): the memory holds -imag; contiguous (plain)
+        # where it has one element, or made so (torch._neg_view)
+        def negs(a):
+            return [(torch.from_numpy(a) * 1j).conj().imag,
+                    (torch.from_numpy(a[:1, 0]) * 1j).conj().imag,  # (a last batch of 1)
+                    torch._neg_view(torch.from_numpy(a))]
+        for i, im in enumerate(negs(d["f32"])):
+            assert im.is_neg() and im.is_contiguous() == (i > 0)
+            ref = torch.cat([negs(rank_data(r)["f32"])[i].resolve_neg() for r in range(world)])
+            assert (ref <= 0).all() and (ref < 0).any()
+            assert torch.equal(g.gather_for_metrics({"im": im})["im"], ref)
+            assert torch.equal(g.gather(im), ref)
         # a wrong input is named by the general path, whichever way it came in
         with pytest.raises(deval.InvalidArgument, match="dtype"):
             g.gather(np.zeros(2, dtype=np.complex64))
