@@ -19,7 +19,7 @@ from . import _loop, _pass, _progress
 from ._errors import _ERRORS, Error, InvalidArgument, Mismatch, _said
 from ._libdeval import _ORDERS, _REDUCTIONS, MAX_TENSORS, _Bytes, _GatherOpts, _lib, _Tensor
 from ._nest import (_check_batch_rows, _check_samples, _data_mask, _flatten, _object_items,
-                    _rebuild, _sends_objects, refuse_time_major)
+                    _rebuild, _sends_objects, refuse_time_major, refuse_unsure_rows)
 from ._pass import _LoopPass
 from ._plain import _GATHER, _GATHER_FOR_METRICS, _fast_path
 from ._tensors import _fill, _result
@@ -327,6 +327,8 @@ class Group:
                     "deval.gather_for_metrics: a device group counts a pass without dataset "
                     "indices by rows, so each tensor needs one row per sample of the batch "
                     "(reshape [batch*k, ...] to [batch, k, ...])", -1)
+        elif lp is not None and lp.counted is None and getattr(lp, "items", None) is not None:
+            refuse_unsure_rows(x, lp.samples, lp.items, objects)
         # in a pass with keys, the tensors that are the batch's own data: duplicates repeat
         # them (and libdeval, not this rank, checks rows per sample: k whole rows each)
         mask = _data_mask(x, self._batch_ids) if keyed and self._batch_ids else 0

@@ -126,6 +126,28 @@ def _check_batch_rows(x, samples, objects):
     return ks
 
 
+def refuse_unsure_rows(x, samples, items, objects):
+    """A pass without dataset indices whose batch is a list or tuple it is not sure of: it
+    holds `samples` samples if it holds fields, `items` if it holds the samples themselves.
+    A call's rows that are neither are k per sample for some k, under either reading, and
+    the padding's rows cannot be told: InvalidArgument naming the value."""
+    if objects:
+        leaves = [("the input", len(x))] if isinstance(x, list) else []
+    else:
+        leaves = [(where, v.shape[0]) for where, v in _leaves_at(x)
+                  if hasattr(v, "shape") and len(v.shape)]
+    for where, rows in leaves:
+        if rows not in (samples, items):
+            raise InvalidArgument(
+                "deval.gather_for_metrics: %s holds %d rows for a batch of %d items, which "
+                "are either its fields, of %d samples each, or its samples: one row per "
+                "sample under neither, so deval cannot tell which rows are one sample, and "
+                "this pass (no dataset indices) tells the padding by them. Make the batch a "
+                "dict of its fields, or a tensor, or collate it with torch's default collate; "
+                "or evaluate a map-style dataset through a DataLoader"
+                % (where, rows, items, samples), -1)
+
+
 def _data_mask(x, ids):
     """Bit i: leaf i of x (in _flatten's order) is one of ids."""
     mask, i, todo = 0, 0, [x]

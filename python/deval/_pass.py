@@ -59,6 +59,9 @@ class _LoopPass:
         self.real = None  # the current batch's real samples (a bool array), when known
         self.samples = None  # how many samples the current batch holds, when known
         self.counted = None  # the same, where each of the batch's tensors says it (no keys)
+        # where it is a list or tuple whose count is not sure (no keys): its length, the count
+        # if it holds the samples themselves rather than fields of self.samples samples each
+        self.items = None
         self.gathered = []  # what the current batch's gathers for metrics returned
         self.sites = _sites.Sites()  # where its gathers for metrics are made (_sites.py)
         self.rows_per_sample = {}  # each call's, in the batches so far (same_rows_per_sample)
@@ -280,7 +283,7 @@ class _LoopPass:
     def _batch(self, batch):
         """Take batch, the loader's next; return what the body gets: batch, or, for a batch
         the pass answers from the journal of a run that stopped, one padding sample."""
-        self.real = None
+        self.real = self.items = None
         self.lost = None  # why this batch's padding cannot be told from its samples (_reordered)
         self.gathered = []
         self.sites.batch(_sites.loop_frame())
@@ -326,6 +329,8 @@ class _LoopPass:
             self.samples = b = _loop.batch_samples(batch)
             self.counted = b if b is not None and _loop.rows_agree(batch, b, self.fields) \
                 else None
+            self.items = len(batch) if self.counted is None and b is not None and \
+                isinstance(batch, (list, tuple)) else None
             if self.rows is not None and b is None:
                 self.rows = None  # (rows it cannot count: from here on, unknown)
             elif self.rows is not None:
@@ -334,8 +339,8 @@ class _LoopPass:
                 self.dealt += b
             elif self.dealt_by_0 and b is not None:
                 self.real = _loop.dispatched_real(self.loader, self.g.rank, b)
-            elif self.mine is not None and b is None:
-                self.mine = None  # (rows it cannot count: from here on, unknown)
+            elif self.mine is not None and self.counted is None:
+                self.mine = None  # (samples it is not sure of: from here on, unknown)
             elif self.mine is not None:
                 at = np.arange(self.mine, self.mine + b) * self.g.world_size + self.g.rank
                 self.real = at < self.n

@@ -241,7 +241,7 @@ class _Update:
                 _taint(m, "%s.update() at batch %d of loop #%d: %s" % (
                     type(m).__name__, lp.batches, lp.seq, lp.lost))
             elif real is None:
-                _count(m, lp)
+                _count(m, lp, args, kwargs)
             elif real.all():
                 _note_rows(m, lp, args, kwargs)
             else:
@@ -389,10 +389,23 @@ _KNOWN = ("deval tells it for torch's own DistributedSampler, for Accelerate's s
           "of those, or update the metric with results gathered by gather_for_metrics")
 
 
-def _count(m, lp):
+def _count(m, lp, args, kwargs):
     """Note that m took the current batch of lp, a loop whose padding deval cannot tell: the
-    samples it took over the ranks must not exceed the loop's (checked at sync)."""
-    if lp.samples is None:
+    samples it took over the ranks must not exceed the loop's (checked at sync). A batch
+    that may be its samples themselves or fields of lp.samples each (lp.items) holds the
+    count its update's rows say, where they say one of the two."""
+    b = lp.samples
+    items = getattr(lp, "items", None)
+    if items is not None and items != b:
+        rows = set()
+        for _, v in _leaves(args, kwargs):
+            try:
+                rows.add(_rows(v))
+            except _Uncut:
+                pass
+        if items in rows and b not in rows:
+            b = items
+    if b is None:
         _taint(m, "%s.update() at batch %d of loop #%d: deval cannot tell which samples of "
                "this loader's batches are padding, nor count them; %s" % (
                    type(m).__name__, lp.batches, lp.seq, _KNOWN))
@@ -401,7 +414,7 @@ def _count(m, lp):
         seen = x.__dict__.setdefault("_deval_seen", {})
         ent = seen.setdefault(lp.seq, [lp.n, 0, 0])
         if ent[2] != lp.batches:  # (not a second update in one batch)
-            ent[1] += lp.samples
+            ent[1] += b
             ent[2] = lp.batches
 
 

@@ -154,6 +154,36 @@ def test_a_rank_order_pass_takes_any_calls(daemon):
 
 
 
+def tuple_batches(rank, world, sock, name, k):
+    """A plain list of (inputs, labels) tuples, 10 samples in batches of 4 dealt in rank
+    order, and a gather of k rows per sample (generation's num_return_sequences=k): the
+    batch is 2 fields of 4 samples, or 2 samples, and k rows each under neither reading."""
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    n = 10
+    batches = [np.arange(i, min(i + 4, n)) for i in range(0, n, 4)]
+    got = []
+    try:
+        for x, y in g.eval_loop([(x, x * 10) for x in batches[rank::world]], num_samples=n,
+                                order="rank"):
+            got += g.gather_for_metrics(np.repeat(x, k)).tolist()
+    except deval.InvalidArgument as e:
+        return str(e)
+    finally:
+        g.leave()
+    return got
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_tuple_batches_whose_rows_say_no_count(daemon, k):
+    """k = 2 returned samples 0..4 twice, and lost 5..9, with no error; k = 1 stays exact."""
+    res = run_ranks(3, tuple_batches, daemon.socket, group_name("tuplek"), k)
+    if k == 1:
+        assert res == [list(range(10))] * 3
+    else:
+        assert all("holds 8 rows for a batch of 2 items" in r or
+                   "holds 4 rows for a batch of 2 items" in r for r in res), res
+
+
 def bad_inputs(rank, world, sock, name):
     """Inputs a pass cannot take raise InvalidArgument on the rank that made them, and leave
     the pass on every rank (test_refusals.py): the loop's later calls raise too."""

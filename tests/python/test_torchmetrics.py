@@ -195,6 +195,36 @@ class Kinds(torchmetrics.Metric):
                 "ordered": cat(self.ordered)}
 
 
+def list_batches_rank(rank, world, sock, name):
+    """SumMetric updated with a rank's own rows in an eval_loop over a plain list whose
+    batches are lists of per-sample [1] tensors, DistributedSampler's dealing of 10 samples
+    (samples 0 and 1 again as padding), strided: the batch's count is its length, not its
+    tensors' rows, so the padding taken is caught at compute()."""
+    torch.set_num_threads(1)
+    import deval
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    dtm.use(g)
+    n = 10
+    slots = (list(range(n)) * 2)[:-(-n // world) * world][rank::world]
+    loader = [[torch.tensor([float(v)]) for v in slots[i:i + 2]] for i in range(0, len(slots), 2)]
+    m = dtm.attach(torchmetrics.SumMetric())
+    try:
+        for batch in g.eval_loop(loader, num_samples=n, order="strided"):
+            m.update(torch.cat(batch))
+        return "sum %s" % m.compute().item(), time.monotonic()
+    except deval.Mismatch as e:
+        return str(e), time.monotonic()
+    finally:
+        dtm.use(None)
+        g.leave()
+
+
+def test_a_list_of_samples_is_counted_by_its_length(daemon):
+    """It summed 46 for 45 on every rank, no error: each batch counted as 1 sample."""
+    res = run_ranks(3, list_batches_rank, daemon.socket, group_name("listbatch"), timeout=120)
+    assert_failed_together(res, "took 12 samples over the ranks")
+
+
 def kind_data(n=23):
     g = torch.Generator().manual_seed(7)
     p = torch.rand(n, generator=g)
