@@ -476,7 +476,12 @@ class _LoopPass:
                            "processes than batches (or even_batches=True)" % missed, -2)
         g._in_pass, g._keyed, g._replaying = True, keyed, True
         g._batch_ids = self._own_data(pad)
-        self.real, self.samples, self.counted = np.zeros(1, dtype=bool), 1, None
+        # one sample, as surely as the loop's own batches are counted: its calls take the
+        # path theirs took (k rows per sample counted by samples), whose results devald kept
+        self.real, self.samples = np.zeros(1, dtype=bool), 1
+        self.counted = 1 if _loop.rows_agree(pad, 1, self.fields) else None
+        self.items = len(pad) if self.counted is None and isinstance(pad, (list, tuple)) \
+            else None
         try:
             for _ in range(missed):
                 self.batches += 1

@@ -184,6 +184,36 @@ def test_tuple_batches_whose_rows_say_no_count(daemon, k):
                    "holds 4 rows for a batch of 2 items" in r for r in res), res
 
 
+def replay_k_rows(rank, world, sock, name):
+    """5 batches of 4 dealt round robin over 3 ranks, a plain list (no indices): rank 2 runs
+    out a batch early and replays the others' last. Generation's k = 2 rows per sample, as
+    texts, as a tensor, and in a tuple with a row per sample."""
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    n = 20
+    batches = [np.arange(i, i + 4) for i in range(0, n, 4)]
+    texts, gen, pairs = [], [], []
+    for x in g.eval_loop(batches[rank::world], num_samples=n, order="rank"):
+        texts += g.gather_for_metrics(["s%d" % v for v in x.tolist() for _ in range(2)])
+        gen += g.gather_for_metrics(np.repeat(x, 2)).tolist()
+        p, q = g.gather_for_metrics((x, np.repeat(x, 2)))
+        pairs.append((p.tolist(), q.tolist()))
+    g.leave()
+    return texts, gen, pairs
+
+
+def test_a_replayed_batch_takes_k_rows_per_sample(daemon):
+    """The rank that replays took its padding sample as a batch it could not count: its
+    texts came back as nested lists (32 items for 40, no error), its tensor call was refused
+    ("they called gather_for_metrics (call 1, 2 tensors)")."""
+    res = run_ranks(3, replay_k_rows, daemon.socket, group_name("replayk"))
+    twice = [v for v in range(20) for _ in range(2)]
+    want = (["s%d" % v for v in twice], twice,
+            [(list(range(i, i + 12)), [v for v in range(i, i + 12) for _ in range(2)])
+             for i in (0, 12)])
+    want[2][1] = (list(range(12, 20)), [v for v in range(12, 20) for _ in range(2)])
+    assert res == [want] * 3
+
+
 def bad_inputs(rank, world, sock, name):
     """Inputs a pass cannot take raise InvalidArgument on the rank that made them, and leave
     the pass on every rank (test_refusals.py): the loop's later calls raise too."""
