@@ -92,16 +92,20 @@ def pass_params(loader, world):
     """(num_samples, order) for loader sharded over world ranks; ValueError if unknown."""
     acc = _accelerate()
     if acc is not None and isinstance(loader, acc.DataLoaderDispatcher):
-        # rank 0 reads world batches (or one it splits) and deals them out in rank order
+        # rank 0 reads world batches (or one it splits) and deals them out in rank order; a
+        # round it skips (skip_first_batches) is read and dealt to no one
         n = _length(loader.dataset, "the dataset")
-        if not getattr(loader, "_drop_last", False):
+        skip = getattr(loader, "skip_batches", 0)
+        drop = getattr(loader, "_drop_last", False)
+        if not drop and not skip:
             return n, "rank"
         if loader.batch_size is None:
-            raise ValueError("a dispatched loader that drops its last batch, of a batch sampler "
-                             "with no batch_size: eval_loop cannot tell how many samples it "
-                             "keeps; pass num_samples=")
+            raise ValueError("a dispatched loader that %s, of a batch sampler with no "
+                             "batch_size: eval_loop cannot tell how many samples it keeps; "
+                             "pass num_samples=" % ("drops its last batch" if drop else
+                                                    "skips its first %d batches" % skip))
         per = loader.batch_size if loader.split_batches else loader.batch_size * world
-        return n // per * per, "rank"
+        return max(0, (n // per * per if drop else n) - skip * per), "rank"
     if acc is not None and isinstance(loader, acc.DataLoaderShard):
         ds = loader.dataset
         if isinstance(ds, acc.IterableDatasetShard):
@@ -116,10 +120,11 @@ def pass_params(loader, world):
                     "deval.accelerate.enable() counts the stream as it is read): give the "
                     "dataset a __len__, or iterate the loader with "
                     "g.eval_loop(loader, num_samples=...)", "rank") from None
-            if not ds.drop_last:
+            skip = getattr(loader, "skip_batches", 0)  # (rounds read and dealt to no one)
+            if not ds.drop_last and not skip:
                 return n, "rank"
             per = ds.batch_size if ds.split_batches else ds.batch_size * world
-            return n // per * per, "rank"
+            return max(0, (n // per * per if ds.drop_last else n) - skip * per), "rank"
         shard, skip = skipped(loader.batch_sampler)
         if not isinstance(shard, acc.BatchSamplerShard):
             shard, skip = skipped(getattr(loader, "sampler", None))

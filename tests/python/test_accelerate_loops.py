@@ -702,6 +702,49 @@ def test_metrics_over_an_unsized_iterable_are_exact(daemon, monkeypatch, n, worl
             (r, want)
 
 
+class Sized(torch.utils.data.IterableDataset):
+    """An iterable dataset of n samples that says its len()."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(torch.arange(self.n)[:, None].unbind(0))
+
+    def __len__(self):
+        return self.n
+
+
+def skipped_stream_rank(rank, world, port, name, n, dispatch):
+    """skip_first_batches(loader, 2) over a sized iterable, dispatched from rank 0 or sharded
+    on every rank: two rounds of batches are read and dealt to no one."""
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True,
+                      dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
+    deval.accelerate.enable(acc, group=name)
+    loader = acc.prepare(DataLoader(Sized(n), batch_size=3))
+    got = []
+    try:
+        for x in acc.skip_first_batches(loader, 2):
+            got += acc.gather_for_metrics(x[:, 0]).tolist()
+    finally:
+        deval.accelerate.disable()
+    return got
+
+
+@pytest.mark.parametrize("n,dispatch", [(30, True), (29, True), (29, False)])
+def test_skipped_batches_of_a_sized_iterable(daemon, monkeypatch, n, dispatch):
+    """The samples after the skipped rounds, once each, on every rank. Dispatched, the
+    close raised "returned 12 of its 30 samples" after the loop; sharded, it kept the last
+    round's padding (as plain Accelerate does) and then raised."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, skipped_stream_rank, free_port(), group_name("skipstream"), n,
+                    dispatch, timeout=120)
+    assert res == [list(range(18, n))] * 3
+
+
 def skipped_metrics_rank(rank, world, port, name):
     """A metric fed by a loader Accelerate resumes with skip_first_batches: it counts the
     samples after the skipped rounds once, the padding that repeats a skipped sample not at
