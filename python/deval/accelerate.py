@@ -180,12 +180,22 @@ def _all_tensors(data):
         return False
 
 
-def _varied(t):
-    """t, or None where all its rows are one value: a number repeated once per row (the
-    Trainer's loss.repeat(batch_size)) carries nothing per sample for a cut to lose."""
-    if t.ndim and t.shape[0] > 1 and bool((t == t[:1]).all()):
-        return None
-    return t
+def _constants(lp, objects, data):
+    """The ids of data's tensors that carry nothing per sample for a cut to lose: rows all
+    one value, a number repeated (the Trainer's loss.repeat(batch_size)). Not where they are
+    k per sample as the same value of this call held in the batches before, or, in the first
+    batch, a whole number per sample: one sample's k labels, in a last batch of one sample,
+    are all one value too."""
+    before = dict(lp.rows_per_sample.get((int(objects), lp.sites.call), ()))
+    out = set()
+    for where, t in _nest._leaves_at(data):
+        if not (hasattr(t, "ndim") and t.ndim and t.shape[0] > 1) or \
+                not bool((t == t[:1]).all()):
+            continue
+        k = before.get(where)
+        if (t.shape[0] % lp.samples if k is None else t.shape[0] != k * lp.samples):
+            out.add(id(t))
+    return out
 
 
 def _whole_rows(g, lp, data, objects):
@@ -204,15 +214,17 @@ def _whole_rows(g, lp, data, objects):
     try:  # (at every batch, since k must hold from batch to batch; told at the last)
         if not objects:
             _nest.refuse_time_major(data, lp.samples)
+        const = set() if objects else _constants(lp, objects, data)
         said = _pass.same_rows_per_sample(lp, int(objects), _nest._check_batch_rows(
-            data if objects else _recursively(_varied, data), lp.samples, objects))
+            data if objects else _recursively(lambda t: None if id(t) in const else t, data),
+            lp.samples, objects))
         if any(k != 1 for _, k in said):
             if objects:
                 ks = [len(data) // lp.samples]
             else:
                 leaves = []
                 _recursively(leaves.append, data)
-                ks = [1 if _varied(t) is None else t.shape[0] // lp.samples for t in leaves]
+                ks = [1 if id(t) in const else t.shape[0] // lp.samples for t in leaves]
     except InvalidArgument as e:
         lp.why_rows = getattr(lp, "why_rows", None) or str(e)
     if not getattr(lp.loader, "end_of_dataloader", False):

@@ -414,6 +414,32 @@ GENERATED = {
 }
 
 
+def repeated_rank(rank, world, port, name):
+    """A stream Accelerate dispatches, 10 samples in rounds of 9: the last batch holds one
+    sample on each rank, and each sample's 2 rows (its label for each of 2 generated
+    sequences) are one value there."""
+    set_env(rank, world, port)
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True)
+    deval.accelerate.enable(acc, group=name)
+    got = []
+    try:
+        for x in acc.prepare(DataLoader(Unsized(), batch_size=3)):
+            got += acc.gather_for_metrics(x[:, 0].repeat_interleave(2)).tolist()
+    finally:
+        deval.accelerate.disable()
+    return got
+
+
+def test_k_equal_rows_of_a_last_sample_are_k_rows(daemon, monkeypatch):
+    """Rows all one value were taken for a number repeated (the Trainer's loss) and cut to
+    the remainder: sample 9 came back once for twice, no error."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, repeated_rank, free_port(), group_name("eqrows"), timeout=120)
+    assert res == [[i for i in range(N) for _ in range(2)]] * 3
+
+
 class Fields(torch.utils.data.IterableDataset):
     """A streamed evaluation set of (id, label) samples that knows its length."""
 
