@@ -92,19 +92,23 @@ def pass_params(loader, world):
     """(num_samples, order) for loader sharded over world ranks; ValueError if unknown."""
     acc = _accelerate()
     if acc is not None and isinstance(loader, acc.DataLoaderDispatcher):
-        # rank 0 reads world batches (or one it splits) and deals them out in rank order; a
-        # round it skips (skip_first_batches) is read and dealt to no one
+        # rank 0 reads world batches (or one it splits) and deals them out in rank order;
+        # skip_first_batches skips batches of a map-style dataset's batch sampler (each of
+        # batch_size samples), and rounds of an iterable, read and dealt to no one
         n = _length(loader.dataset, "the dataset")
+        drawn, skip_drawn = skipped(getattr(loader, "batch_sampler", None))
         skip = getattr(loader, "skip_batches", 0)
         drop = getattr(loader, "_drop_last", False)
-        if not drop and not skip:
+        if not drop and not skip and not skip_drawn:
             return n, "rank"
-        if loader.batch_size is None:
+        bs = loader.batch_size or getattr(drawn, "batch_size", None)
+        if not bs:
             raise ValueError("a dispatched loader that %s, of a batch sampler with no "
                              "batch_size: eval_loop cannot tell how many samples it keeps; "
                              "pass num_samples=" % ("drops its last batch" if drop else
-                                                    "skips its first %d batches" % skip))
-        per = loader.batch_size if loader.split_batches else loader.batch_size * world
+                                                    "skips its first batches"))
+        per = bs if loader.split_batches else bs * world
+        n = max(0, n - skip_drawn * bs)
         return max(0, (n // per * per if drop else n) - skip * per), "rank"
     if acc is not None and isinstance(loader, acc.DataLoaderShard):
         ds = loader.dataset
@@ -423,7 +427,8 @@ def shard_rows(loader):
     world, r = ds.num_processes, ds.process_index
     total = ds.batch_size if ds.split_batches else ds.batch_size * world
     per = ds.batch_size // world if ds.split_batches else ds.batch_size
-    return n, lambda m: m // per * total + r * per + m % per
+    skip = getattr(loader, "skip_batches", 0) * per  # (skip_first_batches: each rank's own)
+    return n, lambda m: (m + skip) // per * total + r * per + (m + skip) % per
 
 
 def dispatched(loader):

@@ -81,10 +81,12 @@ class _Streamed(_Dispatched):
                 self.shard.dataset = inner
 
     def batch(self, batch):
-        if getattr(self.loader, "end_of_dataloader", False) and not self.shard.drop_last:
+        if getattr(self.loader, "end_of_dataloader", False):
             n = self.read[0]
-            # the last round's samples: 1..round (a full round holds no padding)
-            self.loader.remainder = n - (n - 1) // self.round * self.round if n else 0
+            # the last round's samples: 1..round (a full round holds no padding; so does
+            # the last round under drop_last, which drops the one short of a round)
+            self.loader.remainder = self.round if self.shard.drop_last else \
+                n - (n - 1) // self.round * self.round if n else 0
         super().batch(batch)
 
 

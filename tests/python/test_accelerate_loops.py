@@ -771,6 +771,71 @@ def test_skipped_batches_of_a_sized_iterable(daemon, monkeypatch, n, dispatch):
     assert res == [list(range(18, n))] * 3
 
 
+class Stream13(torch.utils.data.IterableDataset):
+    """13 samples with no len()."""
+
+    def __iter__(self):
+        return iter(torch.arange(13).unbind(0))
+
+
+class Map13(torch.utils.data.Dataset):
+    def __len__(self):
+        return 13
+
+    def __getitem__(self, i):
+        return torch.tensor(i)
+
+
+def loader_metrics_rank(rank, world, port, name, kind, dispatch, split, bs, drop, skip):
+    """A prepared loader of 13 samples, perhaps skip_first_batches: what gather_for_metrics
+    returns, and what attached SumMetric and CatMetric updated with each rank's own rows
+    hold."""
+    set_env(rank, world, port)
+    import torchmetrics
+    import deval.torchmetrics as dtm
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        dispatch_batches=dispatch, split_batches=split))
+    deval.accelerate.enable(acc, group=name)
+    ds = {"map": Map13, "stream": Stream13, "sized": lambda: Sized(13)}[kind]()
+    loader = acc.prepare(DataLoader(ds, batch_size=bs, drop_last=drop))
+    if skip:
+        loader = acc.skip_first_batches(loader, skip)
+    total = dtm.attach(torchmetrics.SumMetric())
+    seen = dtm.attach(torchmetrics.CatMetric())
+    got = []
+    try:
+        for y in loader:
+            y = y.reshape(-1)
+            got += acc.gather_for_metrics(y).tolist()
+            total.update(y.float())
+            seen.update(y)
+        return got, float(total.compute()), sorted(seen.compute().reshape(-1).tolist())
+    finally:
+        deval.accelerate.disable()
+
+
+@pytest.mark.parametrize("kind,dispatch,split,bs,drop,skip,first", [
+    ("stream", False, False, 2, True, 0, 0),  # metrics held 0..5: the last round lost
+    ("stream", False, False, 2, True, 1, 6),  # metrics held nothing
+    ("sized", False, False, 2, False, 1, 6),  # metrics took the wrap-around padding 0..4
+    ("map", True, False, 2, True, 0, 0),  # refused: "a batch sampler with no batch_size"
+    ("map", True, False, 2, False, 2, 4),  # refused at the close: "9 of its 13"
+    ("map", True, True, 3, False, 1, 3),  # refused at the close: "returned 12 of its 13"
+])
+def test_metrics_of_prepared_loaders_match_their_gathers(daemon, monkeypatch, kind, dispatch,
+                                                         split, bs, drop, skip, first):
+    """The samples past those skip_first_batches skips, less those drop_last drops, in
+    gather_for_metrics and in attached metrics alike, on every rank."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(3, loader_metrics_rank, free_port(), group_name("loadmet"), kind,
+                    dispatch, split, bs, drop, skip, timeout=120)
+    last = 12 if drop else 13
+    want = list(range(first, last))
+    assert res == [(want, float(sum(want)), [float(v) for v in want])] * 3
+
+
 def skipped_metrics_rank(rank, world, port, name):
     """A metric fed by a loader Accelerate resumes with skip_first_batches: it counts the
     samples after the skipped rounds once, the padding that repeats a skipped sample not at
