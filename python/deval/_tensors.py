@@ -96,7 +96,8 @@ class _Leaf:
             self.kind = "torch"
             self.device = x.device
             self.torch_dtype = x.dtype
-            t = x.detach().resolve_neg()  # (z.conj().imag's memory holds -imag)
+            # (z.conj().imag's memory holds -imag; a conjugate view, z's imaginary parts)
+            t = x.detach().resolve_neg().resolve_conj()
             if t.device.type != "cpu":
                 t = t.cpu()  # the host backend works on host memory; results go back
             t = t.contiguous()
@@ -136,7 +137,7 @@ class _Leaf:
         if is_torch:
             if x.device.type != "cuda":
                 return False
-            t = x.detach().resolve_neg().contiguous()
+            t = x.detach().resolve_neg().resolve_conj().contiguous()
             self.torch_dtype = t.dtype
             self.device = t.device
             if t.dtype == torch.bfloat16:

@@ -136,6 +136,8 @@ def _others(rank, world, sock, name, path):
         # a wrong input is named by the general path, whichever way it came in
         with pytest.raises(deval.InvalidArgument, match="dtype"):
             g.gather(np.zeros(2, dtype=np.complex64))
+        with pytest.raises(deval.InvalidArgument, match="dtype"):  # (torch's own error)
+            g.gather(torch.ones(2, dtype=torch.complex64).conj())
         g.barrier()
     return True
 
