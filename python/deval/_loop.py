@@ -221,6 +221,9 @@ def head(batch):
     b = batch_samples(batch)
     if b is None and isinstance(batch, tuple):
         b = len(batch)  # (a tuple of the samples themselves)
+    if isinstance(batch, list) and b == len(batch) and \
+            not any(_is_data(v) and len(v.shape) for v in batch):
+        return batch[:1]  # the samples themselves, as batch_samples() reads a list of them
     return _cut(batch, b) if b else batch
 
 

@@ -214,6 +214,25 @@ def test_a_replayed_batch_takes_k_rows_per_sample(daemon):
     assert res == [want] * 3
 
 
+def samples_replay(rank, world, sock, name):
+    """A plain list whose batches are lists of (x, y) samples, 2 each (as many as a sample's
+    fields): 5 batches over 3 ranks, so rank 2 replays one on a padding sample."""
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    batches = [[(float(i), i * 10) for i in range(j, j + 2)] for j in range(0, 10, 2)]
+    got = []
+    for b in g.eval_loop(batches[rank::world], num_samples=10, order="rank"):
+        got += g.gather_for_metrics(np.array([y for _, y in b])).tolist()
+    g.leave()
+    return got
+
+
+def test_a_replay_pads_with_a_whole_sample(daemon):
+    """The padding sample was cut field by field ((0.0,), (1.0,)), the body raised IndexError
+    on the replaying rank, and the others PeerLost."""
+    res = run_ranks(3, samples_replay, daemon.socket, group_name("sampreplay"))
+    assert res == [[i * 10 for i in range(10)]] * 3
+
+
 def bad_inputs(rank, world, sock, name):
     """Inputs a pass cannot take raise InvalidArgument on the rank that made them, and leave
     the pass on every rank (test_refusals.py): the loop's later calls raise too."""
