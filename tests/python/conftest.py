@@ -26,6 +26,24 @@ def devald_path():
     return os.path.abspath(path)
 
 
+_REAL = ("torch", "accelerate", "torchmetrics", "transformers", "torchdata", "datasets",
+         "lightning", "evaluate")
+
+
+def pytest_sessionstart(session):
+    """Where DEVAL_WITH_TORCH=1 asks for the real packages (CI), their tests must run: a
+    package that does not import stops the run instead of skipping its tests unseen."""
+    if os.environ.get("DEVAL_WITH_TORCH") != "1":
+        return
+    # (in a process of its own: this one, which the ranks fork from, imports nothing early)
+    r = subprocess.run([sys.executable, "-c", "import sys, importlib\n"
+                        "for m in sys.argv[1:]: importlib.import_module(m)", *_REAL],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode:
+        pytest.exit("DEVAL_WITH_TORCH=1, but the packages it asks for do not all import, so "
+                    "their tests would skip:\n%s" % r.stdout[-2000:], 2)
+
+
 class Daemon:
     def __init__(self, args=(), env=None):
         self.dir = tempfile.mkdtemp(prefix="deval-py-")
