@@ -279,20 +279,35 @@ def loader_number(loader):
 
 _DRAWING = {}  # id(DataLoader) -> where its next iterator notes the batches it draws
 _INDEX_SAMPLER = None  # torch's DataLoader._index_sampler, while a loop may tap it
+_GET_DATA = None  # torch's _MultiProcessingDataLoaderIter._get_data, the same while
 _TAPPING = 0  # the Keys open
+
+
+class _Drawn(collections.deque):
+    """The batches of indices an iterator drew, in order, not yet placed; tasks: the task
+    numbers (each its draw's place among the iterator's draws) of the batches its workers
+    handed over, in the order they did, not yet taken."""
+
+    def __init__(self):
+        super().__init__()
+        self.tasks = collections.deque()
 
 
 class _Tap:
     """A DataLoader's index sampler that notes each batch of indices as an iterator draws it,
     for the loop that was starting that iterator: an iterator draws ahead of what it yields
-    (workers, prefetching), but yields the batches in the order it drew them."""
+    (workers, prefetching), and yields the batches in the order it drew them, or, with
+    in_order=False, as its workers hand them over, each with its task number: the place of
+    its draw (_tapped_get_data notes it)."""
 
     def __init__(self, sampler, loader_id):
         self.sampler = sampler
         self.loader_id = loader_id
+        self.drawn = None
 
     def __iter__(self):
         drawn = _DRAWING.get(self.loader_id)  # (an iterator starting outside a loop: None)
+        self.drawn = drawn
         for b in self.sampler:
             if drawn is not None:
                 drawn.append(b)
@@ -304,6 +319,17 @@ class _Tap:
 
 def _tapped_index_sampler(self):
     return _Tap(_INDEX_SAMPLER.fget(self), id(self))
+
+
+def _tapped_get_data(self):
+    # torch's worker iterator: a batch its workers hand over, with its task number; with
+    # in_order=False it yields the batches in the order they come (it keeps none back)
+    idx, data = _GET_DATA(self)
+    drawn = getattr(getattr(self, "_index_sampler", None), "drawn", None)
+    if drawn is not None and getattr(self, "_in_order", True) is False and \
+            isinstance(idx, int):  # (not a persistent worker's word that it starts again)
+        drawn.tasks.append(idx)
+    return idx, data
 
 
 def inner(loader):
@@ -318,8 +344,7 @@ def inner(loader):
 def map_loader(loader):
     """The torch DataLoader over a map-style dataset that iterating loader reads (Accelerate's
     prepared loaders read their base_dataloader, inner()), with the dataset's length; (None, None)
-    when its batches carry no dataset indices (an iterable dataset, another kind of loader),
-    or when its batches may come out of the order they were drawn in (in_order=False)."""
+    when its batches carry no dataset indices (an iterable dataset, another kind of loader)."""
     tud = sys.modules.get("torch.utils.data")
     if tud is None:
         return None, None
@@ -451,15 +476,28 @@ def dispatched_real(loader, rank, b):
     return np.arange(b) < real
 
 
-def check_loader(loader, by_draw=False):
+def out_of_order(base):
+    """Does the torch DataLoader base yield its batches as its workers finish them, out of the
+    order its sampler drew them (in_order=False)?"""
+    return getattr(base, "num_workers", 0) > 0 and getattr(base, "in_order", True) is False
+
+
+def check_loader(loader, by_draw=False, keyed=False):
     """ValueError for a loader whose batches no pass can tell apart: batches yielded out of
-    the order they were drawn, or, when its samples are told apart by dataset index alone
-    (not by_draw), samples drawn with replacement."""
+    the order they were drawn where they carry no dataset indices (not keyed) or the loader
+    skips its first ones, or, when its samples are told apart by dataset index alone (not
+    by_draw), samples drawn with replacement."""
     base = inner(loader)
-    if getattr(base, "num_workers", 0) > 0 and getattr(base, "in_order", True) is False:
-        raise ValueError("the DataLoader yields batches out of the order its sampler drew them "
-                         "(in_order=False), so which samples a batch holds cannot be told; "
-                         "use in_order=True")
+    if out_of_order(base) and not keyed:
+        raise ValueError("the DataLoader yields batches out of the order they were read "
+                         "(in_order=False), and its dataset has no indices to tell them by: a "
+                         "batch's samples are known only by their place in the stream, which "
+                         "its workers no longer keep; use in_order=True")
+    if out_of_order(base) and getattr(loader, "skip_batches", 0):
+        raise ValueError("it skips its first %d batches (skip_first_batches) of a DataLoader "
+                         "that yields them out of the order they were drawn (in_order=False): "
+                         "which ones it skipped is up to its workers' speed; use "
+                         "in_order=True" % loader.skip_batches)
     seen, todo = set(), [loader, base]
     while todo:  # the samplers behind the loader: batch samplers, shards, their samplers
         s = todo.pop()
@@ -488,7 +526,12 @@ class Keys:
         self.base = base
         self.skip = skip
         self.draws = draws
-        self.drawn = collections.deque()
+        self.drawn = _Drawn()
+        # the draws not yet taken, in order, each with its place: (draw, lists, its batch, the
+        # indices dealt before it); by task number (the draw's place) where they come out of
+        # order
+        self.placed = collections.OrderedDict()
+        self.tasks = out_of_order(base)
         self.batch = 0  # batches drawn so far, with those the loader skipped
         self.dealt = 0  # indices drawn so far
         self.real = None  # the last batch's real samples (a bool per sample), when known
@@ -497,20 +540,25 @@ class Keys:
         self.index = None  # the root's index of each dataset index, where keys name its (named)
 
     def __enter__(self):
-        global _INDEX_SAMPLER, _TAPPING
+        global _INDEX_SAMPLER, _GET_DATA, _TAPPING
         if _INDEX_SAMPLER is None:
             tud = sys.modules["torch.utils.data"]
             _INDEX_SAMPLER = tud.DataLoader.__dict__["_index_sampler"]
             tud.DataLoader._index_sampler = property(_tapped_index_sampler)
+            workers = sys.modules["torch.utils.data.dataloader"]._MultiProcessingDataLoaderIter
+            _GET_DATA = workers._get_data
+            workers._get_data = _tapped_get_data
         _TAPPING += 1
         return self
 
     def __exit__(self, *exc):
-        global _INDEX_SAMPLER, _TAPPING
+        global _INDEX_SAMPLER, _GET_DATA, _TAPPING
         _TAPPING -= 1
         if not _TAPPING and _INDEX_SAMPLER is not None:
             sys.modules["torch.utils.data"].DataLoader._index_sampler = _INDEX_SAMPLER
-            _INDEX_SAMPLER = None
+            sys.modules["torch.utils.data.dataloader"]._MultiProcessingDataLoaderIter.\
+                _get_data = _GET_DATA
+            _INDEX_SAMPLER = _GET_DATA = None
 
     @contextlib.contextmanager
     def drawing(self):
@@ -524,24 +572,27 @@ class Keys:
     def next(self, batch):
         """The dataset indices of batch, the loader's next; ValueError when they cannot be
         told or do not match the batch."""
-        while self.skip > 0 and self.drawn:  # drawn, and dropped by the loader itself
+        self._place()
+        while self.skip > 0 and self.placed:  # drawn, and dropped by the loader itself
             self._take()
             self.skip -= 1
-        if not self.drawn:
+        tasks = self.drawn.tasks
+        b = self._take(tasks.popleft() if tasks else -1) if self.tasks else self._take()
+        if b is None:
             raise ValueError("the loader yielded a batch its sampler did not draw here: an "
                              "iterator of it started before the loop (with "
                              "persistent_workers=True, a batch taken before a loop leaves the "
                              "workers ahead of the sampler for good: make the DataLoader "
                              "again, or take no batch from it outside the loop)")
-        b = self._take()
+        b, i, j = b
         try:
-            keys = [i.__index__() for i in b]
+            keys = [k.__index__() for k in b]
         except (AttributeError, TypeError):
             raise ValueError("its sampler yields %s, neither dataset indices nor lists of "
                              "them" % type(b).__name__) from None
         self.indices = keys
         if self.draws is not None:
-            d, i, j = self.draws, self.batch - 1, self.dealt - len(keys)
+            d = self.draws
             at = [d.at(i, j, k) for k in range(len(keys))]
             self.real = [p < d.n for p in at]
             keys = [d.key(p) for p in at]
@@ -571,16 +622,34 @@ class Keys:
         pattern of a BatchSampler passed as sampler= over a dataset indexed by lists."""
         return self.base._auto_collation or self.lists
 
-    def _take(self):
-        b = self.drawn.popleft()
+    def _place(self):
+        """Number the draws not yet placed: each one's place among the draws, batch and
+        indices dealt before it."""
+        while self.drawn:
+            b = self.drawn.popleft()
+            lists = True
+            if not self.base._auto_collation:
+                # batch_size=None: a draw is one sample, or a whole batch's list of indices
+                lists = not hasattr(b, "__index__") and hasattr(b, "__iter__")
+                if not lists:
+                    b = [b]
+            self.placed[self.batch] = (b, lists, self.batch, self.dealt)
+            self.batch += 1
+            self.dealt += len(b) if hasattr(b, "__len__") else 1
+
+    def _take(self, task=None):
+        """(the draw, its batch, the indices dealt before it): the first not yet taken, or
+        that of task number task; None where there is none."""
+        if task is not None:
+            got = self.placed.pop(task, None)
+        else:
+            got = self.placed.popitem(last=False)[1] if self.placed else None
+        if got is None:
+            return None
+        b, lists, i, j = got
         if not self.base._auto_collation:
-            # batch_size=None: a draw is one sample, or a whole batch's list of indices
-            self.lists = not hasattr(b, "__index__") and hasattr(b, "__iter__")
-            if not self.lists:
-                b = [b]
-        self.batch += 1
-        self.dealt += len(b)
-        return b
+            self.lists = lists
+        return b, i, j
 
     def padding(self):
         """A batch of one padding sample, in the loader's own structure: the last batch's first

@@ -39,7 +39,7 @@ class _LoopPass:
             self.num_keys = draws.n  # a sample is a draw of the sampler the ranks share
         if loader is not None:
             try:
-                _loop.check_loader(loader, draws is not None)
+                _loop.check_loader(loader, draws is not None, base is not None)
             except ValueError as e:
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
         self.keys = _loop.Keys(base, getattr(loader, "skip_batches", 0), draws) \

@@ -328,11 +328,10 @@ def rank_refused(rank, world, sock, name, n, case):
     torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
     g = deval.join(name, rank, world, socket=sock, timeout=20)
     ds = dataset(n)
-    if case == "in_order":
+    if case == "in_order":  # (an iterable: its batches carry no dataset indices)
         import multiprocessing
         multiprocessing.current_process()._config["daemon"] = False
-        dl = DataLoader(ds, batch_size=2, num_workers=2, in_order=False,
-                        sampler=DistributedSampler(ds, world, rank))
+        dl = DataLoader(Stream(n), batch_size=2, num_workers=2, in_order=False)
     elif case == "replacement":
         dl = DataLoader(ds, batch_size=2,
                         sampler=torch.utils.data.RandomSampler(ds, replacement=True))
@@ -341,7 +340,7 @@ def rank_refused(rank, world, sock, name, n, case):
         dl = DataLoader(ds, batch_size=2, collate_fn=sort_by_length,
                         sampler=DistributedSampler(ds, world, rank, shuffle=False))
     try:
-        told = dict(num_samples=n, order="rank") if case == "replacement" else {}
+        told = dict(num_samples=n, order="rank") if case != "collate" else {}
         for x, y in g.eval_loop(dl, **told):
             g.gather_for_metrics((x.flatten(1)[:, :1], y))
     except deval.Error as e:
@@ -360,6 +359,90 @@ def test_loaders_whose_rows_cannot_be_told_apart_are_refused(daemon, case, world
     res = run_ranks(world, rank_refused, daemon.socket, group_name("refuse"), 10, case)
     assert all(kind != "ok" for kind, _ in res), res
     assert any(says in what for _, what in res), res
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """Samples (i, its features) for i < n, each of a DataLoader's workers the ones its number
+    is of, modulo the workers."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        w = torch.utils.data.get_worker_info()
+        first, step = (0, 1) if w is None else (w.id, w.num_workers)
+        x = dataset(self.n).tensors[1]
+        return iter([(torch.tensor(i), x[i]) for i in range(first, self.n, step)])
+
+
+class Late(torch.utils.data.Dataset):
+    """dataset(n)'s samples; those of the first batch its loader draws (`late`, set by each
+    worker from the sampler's first draw) are read slowly, so that a loader with two workers
+    and in_order=False yields its second batch first."""
+
+    def __init__(self, n, late):
+        self.ds, self.late = dataset(n), set(late)
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        if i in self.late:
+            import time
+            time.sleep(0.3)
+        return self.ds[i]
+
+
+def rank_out_of_order(rank, world, sock, name, n, kind, port):
+    torch.set_num_threads(1)
+    import multiprocessing
+    multiprocessing.current_process()._config["daemon"] = False  # (its workers)
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    if kind == "accelerate":
+        # Accelerate shards a sequential loader by batches: rank r's first is round 0's r-th
+        first = [rank * 2, rank * 2 + 1]
+        import accelerate
+        from test_accelerate_real import set_env
+        set_env(rank, world, port)
+        dl = accelerate.Accelerator(cpu=True).prepare(
+            DataLoader(Late(n, first), batch_size=2, num_workers=2, in_order=False))
+    else:
+        first = list(DistributedSampler(range(n), world, rank, shuffle=True, seed=5))[:2]
+        ds = Late(n, first)
+        dl = DataLoader(ds, batch_size=2, num_workers=2, in_order=False,
+                        sampler=DistributedSampler(ds, world, rank, shuffle=True, seed=5),
+                        persistent_workers=kind == "persistent")
+    runs = []
+    for _ in range(2 if kind == "persistent" else 1):  # (a persistent loader's 2nd epoch too)
+        seen, ids, xs = [], [], []
+        for i, x in g.eval_loop(dl):
+            seen.append(i.tolist())
+            gi, gx = g.gather_for_metrics((i, x))
+            ids.append(gi)
+            xs.append(gx)
+        runs.append((seen, torch.cat(ids).tolist(), torch.cat(xs).numpy()))
+    g.leave()
+    return first, runs
+
+
+@pytest.mark.parametrize("kind", ["shuffled", "persistent", "accelerate"])
+def test_batches_out_of_draw_order_keep_their_samples(daemon, kind):
+    """in_order=False: batches come as the workers finish them; each keeps its draw's keys
+    (the task number torch hands over with it), so every sample comes back once, with its own
+    rows, and the sharding's padding (23 samples, 3 ranks) is dropped. This was refused."""
+    n, world = 23, 3
+    if kind == "accelerate":
+        pytest.importorskip("accelerate")
+    from test_accelerate_real import free_port
+    res = run_ranks(world, rank_out_of_order, daemon.socket, group_name("order"), n, kind,
+                    free_port())
+    x = dataset(n).tensors[1].numpy()
+    for first, runs in res:
+        for seen, ids, xs in runs:
+            assert seen[0] != first, (first, seen)  # (the loader did yield out of order)
+            assert first in seen, (first, seen)
+            assert sorted(ids) == list(range(n)), ids
+            assert np.array_equal(xs, x[ids]), (ids, xs)  # each row its own sample's
 
 
 class Reread(torch.utils.data.Dataset):
