@@ -270,6 +270,13 @@ static int agree_run(DvAgree *a) {
                                              q[k].status);
                 char why[sizeof(q[k].why)];
                 size_t n = dv_printable(why, sizeof(why), q[k].why, sizeof(q[k].why));
+                /* a rank's own refusal: its op may be a guess (deval_refuse()); name the others' */
+                if (q[k].status == DEVAL_EINVAL)
+                        return dv_agree_fail(a, DEVAL_EINVAL,
+                                             "collective #%u (%s): %s refused its own call, so "
+                                             "this one fails on every rank: %s",
+                                             a->call, dv_op_name(q[k ? 0 : a->world > 1].op), w,
+                                             n ? why : "a bad argument");
                 return dv_agree_fail(a, q[k].status,
                                      "collective #%u (%s): %s could not stage its %llu bytes of "
                                      "input: %s",

@@ -89,7 +89,8 @@ int dv_join_check(const DvJoinReq *req, char *why, size_t len) {
 }
 
 int dv_staging_status(int32_t status) {
-        return status == DEVAL_ENOMEM || status == DEVAL_ESYS ? status : 0;
+        return status == DEVAL_ENOMEM || status == DEVAL_ESYS || status == DEVAL_EINVAL ? status
+                                                                                        : 0;
 }
 
 size_t dv_printable(char *dst, size_t len, const char *src, size_t srclen) {

@@ -17,8 +17,9 @@ int dv_msg_check(const void *buf, size_t n);
 /* A join request's own fields: name, world size, rank. 0, or DEVAL_EINVAL with why. */
 int dv_join_check(const DvJoinReq *req, char *why, size_t len);
 
-/* The status a rank that could not stage its input may report: DEVAL_ENOMEM or DEVAL_ESYS,
- * as it wrote it; any other value is a malformed request (0). */
+/* The status a rank that could not make its call may report: DEVAL_ENOMEM or DEVAL_ESYS (its
+ * input did not fit), DEVAL_EINVAL (its own checks refused its arguments), as it wrote it; any
+ * other value is a malformed request (0). */
 int dv_staging_status(int32_t status);
 /* A rank's own account of a failure (client text): up to its first NUL, at most srclen
  * bytes, into dst (len bytes, terminated), each byte outside printable ASCII as '?'.

@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  14
+#define DV_PROTO_VERSION  15
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512

@@ -246,6 +246,12 @@ int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op);
 int deval_broadcast(deval_group *g, deval_tensor *inout, int root);
 int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root, deval_bytes *out);
 int deval_barrier(deval_group *g);
+/* This rank's own checks refused the collective call it was making (a binding's, a wrapper's,
+ * why) before it reached libdeval: the call still takes its step, as a refusal, so that every
+ * rank's call there fails with DEVAL_EINVAL naming this rank and why, and the ranks' next
+ * calls pair with each other's. (A collective that libdeval itself refuses does so already.)
+ * Return: DEVAL_EINVAL, with why as this rank's message; the group's failure where it failed. */
+int deval_refuse(deval_group *g, const char *why);
 
 /*
  * A buffer of at least bytes in this rank's shared input arena, for the next collective: a

@@ -26,6 +26,34 @@
 
 static const deval_gather_opts default_opts = DEVAL_GATHER_OPTS_INIT;
 
+/*
+ * A call's own checks refused it (r is DEVAL_EINVAL and g->seq is still seq, what it was
+ * when the call began: nothing was sent). The others make this call too, and a rank that
+ * skipped it would pair its next call with theirs: a wrong result, without an error, where
+ * the next call is of the same kind. So it still takes its step, as a refusal with its own
+ * words, and every rank's call there fails naming it; this rank keeps its own message. A
+ * call that takes no step (a replay, a resumed pass's journal, a failed group) refuses alone.
+ */
+static int refused(deval_group *g, const char *fn, uint32_t op, uint32_t seq, int r) {
+        if (r != DEVAL_EINVAL || !g || g->seq != seq || g->failed ||
+            (g->forks != dv_forks() && g->pid != getpid()) || dv_coll_kept(g))
+                return r;
+        if (!g->span && atomic_load_explicit(&g->done->abort_status, memory_order_acquire))
+                return r;
+        char own[sizeof(g->errmsg)];
+        memcpy(own, g->errmsg, sizeof(own));
+        DvRequest *q;
+        const DvResult *res;
+        if (dv_req_start(g, op, &q) < 0)
+                return r;
+        q->status = DEVAL_EINVAL;
+        snprintf(q->why, sizeof(q->why), "%s", own);
+        int s = dv_coll_run(g, fn, &res);
+        if (s != DEVAL_EINVAL) /* (the group failed meanwhile: that says more) */
+                return s < 0 ? s : dv_set_err(g, DEVAL_EPROTO, "%s: devald accepted a refusal", fn);
+        return dv_set_err(g, DEVAL_EINVAL, "%s", own);
+}
+
 static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
                          const deval_tensor in[], const deval_gather_opts *opts,
                          deval_tensor out[]) {
@@ -76,13 +104,15 @@ static int gather_common(deval_group *g, uint32_t op, const char *fn, int n,
  * concatenated in opts->order; every other dim that differs is padded with pad_value.
  * @out: n views into shared memory, read-only, valid until the next call on g. A rank other
  *       than opts->root (when root >= 0) gets shapes with 0 rows and NULL data.
- * Return: 0; DEVAL_EINVAL (bad argument, nothing sent); DEVAL_EMISMATCH (ranks disagree: the
+ * Return: 0; DEVAL_EINVAL (a bad argument, on every rank: refused()); DEVAL_EMISMATCH (ranks disagree: the
  * message names the ranks and the field); DEVAL_ENOMEM (over quota); DEVAL_EPEER,
  * DEVAL_EDAEMON, DEVAL_ETIMEDOUT (the group failed for good).
  */
 int deval_gather(deval_group *g, int n, const deval_tensor in[], const deval_gather_opts *opts,
                  deval_tensor out[]) {
-        return gather_common(g, DV_OP_GATHER, "deval_gather", n, in, opts, out);
+        uint32_t seq = g ? g->seq : 0;
+        int r = gather_common(g, DV_OP_GATHER, "deval_gather", n, in, opts, out);
+        return refused(g, "deval_gather", DV_OP_GATHER, seq, r);
 }
 
 /**
@@ -90,9 +120,8 @@ int deval_gather(deval_group *g, int n, const deval_tensor in[], const deval_gat
  * whose dataset position is past num_samples and orders by the pass's order. Outside a pass
  * it is deval_gather().
  */
-int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
-                             const deval_gather_opts *opts, deval_tensor out[]) {
-        const char *fn = "deval_gather_for_metrics";
+static int gather_for_metrics(deval_group *g, const char *fn, int n, const deval_tensor in[],
+                              const deval_gather_opts *opts, deval_tensor out[]) {
         if (!g || !g->ident)
                 return gather_common(g, DV_OP_GATHER_METRICS, fn, n, in, opts, out);
         /* a pass with keys: the batch's keys go first, and decide what the result keeps */
@@ -109,6 +138,14 @@ int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
         if ((r = gather_common(g, DV_OP_GATHER_METRICS, fn, n + 1, call, opts, res)) < 0)
                 return dv_ident_explain(g, r);
         return dv_ident_result(g, fn, stream, n, res, own.same_rows, out);
+}
+
+int deval_gather_for_metrics(deval_group *g, int n, const deval_tensor in[],
+                             const deval_gather_opts *opts, deval_tensor out[]) {
+        const char *fn = "deval_gather_for_metrics";
+        uint32_t seq = g ? g->seq : 0;
+        int r = gather_for_metrics(g, fn, n, in, opts, out);
+        return refused(g, fn, DV_OP_GATHER_METRICS, seq, r);
 }
 
 int dv_simple_op(deval_group *g, uint32_t op, const char *fn, int64_t num_samples, int order) {
@@ -140,9 +177,8 @@ int deval_barrier(deval_group *g) {
  * rank returns *in unchanged without a collective.
  * @out: this rank's padded tensor, a view valid until the next call on g.
  */
-int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, double pad_value,
-                               bool pad_first, deval_tensor *out) {
-        const char *fn = "deval_pad_across_processes";
+static int pad_across_processes(deval_group *g, const char *fn, const deval_tensor *in, int dim,
+                                double pad_value, bool pad_first, deval_tensor *out) {
         const DvResult *res;
         int r;
 
@@ -173,6 +209,17 @@ int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, 
         if (res->ntensors != 1)
                 return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
         return dev ? dv_view_of_dev(g, fn, &res->t[0], out) : dv_view_of(g, fn, &res->t[0], out);
+}
+
+int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, double pad_value,
+                               bool pad_first, deval_tensor *out) {
+        const char *fn = "deval_pad_across_processes";
+        uint32_t seq = g ? g->seq : 0;
+        int r = pad_across_processes(g, fn, in, dim, pad_value, pad_first, out);
+        /* (a dim outside the tensor's rank takes no step: nor does its refusal) */
+        if (!in || in->ndim < 0 || in->ndim > DEVAL_MAX_DIMS || dim >= in->ndim || dim < -in->ndim)
+                return r;
+        return refused(g, fn, DV_OP_PAD, seq, r);
 }
 
 static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
@@ -277,8 +324,10 @@ static int objects_common(deval_group *g, uint32_t op, const char *fn, size_t n,
 int deval_gather_objects(deval_group *g, size_t n, const deval_bytes items[],
                          const deval_gather_opts *opts, size_t *out_n,
                          const deval_bytes **out_items) {
-        return objects_common(g, DV_OP_OBJECTS, "deval_gather_objects", n, items, false, opts,
-                              out_n, out_items);
+        const char *fn = "deval_gather_objects";
+        uint32_t seq = g ? g->seq : 0;
+        int r = objects_common(g, DV_OP_OBJECTS, fn, n, items, false, opts, out_n, out_items);
+        return refused(g, fn, DV_OP_OBJECTS, seq, r);
 }
 
 /**
@@ -289,8 +338,10 @@ int deval_gather_objects(deval_group *g, size_t n, const deval_bytes items[],
  */
 int dv_gather_object_placed(deval_group *g, deval_bytes item, const deval_gather_opts *opts,
                             size_t *out_n, const deval_bytes **out_items) {
-        return objects_common(g, DV_OP_OBJECTS, "deval_gather_objects", 1, &item, true, opts, out_n,
-                              out_items);
+        const char *fn = "deval_gather_objects";
+        uint32_t seq = g ? g->seq : 0;
+        int r = objects_common(g, DV_OP_OBJECTS, fn, 1, &item, true, opts, out_n, out_items);
+        return refused(g, fn, DV_OP_OBJECTS, seq, r);
 }
 
 /**
@@ -298,10 +349,9 @@ int dv_gather_object_placed(deval_group *g, deval_bytes item, const deval_gather
  * drops items past the dataset's end. Objects count in their own stream of the pass, so a
  * loop that gathers tensors and objects once per batch drops the same samples from both.
  */
-int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes items[],
-                                     const deval_gather_opts *opts, size_t *out_n,
-                                     const deval_bytes **out_items) {
-        const char *fn = "deval_gather_objects_for_metrics";
+static int objects_for_metrics(deval_group *g, const char *fn, size_t n, const deval_bytes items[],
+                               const deval_gather_opts *opts, size_t *out_n,
+                               const deval_bytes **out_items) {
         if (!g || !g->ident)
                 return objects_common(g, DV_OP_OBJECTS_METRICS, fn, n, items, false, opts, out_n,
                                       out_items);
@@ -323,13 +373,21 @@ int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes
                                      out_items);
 }
 
+int deval_gather_objects_for_metrics(deval_group *g, size_t n, const deval_bytes items[],
+                                     const deval_gather_opts *opts, size_t *out_n,
+                                     const deval_bytes **out_items) {
+        const char *fn = "deval_gather_objects_for_metrics";
+        uint32_t seq = g ? g->seq : 0;
+        int r = objects_for_metrics(g, fn, n, items, opts, out_n, out_items);
+        return refused(g, fn, DV_OP_OBJECTS_METRICS, seq, r);
+}
+
 /**
  * deval_reduce() - element-wise op over every rank's inout, in rank order (bitwise
  * reproducible); the result replaces inout's data. f16/bf16 are computed in double and
  * rounded once. MEAN needs a floating dtype.
  */
-int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op) {
-        const char *fn = "deval_reduce";
+static int reduce(deval_group *g, const char *fn, deval_tensor *inout, deval_reduce_op op) {
         const DvResult *res;
         deval_tensor out;
         int r;
@@ -358,12 +416,17 @@ int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op) {
         return 0;
 }
 
+int deval_reduce(deval_group *g, deval_tensor *inout, deval_reduce_op op) {
+        uint32_t seq = g ? g->seq : 0;
+        int r = reduce(g, "deval_reduce", inout, op);
+        return refused(g, "deval_reduce", DV_OP_REDUCE, seq, r);
+}
+
 /**
  * deval_broadcast() - every rank's inout gets root's data. All ranks pass the same dtype
  * and shape (DEVAL_EMISMATCH otherwise); non-root data is overwritten.
  */
-int deval_broadcast(deval_group *g, deval_tensor *inout, int root) {
-        const char *fn = "deval_broadcast";
+static int broadcast(deval_group *g, const char *fn, deval_tensor *inout, int root) {
         const DvResult *res;
         deval_tensor out;
         int r;
@@ -395,13 +458,18 @@ int deval_broadcast(deval_group *g, deval_tensor *inout, int root) {
         return 0;
 }
 
+int deval_broadcast(deval_group *g, deval_tensor *inout, int root) {
+        uint32_t seq = g ? g->seq : 0;
+        int r = broadcast(g, "deval_broadcast", inout, root);
+        return refused(g, "deval_broadcast", DV_OP_BROADCAST, seq, r);
+}
+
 /**
  * deval_broadcast_bytes() - every rank gets root's len bytes; data and len are ignored on
  * the other ranks. @out: a view valid until the next call on g.
  */
-int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root,
-                          deval_bytes *out) {
-        const char *fn = "deval_broadcast_bytes";
+static int broadcast_bytes(deval_group *g, const char *fn, const void *data, size_t len, int root,
+                           deval_bytes *out) {
         const DvResult *res;
         deval_tensor view;
         int r;
@@ -439,6 +507,27 @@ int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root
         out->data = view.data ? view.data : (const void *)g->out;
         out->len = (size_t)res->t[0].nbytes;
         return 0;
+}
+
+int deval_broadcast_bytes(deval_group *g, const void *data, size_t len, int root,
+                          deval_bytes *out) {
+        const char *fn = "deval_broadcast_bytes";
+        uint32_t seq = g ? g->seq : 0;
+        int r = broadcast_bytes(g, fn, data, len, root, out);
+        return refused(g, fn, DV_OP_BROADCAST_BYTES, seq, r);
+}
+
+/**
+ * deval_refuse() - this rank's own checks refused its collective call before it reached
+ * libdeval (why): take its step as a refusal, so that every rank's call there fails naming
+ * this rank and why (refused()). Where the call takes no step (a replay, a failed group),
+ * only this rank fails.
+ */
+int deval_refuse(deval_group *g, const char *why) {
+        if (!g)
+                return DEVAL_EINVAL;
+        dv_set_err(g, DEVAL_EINVAL, "%s", why ? why : "a bad argument");
+        return refused(g, "deval_refuse", DV_OP_BARRIER, g->seq, DEVAL_EINVAL);
 }
 
 /**

@@ -213,7 +213,7 @@ static int whole(deval_group *g, const char *fn, const char *what, int i, int64_
 /**
  * dv_ident_call() - the tensors a gather for metrics of a pass with keys sends: call[0] the
  * batch's keys, call[1..n] the caller's in[]. Checks that each holds a whole number of rows
- * per sample of the batch. Return: 0; DEVAL_EINVAL (nothing was sent).
+ * per sample of the batch. Return: 0; DEVAL_EINVAL (nothing was sent yet: the call's refusal).
  */
 int dv_ident_call(deval_group *g, const char *fn, int n, const deval_tensor in[],
                   const deval_gather_opts *opts, deval_tensor call[]) {

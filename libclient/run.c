@@ -52,6 +52,10 @@ static bool journal_answers(const deval_group *g) {
         return g->resume_ops && g->resume_ops->answers(g);
 }
 
+bool dv_coll_kept(const deval_group *g) {
+        return (g->replay.on && dv_replay_pending(g)) || journal_answers(g);
+}
+
 /* A collective may start: the group has not failed (a failure sticks, with its message). */
 int dv_coll_begin(deval_group *g) {
         int r = dv_coll_owner(g);

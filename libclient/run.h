@@ -14,6 +14,9 @@
 
 /* Only the process that joined may use the handle. Return: 0, or DEVAL_EINVAL with why. */
 int dv_coll_owner(deval_group *g);
+/* Is the next collective answered from what was kept (a replay, a resumed pass's journal),
+ * taking no step? */
+bool dv_coll_kept(const deval_group *g);
 /* A collective may start: the group has not failed or been aborted (a failure sticks). */
 int dv_coll_begin(deval_group *g);
 /*

@@ -79,16 +79,16 @@ class Group:
 
     def _handle(self):
         if not self._h:
-            raise InvalidArgument("deval: group %r is closed" % self.name, -1)
+            raise _told(InvalidArgument("deval: group %r is closed" % self.name, -1))
         if self._left is not None:  # the pass this rank left failed the others: say so here
             e, self._left = self._left, None
             self._addr = self._h.value if self._fast is not None else 0
-            raise e
+            raise _told(e)
         lp = _loop.ACTIVE[-1] if _loop.ACTIVE else None
         if lp is not None and getattr(lp, "refused", None) is not None and lp.g is self:
-            raise type(lp.refused)("this rank refused its eval pass at batch %d, which failed it "
-                                   "on every rank; the loop's calls fail: %s"
-                                   % (lp.batches, lp.refused), lp.refused.status)
+            raise _told(type(lp.refused)("this rank refused its eval pass at batch %d, which "
+                                         "failed it on every rank; the loop's calls fail: %s"
+                                         % (lp.batches, lp.refused), lp.refused.status))
         return self._h
 
     def _left_pass(self, e):
@@ -106,10 +106,22 @@ class Group:
             # a rank left the pass while the others went on: the pass is over on every rank
             if self._in_pass and r == Mismatch.status and _lib.deval_eval_open(self._h) == 0:
                 self._pass_ended = True
-            e = _ERRORS.get(r, Error)(msg, r)
-            if r == InvalidArgument.status:  # (this rank's own check: nothing was sent)
+            e = _told(_ERRORS.get(r, Error)(msg, r))
+            if r == InvalidArgument.status:  # (a check's refusal, at its step on every rank)
                 self._refuse(e)
             raise e
+
+    def _refuse_call(self, e):
+        """e, an InvalidArgument of the binding's own checks in a collective call of its
+        user's, raised before the call reached libdeval: the call still takes its step, as a
+        refusal (deval_refuse()), so that every rank's call there fails with e's words, and
+        the ranks' next calls stay paired (a rank that skipped the step would pair its next
+        call with the others' this one: a wrong result, without an error). An error libdeval
+        or _handle() raised has taken its step, or takes none (_told())."""
+        if getattr(e, "_told", False) or not self._h:
+            return
+        _told(e)
+        _lib.deval_refuse(self._h, str(e).encode(errors="replace"))
 
     def _refuse(self, e):
         """This rank refuses the current batch of the loop pass it runs with e, an error of its
@@ -262,6 +274,14 @@ class Group:
         With copy=False, numpy results are read-only views into shared memory, valid until
         the group's next collective; torch results are always copies.
         """
+        try:
+            return self._plain_gather(x, copy, pad_index, pad_first, order, valid_rows,
+                                      keep_rows, root)
+        except InvalidArgument as e:
+            self._refuse_call(e)
+            raise
+
+    def _plain_gather(self, x, copy, pad_index, pad_first, order, valid_rows, keep_rows, root):
         if self._addr and copy:
             # (an int 0: a float -0.0 equals 0 but pads with other bits)
             if order == "rank" and type(pad_index) is int and pad_index == 0 and \
@@ -289,6 +309,7 @@ class Group:
         try:
             out = self._gather_for_metrics(x, copy, use_gather_object, pad_index, pad_first)
         except InvalidArgument as e:  # (the binding's own checks: every rank learns them)
+            self._refuse_call(e)
             self._refuse(e)
             raise
         finally:
@@ -303,7 +324,8 @@ class Group:
 
         Inside a pass, every tensor of one call is per sample: dim 0 is the sample dim and
         all tensors of the call have the same rows; a 0-d tensor, or rows that differ, raise
-        InvalidArgument naming the tensor (nothing is sent). Lists of non-tensors (decoded
+        InvalidArgument naming the tensor (on every rank: the call's step is a refusal).
+        Lists of non-tensors (decoded
         text, say) go through gather_object's path, as in Accelerate;
         ``use_gather_object=True`` forces it.
         """
@@ -498,6 +520,13 @@ class Group:
 
     def pad_across_processes(self, x, dim=0, pad_index=0, pad_first=False, copy=True):
         """Pad every tensor in x along dim to the largest size any rank has there."""
+        try:
+            return self._pad(x, dim, pad_index, pad_first, copy)
+        except InvalidArgument as e:
+            self._refuse_call(e)
+            raise
+
+    def _pad(self, x, dim, pad_index, pad_first, copy):
         h = self._handle()
         leaves = []
         template = _flatten(x, leaves, self.device is not None)
@@ -530,6 +559,13 @@ class Group:
 
     def reduce(self, x, reduction="sum", scale=1.0):
         """Element-wise reduction over ranks, in rank order; returns new tensors."""
+        try:
+            return self._reduce(x, reduction, scale)
+        except InvalidArgument as e:
+            self._refuse_call(e)
+            raise
+
+    def _reduce(self, x, reduction, scale):
         h = self._handle()
         if reduction not in _REDUCTIONS:
             raise InvalidArgument("deval: reduction must be one of %s, not %r"
@@ -549,6 +585,13 @@ class Group:
 
     def broadcast(self, x, from_process=0):
         """Every rank gets from_process's tensors (same dtypes and shapes on every rank)."""
+        try:
+            return self._broadcast(x, from_process)
+        except InvalidArgument as e:
+            self._refuse_call(e)
+            raise
+
+    def _broadcast(self, x, from_process):
         h = self._handle()
         leaves = []
         template = _flatten(x, leaves)
@@ -564,8 +607,15 @@ class Group:
     # -- objects
 
     def _objects(self, fn, items, opts=None):
+        try:
+            return self._objects_of(fn, items, opts)
+        except InvalidArgument as e:
+            self._refuse_call(e)
+            raise
+
+    def _objects_of(self, fn, items, opts):
         h = self._handle()
-        blobs = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in items]
+        blobs = [_pickled(o, i) for i, o in enumerate(items)]
         arr = (_Bytes * max(1, len(blobs)))()
         keep = []
         for b, slot in zip(blobs, arr):
@@ -588,9 +638,15 @@ class Group:
 
     def broadcast_object(self, obj, from_process=0):
         """from_process's object, on every rank."""
+        try:
+            return self._broadcast_object(obj, from_process)
+        except InvalidArgument as e:
+            self._refuse_call(e)
+            raise
+
+    def _broadcast_object(self, obj, from_process):
         h = self._handle()
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if \
-            self.rank == from_process else b""
+        data = _pickled(obj) if self.rank == from_process else b""
         buf = ctypes.create_string_buffer(data, len(data))
         out = _Bytes()
         self._check(_lib.deval_broadcast_bytes(h, buf, len(data), int(from_process),
@@ -602,3 +658,20 @@ class Group:
         self._check(_lib.deval_barrier(self._handle()))
 
     wait_for_everyone = barrier  # Accelerate's name
+
+
+def _told(e):
+    """e, marked as an error every rank that must hear of it has heard of (libdeval's, which
+    took its step on every rank) or that takes no step (a closed group's, a left pass's):
+    _refuse_call() lets it be."""
+    e._told = True
+    return e
+
+
+def _pickled(obj, i=None):
+    """obj's pickle; InvalidArgument (a refusal of the call on every rank) where it has none."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        raise InvalidArgument("deval: %s cannot be pickled (%s: %s)" % (
+            "the object" if i is None else "item %d" % i, type(e).__name__, e), -1) from e

@@ -120,6 +120,7 @@ def _load():
         "deval_eval_replay_done": ([G], ctypes.c_int),
         "deval_eval_abandon": ([G], ctypes.c_int),
         "deval_eval_abandon_why": ([G, ctypes.c_char_p], ctypes.c_int),
+        "deval_refuse": ([G, ctypes.c_char_p], ctypes.c_int),
         "deval_eval_begin_keys": ([G, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),
         "deval_eval_batch_keys": ([G, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)],
                                   ctypes.c_int),

@@ -402,13 +402,60 @@ static int rank_bad_args(const Harness *h, int rank, int world, void *arg) {
         CHECK(deval_eval_begin(g, -5, DEVAL_ORDER_RANK) == DEVAL_EINVAL, "num_samples -5");
         CHECK(deval_gather_objects(g, 2, NULL, NULL, NULL, NULL) == DEVAL_EINVAL, "objects");
         CHECK(deval_gather(NULL, 1, &ok, NULL, &out) == DEVAL_EINVAL, "NULL group");
-        /* none of that reached devald: the group works, and in step */
+        /* every rank refused each at its own step: the group works, and in step */
         CHECK_OK(deval_gather(g, 1, &ok, NULL, &out), g);
         CHECK(out.shape[0] == 4 * world, "%lld rows", (long long)out.shape[0]);
         CHECK_OK(deval_reduce(g, &it, DEVAL_SUM), g);
         CHECK(iv == 3 * world, "sum %d", iv);
         deval_leave(g);
         return 0;
+}
+
+/*
+ * One rank's bad argument, the others' good ones: the call fails on every rank, within 1 s,
+ * with that rank's words, and the ranks' next calls pair with each other's, not with the
+ * refused one (a rank that skipped its step paired its next gather with the others' refused
+ * one: a wrong result, without an error).
+ */
+static int rank_one_bad_arg(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        CHECK_OK(harness_join(h, "onebad", rank, world, 10000, &g), NULL);
+        float x[2] = {(float)rank, (float)rank};
+        deval_tensor in = {.data = x, .dtype = DEVAL_F32, .ndim = 1, .shape = {2}, .device = -1};
+        deval_tensor out;
+        if (rank == 1)
+                in.ndim = 9;
+        double t0 = harness_now();
+        int r = deval_gather(g, 1, &in, NULL, &out);
+        double took = harness_now() - t0;
+        CHECK(r == DEVAL_EINVAL && strstr(deval_errmsg(g), "ndim 9"), "rank %d: %s: %s", rank,
+              deval_strerror(r), deval_errmsg(g));
+        CHECK(rank == 1 || (strstr(deval_errmsg(g), "rank 1 (pid") &&
+                            strstr(deval_errmsg(g), "refused its own call")),
+              "rank %d: '%s'", rank, deval_errmsg(g));
+        CHECK(took < 1, "rank %d heard it after %.3f s", rank, took);
+        int32_t iv = rank;
+        float fv = (float)rank;
+        deval_tensor it = {.data = &iv, .dtype = DEVAL_I32, .ndim = 0, .device = -1};
+        deval_tensor ft = {.data = &fv, .dtype = DEVAL_F32, .ndim = 0, .device = -1};
+        r = deval_reduce(g, rank == 2 ? &it : &ft, DEVAL_MEAN);
+        CHECK(r == DEVAL_EINVAL && strstr(deval_errmsg(g), "mean needs a floating dtype") &&
+                      (rank == 2 || strstr(deval_errmsg(g), "rank 2 (pid")),
+              "rank %d: %s: %s", rank, deval_strerror(r), deval_errmsg(g));
+        in.ndim = 1;
+        in.shape[0] = 1;
+        CHECK_OK(deval_gather(g, 1, &in, NULL, &out), g);
+        const float *v = out.data;
+        CHECK(out.shape[0] == world && v[0] == 0 && v[1] == 1 && v[2] == 2,
+              "rank %d: the next gather has %lld rows", rank, (long long)out.shape[0]);
+        deval_leave(g);
+        return 0;
+}
+
+static void test_one_rank_bad_argument(void **state) {
+        (void)state;
+        assert_int_equal(harness_run(&H, 3, rank_one_bad_arg, NULL, 20), 0);
 }
 
 static void test_bad_arguments(void **state) {
@@ -1060,6 +1107,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_mismatch, before, after),
                 cmocka_unit_test_setup_teardown(test_other_protocol_version, before, after),
                 cmocka_unit_test_setup_teardown(test_bad_arguments, before, after),
+                cmocka_unit_test_setup_teardown(test_one_rank_bad_argument, before, after),
                 cmocka_unit_test_setup_teardown(test_bad_joins, before, after),
                 cmocka_unit_test_setup_teardown(test_daemon_survives, before, after),
                 cmocka_unit_test_setup_teardown(test_quota, before, after),

@@ -181,3 +181,43 @@ def test_a_rank_whose_loader_fails_after_its_last_batch_fails_the_others_at_the_
     for kind, msg, took in res[:2]:
         assert kind == "Mismatch" and "rank 2" in msg and "after its last index" in msg, res
         assert took < 5, res
+
+
+def rank_one_bad_call(rank, world, sock, name, call):
+    import numpy as np
+    g = deval.join(name, rank, world, socket=sock, timeout=LONG)
+    x = torch.full((2,), float(rank))
+    bad = rank == 1
+    t0 = time.monotonic()
+    try:
+        if call == "complex":
+            g.gather(x.to(torch.complex64) if bad else x)
+        elif call == "reduction":
+            g.reduce(x, "median" if bad else "sum")
+        elif call == "pickle":
+            g.gather_object([(lambda: 0) if bad else rank])
+        elif call == "pad":
+            g.pad_across_processes(x.to(torch.complex64) if bad else x, dim=0)
+        elif call == "ndim":  # (libdeval's own check: numpy reaches it as it is)
+            g.gather(np.zeros((1,) * 9) if bad else np.zeros((1, 1)))
+        said = None
+    except deval.InvalidArgument as e:
+        said = str(e)
+    took = time.monotonic() - t0
+    after = g.gather(torch.tensor([float(rank)])).tolist()  # (the ranks' next calls pair)
+    g.leave()
+    return said, took, after
+
+
+@pytest.mark.parametrize("call", ["complex", "reduction", "pickle", "pad", "ndim"])
+def test_one_rank_s_bad_argument_fails_the_call_on_every_rank(daemon, call):
+    """Rank 1's call is refused by its own checks; the others' same call fails within 1 s
+    with rank 1's words, and every rank's next gather pairs with the others' next one. Before:
+    the others' gather took rank 1's next call as its part (a wrong result, no error), and
+    that call hung or met the others' next."""
+    res = run_ranks(3, rank_one_bad_call, daemon.socket, group_name("onebad"), call)
+    for rank, (said, took, after) in enumerate(res):
+        assert said is not None, (rank, res)
+        assert rank == 1 or "rank 1 (pid" in said, (rank, said)
+        assert took < 1, (rank, took)
+        assert after == [0.0, 1.0, 2.0], (rank, after)
