@@ -491,7 +491,8 @@ class Group:
             alone = _loop.alone(loader) if self.world_size == 1 else None
             if num_samples is None and alone is not None:
                 num_samples = alone  # a group of one rank: what its loader holds, all of it
-            if isinstance(e, _loop.ShardedTwice) or num_samples is None or (
+            if isinstance(e, (_loop.ShardedTwice, _loop.ShardedByWorkers)) or \
+                    num_samples is None or (
                     base is None and order is None):
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
             n, o = num_samples, order or "rank"

@@ -22,6 +22,11 @@ class ShardedTwice(ValueError):
     of a shard."""
 
 
+class ShardedByWorkers(ValueError):
+    """A stream Accelerate shards on every rank (IterableDatasetShard) read in DataLoader
+    worker processes: each worker shards and pads its own copy, where no rank can count it."""
+
+
 def _accelerate():
     return sys.modules.get("accelerate.data_loader")
 
@@ -112,6 +117,14 @@ def pass_params(loader, world):
         return max(0, (n // per * per if drop else n) - skip * per), "rank"
     if acc is not None and isinstance(loader, acc.DataLoaderShard):
         ds = loader.dataset
+        if isinstance(ds, acc.IterableDatasetShard) and getattr(loader, "num_workers", 0) > 0:
+            raise ShardedByWorkers(
+                "Accelerate shards this iterable dataset on every rank, and with "
+                "num_workers=%d each worker process reads the stream (its part of it, or a "
+                "copy), shards it and pads its own last round of batches with samples from "
+                "its own start: which rows are padding, and how many samples the stream held, "
+                "no process can count, so no pass can be exact. Use num_workers=0" %
+                loader.num_workers)
         if isinstance(ds, acc.IterableDatasetShard):
             try:
                 n = _length(ds.dataset, "the iterable dataset")
@@ -480,6 +493,59 @@ def out_of_order(base):
     """Does the torch DataLoader base yield its batches as its workers finish them, out of the
     order its sampler drew them (in_order=False)?"""
     return getattr(base, "num_workers", 0) > 0 and getattr(base, "in_order", True) is False
+
+
+class DealtRounds:
+    """A DataLoaderDispatcher's rounds, while a loop iterates it (with): rank 0 reads a round
+    of batches (or one it splits), concatenates them and deals each rank an equal share, the
+    round's rows // the ranks; only the last round is padded to whole shares. A round before
+    it that holds a short batch (each DataLoader worker ends its own part of an iterable with
+    one) is dealt short: its last rows % ranks go to no rank, and nobody evaluates them. The
+    dispatcher's slice_fn (its own again after) notes each round's rows and a rank's share;
+    lost() says how many rows the current batch's round dropped."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.rows = self.share = None
+        self.own = None
+
+    def __enter__(self):
+        loader = self.loader
+        self.own = loader.__dict__.get("slice_fn")
+        inner = loader.slice_fn
+        find = sys.modules["accelerate.utils"].find_batch_size
+
+        def noted(batch, data_slice, *args, **kwargs):
+            try:
+                self.rows, self.share = find(batch), data_slice.stop - data_slice.start
+            except Exception:  # (a batch it cannot measure: nothing said)
+                self.rows = self.share = None
+            return inner(batch, data_slice, *args, **kwargs)
+
+        loader.slice_fn = noted
+        return self
+
+    def __exit__(self, *exc):
+        if self.own is None:
+            self.loader.__dict__.pop("slice_fn", None)
+        else:
+            self.loader.slice_fn = self.own
+
+    def check(self, world):
+        """ValueError where the current batch's round, not the last, dropped rows."""
+        if self.rows is None or getattr(self.loader, "end_of_dataloader", False):
+            return
+        lost = self.rows - world * self.share
+        if lost > 0:
+            workers = getattr(getattr(self.loader, "base_dataloader", None), "num_workers", 0)
+            raise ValueError(
+                "Accelerate's dispatcher read a round of %d samples before the last and dealt "
+                "%d to each of the %d ranks: %d went to no rank, and nobody evaluated them (a "
+                "short batch before the stream's end%s); one process would have. Read it "
+                "with num_workers=0, or give each worker's part whole batches"
+                % (self.rows, self.share, world, lost,
+                   ": each of the %d workers ends its part with one" % workers if workers
+                   else ""))
 
 
 def check_loader(loader, by_draw=False, keyed=False):

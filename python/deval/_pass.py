@@ -49,6 +49,7 @@ class _LoopPass:
         self.rows = _loop.shard_rows(loader) if loader is not None and self.keys is None \
             else None
         self.dealt_by_0 = self.keys is None and _loop.dispatched(loader)
+        self.rounds = None  # its rounds (_loop.DealtRounds), while it is iterated
         # samples this rank's batches held so far, where the pass deals by stride: its j-th
         # is the pass's j*W + rank, padding from n on (eval_loop's, which opens at once)
         self.mine = 0 if self.o == _ORDERS["strided"] and self.keys is None and \
@@ -338,6 +339,14 @@ class _LoopPass:
                 self.real = np.array([at(self.dealt + m) < n for m in range(b)], dtype=bool)
                 self.dealt += b
             elif self.dealt_by_0 and b is not None:
+                try:  # (every rank sees the same round: each refuses at the same batch)
+                    self.rounds.check(self.g.world_size)
+                except ValueError as e:
+                    err = InvalidArgument("deval: %s" % e, -1)
+                    if self.opened or self.open_now:
+                        raise err from None
+                    # its first gather_for_metrics refuses; a training loop goes on
+                    self.broken, self.samples = err, None
                 self.real = _loop.dispatched_real(self.loader, self.g.rank, b)
             elif self.mine is not None and self.counted is None:
                 self.mine = None  # (samples it is not sure of: from here on, unknown)
@@ -390,7 +399,11 @@ class _LoopPass:
         self.bar = _progress.Bar(self.g, self.progress) if self.progress else None
         ended = False
         try:
-            yield from self._run(make_iter)
+            if self.dealt_by_0:
+                with _loop.DealtRounds(self.loader) as self.rounds:
+                    yield from self._run(make_iter)
+            else:
+                yield from self._run(make_iter)
             ended = True
         finally:
             if self.bar is not None:
