@@ -199,6 +199,26 @@ def test_an_iterable_read_by_workers_where_rows_are_lost_is_refused(daemon, monk
     assert all(t > 0 and r and says in r for t, r in res), res
 
 
+def told_rank(rank, world, port, name):
+    """eval_loop over a sized stream Accelerate shards, read by workers, told num_samples."""
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
+    loader = acc.prepare(DataLoader(SizedParts(13), batch_size=2, num_workers=2))
+    with deval.join(name, rank, world) as g:
+        try:
+            g.eval_loop(loader, num_samples=13, order="rank")
+        except deval.InvalidArgument as e:
+            return str(e)
+
+
+def test_eval_loop_refuses_a_shard_read_by_workers_whatever_it_is_told(daemon, monkeypatch):
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(2, told_rank, free_port(), group_name("told"), timeout=120)
+    assert all(r and "num_workers=2" in r for r in res), res
+
+
 def dealt_rank(rank, world, port, name, n, bs):
     set_env(rank, world, port)
     from accelerate import Accelerator, DataLoaderConfiguration
