@@ -472,6 +472,55 @@ def shard_rows(loader):
     return n, lambda m: (m + skip) // per * total + r * per + (m + skip) % per
 
 
+class Counting:
+    """The stream an IterableDatasetShard reads, counting the samples each iteration of it
+    yields into read[0]; every other attribute is the stream's (set_epoch, a generator)."""
+
+    def __init__(self, inner, read):
+        self._inner, self._read = inner, read
+
+    def __iter__(self):
+        self._read[0] = 0
+        for x in self._inner:
+            self._read[0] += 1
+            yield x
+
+    def __getattr__(self, name):
+        inner = self.__dict__.get("_inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+
+@contextlib.contextmanager
+def counted(shard):
+    """While a loop iterates a loader over shard (an IterableDatasetShard read in this
+    process), [the samples its stream yielded in this iteration]. The shard reads its
+    .dataset when its iterator starts, at the loader's first batch; the stream is the user's
+    own again when the loop ends (an earlier loop over it left unfinished, whose iterator is
+    not yet collected, leaves it to this one)."""
+    inner = shard.dataset
+    if isinstance(inner, Counting):
+        inner = inner._inner
+    read = [0]
+    shard.dataset = counting = Counting(inner, read)
+    try:
+        yield read
+    finally:
+        if shard.dataset is counting:
+            shard.dataset = inner
+
+
+def check_stream(loader, read, n):
+    """ValueError where, at the last batch of loader (over an IterableDatasetShard whose
+    stream said it held n samples), the stream held more: the rest would be taken for the
+    shard's padding and dropped."""
+    if getattr(loader, "end_of_dataloader", False) and read[0] > n:
+        raise ValueError("the dataset's len() says %d samples, but its stream held %d: the "
+                         "rest would be taken for padding and dropped; give it a len() that "
+                         "counts every sample, or none" % (n, read[0]))
+
+
 def dispatched(loader):
     """Is loader Accelerate's DataLoaderDispatcher (rank 0 reads each round of batches and
     deals every rank a slice)?"""
@@ -507,6 +556,7 @@ class DealtRounds:
     def __init__(self, loader):
         self.loader = loader
         self.rows = self.share = None
+        self.read = 0  # the samples of the rounds before the current one
         self.own = None
 
     def __enter__(self):
@@ -531,10 +581,21 @@ class DealtRounds:
         else:
             self.loader.slice_fn = self.own
 
-    def check(self, world):
-        """ValueError where the current batch's round, not the last, dropped rows."""
-        if self.rows is None or getattr(self.loader, "end_of_dataloader", False):
+    def check(self, world, n=None):
+        """ValueError where the current batch's round, not the last, dropped rows; or where,
+        at the last, the rounds held more than n samples (a pass's count, from a len() that
+        said less than the stream holds: the rest would be taken for padding)."""
+        if self.rows is None:
             return
+        if getattr(self.loader, "end_of_dataloader", False):
+            held = self.read + getattr(self.loader, "remainder", -1)
+            if n is not None and held > n >= 0 and held > self.read:
+                raise ValueError(
+                    "the dataset's len() says %d samples, but the stream Accelerate's "
+                    "dispatcher read held %d: the rest would be taken for padding and "
+                    "dropped; give it a len() that counts every sample, or none" % (n, held))
+            return
+        self.read += self.rows
         lost = self.rows - world * self.share
         if lost > 0:
             workers = getattr(getattr(self.loader, "base_dataloader", None), "num_workers", 0)

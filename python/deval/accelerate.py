@@ -82,18 +82,8 @@ class _Streamed(_Dispatched):
         self.read = [0]  # the samples the shard read from the stream in this iteration
 
     def run(self, it):
-        # the shard reads its .dataset when its iterator starts, at the loader's first batch;
-        # the stream it reads is the user's own again when the loop ends (an earlier loop
-        # over it left unfinished, whose iterator is not yet collected, leaves it to this one)
-        inner = self.shard.dataset
-        if isinstance(inner, _Counting):
-            inner = inner._inner
-        self.shard.dataset = counting = _Counting(inner, self.read)
-        try:
+        with _loop.counted(self.shard) as self.read:
             yield from super().run(it)
-        finally:
-            if self.shard.dataset is counting:
-                self.shard.dataset = inner
 
     def batch(self, batch):
         if getattr(self.loader, "end_of_dataloader", False):
@@ -103,28 +93,6 @@ class _Streamed(_Dispatched):
             self.loader.remainder = self.round if self.shard.drop_last else \
                 n - (n - 1) // self.round * self.round if n else 0
         super().batch(batch)
-
-
-class _Counting:
-    """The stream an IterableDatasetShard reads, counting the samples each iteration of it
-    yields into read[0]; every other attribute is the stream's (set_epoch, a generator)."""
-
-    def __init__(self, inner, read):
-        self._inner, self._read = inner, read
-
-    def __iter__(self):
-        self._read[0] = 0
-        for x in self._inner:
-            self._read[0] += 1
-            yield x
-
-    def __getattr__(self, name):
-        inner = self.__dict__.get("_inner")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
-
-
 
 
 class _Uncounted(_Opaque):
