@@ -18,7 +18,8 @@ import numpy as np
 from . import _loop, _pass, _progress
 from ._errors import _ERRORS, Error, InvalidArgument, Mismatch, _said
 from ._libdeval import _ORDERS, _REDUCTIONS, MAX_TENSORS, _Bytes, _GatherOpts, _lib, _Tensor
-from ._nest import (_check_batch_rows, _check_samples, _data_mask, _flatten, _object_items,
+from ._nest import (_check_batch_rows, _check_samples, _data_mask, _flatten, _leaves_at,
+                    _object_items,
                     _rebuild, _sends_objects, refuse_time_major, refuse_unsure_rows)
 from ._pass import _LoopPass
 from ._plain import _GATHER, _GATHER_FOR_METRICS, _fast_path
@@ -110,6 +111,27 @@ class Group:
             if r == InvalidArgument.status:  # (a check's refusal, at its step on every rank)
                 self._refuse(e)
             raise e
+
+    def _same_structure(self, what, x, template, leaves):
+        """A reduce or broadcast of a nested x makes one step per tensor: where the ranks'
+        structures differ (a key one rank lacks, keys in another order), their steps would
+        pair one rank's tensor with another's of another name, or with its next call. So a
+        nested x (a tensor alone is not) is checked first, in one step of the binding's own:
+        Mismatch on every rank, naming the ranks, where they differ."""
+        if template[0] is None or self.world_size < 2:
+            return
+        mine = ", ".join("%s %s%s" % (where, str(leaf.torch_dtype or leaf.array.dtype).replace(
+            "torch.", ""), list(leaf.array.shape)) for (where, _), leaf in zip(_leaves_at(x),
+                                                                                leaves))
+        mine = "%s{%s}" % (type(x).__name__, mine)
+        with self._own_steps():
+            said = self._objects_of(_lib.deval_gather_objects, [mine], None)
+        if len(set(said)) > 1:
+            other = next(r for r, s in enumerate(said) if s != said[0])
+            raise Mismatch("Group.%s: the ranks' inputs differ in structure (rank 0: %s; "
+                           "rank %d: %s): each tensor meets the one at the same place on "
+                           "every rank" % (what, said[0][:200], other,
+                                                    said[other][:200]), -2)
 
     def _refuse_call(self, e):
         """e, an InvalidArgument of the binding's own checks in a collective call of its
@@ -259,12 +281,16 @@ class Group:
                    order="rank", root=None):
         order = _order_code(order)
         o = _GatherOpts()
-        o.pad_value = float(pad_value)
+        try:
+            o.pad_value = float(pad_value)
+            o.valid_rows = -1 if valid_rows is None else int(valid_rows)
+            o.keep_rows = -1 if keep_rows is None else int(keep_rows)
+            o.root = -1 if root is None else int(root)
+        except (TypeError, ValueError, OverflowError) as e:  # (refused on every rank)
+            raise InvalidArgument("deval: pad_index, valid_rows, keep_rows and root are "
+                                  "numbers (%s)" % e, -1) from None
         o.pad_first = bool(pad_first)
-        o.valid_rows = -1 if valid_rows is None else int(valid_rows)
-        o.keep_rows = -1 if keep_rows is None else int(keep_rows)
         o.order = order
-        o.root = -1 if root is None else int(root)
         return o
 
     def gather(self, x, copy=True, pad_index=0, pad_first=False, order="rank", valid_rows=None,
@@ -491,7 +517,8 @@ class Group:
             alone = _loop.alone(loader) if self.world_size == 1 else None
             if num_samples is None and alone is not None:
                 num_samples = alone  # a group of one rank: what its loader holds, all of it
-            if isinstance(e, _loop.ShardedTwice) or num_samples is None or (
+            if isinstance(e, (_loop.ShardedTwice, _loop.ShardedByWorkers)) or \
+                    num_samples is None or (
                     base is None and order is None):
                 raise InvalidArgument("deval.eval_loop: %s" % e, -1) from None
             n, o = num_samples, order or "rank"
@@ -572,6 +599,7 @@ class Group:
                                   % (", ".join(_REDUCTIONS), reduction), -1)
         leaves = []
         template = _flatten(x, leaves)
+        self._same_structure("reduce", x, template, leaves)
         results = []
         for leaf in leaves:
             a = leaf.array.copy()
@@ -595,6 +623,7 @@ class Group:
         h = self._handle()
         leaves = []
         template = _flatten(x, leaves)
+        self._same_structure("broadcast", x, template, leaves)
         results = []
         for leaf in leaves:
             a = leaf.array.copy()

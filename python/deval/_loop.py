@@ -22,6 +22,11 @@ class ShardedTwice(ValueError):
     of a shard."""
 
 
+class ShardedByWorkers(ValueError):
+    """A stream Accelerate shards on every rank (IterableDatasetShard) read in DataLoader
+    worker processes: each worker shards and pads its own copy, where no rank can count it."""
+
+
 def _accelerate():
     return sys.modules.get("accelerate.data_loader")
 
@@ -112,6 +117,14 @@ def pass_params(loader, world):
         return max(0, (n // per * per if drop else n) - skip * per), "rank"
     if acc is not None and isinstance(loader, acc.DataLoaderShard):
         ds = loader.dataset
+        if isinstance(ds, acc.IterableDatasetShard) and getattr(loader, "num_workers", 0) > 0:
+            raise ShardedByWorkers(
+                "Accelerate shards this iterable dataset on every rank, and with "
+                "num_workers=%d each worker process reads the stream (its part of it, or a "
+                "copy), shards it and pads its own last round of batches with samples from "
+                "its own start: which rows are padding, and how many samples the stream held, "
+                "no process can count, so no pass can be exact. Use num_workers=0" %
+                loader.num_workers)
         if isinstance(ds, acc.IterableDatasetShard):
             try:
                 n = _length(ds.dataset, "the iterable dataset")
@@ -459,6 +472,55 @@ def shard_rows(loader):
     return n, lambda m: (m + skip) // per * total + r * per + (m + skip) % per
 
 
+class Counting:
+    """The stream an IterableDatasetShard reads, counting the samples each iteration of it
+    yields into read[0]; every other attribute is the stream's (set_epoch, a generator)."""
+
+    def __init__(self, inner, read):
+        self._inner, self._read = inner, read
+
+    def __iter__(self):
+        self._read[0] = 0
+        for x in self._inner:
+            self._read[0] += 1
+            yield x
+
+    def __getattr__(self, name):
+        inner = self.__dict__.get("_inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+
+@contextlib.contextmanager
+def counted(shard):
+    """While a loop iterates a loader over shard (an IterableDatasetShard read in this
+    process), [the samples its stream yielded in this iteration]. The shard reads its
+    .dataset when its iterator starts, at the loader's first batch; the stream is the user's
+    own again when the loop ends (an earlier loop over it left unfinished, whose iterator is
+    not yet collected, leaves it to this one)."""
+    inner = shard.dataset
+    if isinstance(inner, Counting):
+        inner = inner._inner
+    read = [0]
+    shard.dataset = counting = Counting(inner, read)
+    try:
+        yield read
+    finally:
+        if shard.dataset is counting:
+            shard.dataset = inner
+
+
+def check_stream(loader, read, n):
+    """ValueError where, at the last batch of loader (over an IterableDatasetShard whose
+    stream said it held n samples), the stream held more: the rest would be taken for the
+    shard's padding and dropped."""
+    if getattr(loader, "end_of_dataloader", False) and read[0] > n:
+        raise ValueError("the dataset's len() says %d samples, but its stream held %d: the "
+                         "rest would be taken for padding and dropped; give it a len() that "
+                         "counts every sample, or none" % (n, read[0]))
+
+
 def dispatched(loader):
     """Is loader Accelerate's DataLoaderDispatcher (rank 0 reads each round of batches and
     deals every rank a slice)?"""
@@ -480,6 +542,71 @@ def out_of_order(base):
     """Does the torch DataLoader base yield its batches as its workers finish them, out of the
     order its sampler drew them (in_order=False)?"""
     return getattr(base, "num_workers", 0) > 0 and getattr(base, "in_order", True) is False
+
+
+class DealtRounds:
+    """A DataLoaderDispatcher's rounds, while a loop iterates it (with): rank 0 reads a round
+    of batches (or one it splits), concatenates them and deals each rank an equal share, the
+    round's rows // the ranks; only the last round is padded to whole shares. A round before
+    it that holds a short batch (each DataLoader worker ends its own part of an iterable with
+    one) is dealt short: its last rows % ranks go to no rank, and nobody evaluates them. The
+    dispatcher's slice_fn (its own again after) notes each round's rows and a rank's share;
+    lost() says how many rows the current batch's round dropped."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.rows = self.share = None
+        self.read = 0  # the samples of the rounds before the current one
+        self.own = None
+
+    def __enter__(self):
+        loader = self.loader
+        self.own = loader.__dict__.get("slice_fn")
+        inner = loader.slice_fn
+        find = sys.modules["accelerate.utils"].find_batch_size
+
+        def noted(batch, data_slice, *args, **kwargs):
+            try:
+                self.rows, self.share = find(batch), data_slice.stop - data_slice.start
+            except Exception:  # (a batch it cannot measure: nothing said)
+                self.rows = self.share = None
+            return inner(batch, data_slice, *args, **kwargs)
+
+        loader.slice_fn = noted
+        return self
+
+    def __exit__(self, *exc):
+        if self.own is None:
+            self.loader.__dict__.pop("slice_fn", None)
+        else:
+            self.loader.slice_fn = self.own
+
+    def check(self, world, n=None):
+        """ValueError where the current batch's round, not the last, dropped rows; or where,
+        at the last, the rounds held more than n samples (a pass's count, from a len() that
+        said less than the stream holds: the rest would be taken for padding)."""
+        if self.rows is None:
+            return
+        if getattr(self.loader, "end_of_dataloader", False):
+            held = self.read + getattr(self.loader, "remainder", -1)
+            if n is not None and held > n >= 0 and held > self.read:
+                raise ValueError(
+                    "the dataset's len() says %d samples, but the stream Accelerate's "
+                    "dispatcher read held %d: the rest would be taken for padding and "
+                    "dropped; give it a len() that counts every sample, or none" % (n, held))
+            return
+        self.read += self.rows
+        lost = self.rows - world * self.share
+        if lost > 0:
+            workers = getattr(getattr(self.loader, "base_dataloader", None), "num_workers", 0)
+            raise ValueError(
+                "Accelerate's dispatcher read a round of %d samples before the last and dealt "
+                "%d to each of the %d ranks: %d went to no rank, and nobody evaluated them (a "
+                "short batch before the stream's end%s); one process would have. Read it "
+                "with num_workers=0, or give each worker's part whole batches"
+                % (self.rows, self.share, world, lost,
+                   ": each of the %d workers ends its part with one" % workers if workers
+                   else ""))
 
 
 def check_loader(loader, by_draw=False, keyed=False):

@@ -24,7 +24,14 @@ def _flatten(x, leaves, on_device=False):
                 None if type(x) is dict else type(x))
     if isinstance(x, (list, tuple)):
         return (type(x), [_flatten(v, leaves, on_device) for v in x])
-    leaves.append(_Leaf(x, on_device))
+    try:
+        leaves.append(_Leaf(x, on_device))
+    except InvalidArgument:
+        raise
+    except Exception as e:  # (torch's own refusal of a dtype or layout: refused on every rank)
+        raise InvalidArgument("deval: a %s%s cannot be gathered (%s: %s)" % (
+            type(x).__name__, " of %s" % x.dtype if hasattr(x, "dtype") else "",
+            type(e).__name__, e), -1) from None
     return (None, len(leaves) - 1)
 
 

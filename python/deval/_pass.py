@@ -49,6 +49,8 @@ class _LoopPass:
         self.rows = _loop.shard_rows(loader) if loader is not None and self.keys is None \
             else None
         self.dealt_by_0 = self.keys is None and _loop.dispatched(loader)
+        self.rounds = None  # its rounds (_loop.DealtRounds), while it is iterated
+        self.read = None  # what its stream held so far, where it shards one (_loop.counted)
         # samples this rank's batches held so far, where the pass deals by stride: its j-th
         # is the pass's j*W + rank, padding from n on (eval_loop's, which opens at once)
         self.mine = 0 if self.o == _ORDERS["strided"] and self.keys is None and \
@@ -335,9 +337,24 @@ class _LoopPass:
                 self.rows = None  # (rows it cannot count: from here on, unknown)
             elif self.rows is not None:
                 n, at = self.rows
+                try:  # (every rank reads the same stream: each refuses at the same batch)
+                    _loop.check_stream(self.loader, self.read, n)
+                except ValueError as e:
+                    err = InvalidArgument("deval: %s" % e, -1)
+                    if self.opened or self.open_now:
+                        raise err from None
+                    self.broken = err  # its first gather_for_metrics refuses; training goes on
                 self.real = np.array([at(self.dealt + m) < n for m in range(b)], dtype=bool)
                 self.dealt += b
             elif self.dealt_by_0 and b is not None:
+                try:  # (every rank sees the same round: each refuses at the same batch)
+                    self.rounds.check(self.g.world_size, self.n)
+                except ValueError as e:
+                    err = InvalidArgument("deval: %s" % e, -1)
+                    if self.opened or self.open_now:
+                        raise err from None
+                    # its first gather_for_metrics refuses; a training loop goes on
+                    self.broken, self.samples = err, None
                 self.real = _loop.dispatched_real(self.loader, self.g.rank, b)
             elif self.mine is not None and self.counted is None:
                 self.mine = None  # (samples it is not sure of: from here on, unknown)
@@ -390,7 +407,14 @@ class _LoopPass:
         self.bar = _progress.Bar(self.g, self.progress) if self.progress else None
         ended = False
         try:
-            yield from self._run(make_iter)
+            if self.dealt_by_0:
+                with _loop.DealtRounds(self.loader) as self.rounds:
+                    yield from self._run(make_iter)
+            elif self.rows is not None:
+                with _loop.counted(self.loader.dataset) as self.read:
+                    yield from self._run(make_iter)
+            else:
+                yield from self._run(make_iter)
             ended = True
         finally:
             if self.bar is not None:

@@ -39,14 +39,29 @@ class _Dispatched(_Opaque):
     which rows of a rank's last batch are real, for an attached metric: the round's first
     `remainder` rows are, dealt in rank order, as many to each rank as its batch holds."""
 
-    def __init__(self, loader, rank):
+    def __init__(self, loader, rank, world=1):
         super().__init__()
-        self.loader, self.rank = loader, rank
+        self.loader, self.rank, self.world = loader, rank, world
+        self.rounds = None  # a dispatcher's (_loop.DealtRounds), while it is iterated
+        self.why = None  # a round dropped samples: why its gathers for metrics refuse
+
+    def run(self, it):
+        if not _loop.dispatched(self.loader):
+            yield from super().run(it)
+            return
+        with _loop.DealtRounds(self.loader) as self.rounds:
+            yield from super().run(it)
 
     def batch(self, batch):
         super().batch(batch)
+        if self.rounds is not None and self.why is None:
+            try:  # (every rank sees the same round: each refuses at the same gather)
+                self.rounds.check(self.world)
+            except ValueError as e:
+                self.why = "deval.accelerate: %s" % e  # (a training loop goes on)
         self.samples = b = _loop.batch_samples(batch)
-        self.real = None if b is None else _loop.dispatched_real(self.loader, self.rank, b)
+        self.real = None if b is None or self.why is not None else \
+            _loop.dispatched_real(self.loader, self.rank, b)
 
 
 class _Streamed(_Dispatched):
@@ -67,18 +82,8 @@ class _Streamed(_Dispatched):
         self.read = [0]  # the samples the shard read from the stream in this iteration
 
     def run(self, it):
-        # the shard reads its .dataset when its iterator starts, at the loader's first batch;
-        # the stream it reads is the user's own again when the loop ends (an earlier loop
-        # over it left unfinished, whose iterator is not yet collected, leaves it to this one)
-        inner = self.shard.dataset
-        if isinstance(inner, _Counting):
-            inner = inner._inner
-        self.shard.dataset = counting = _Counting(inner, self.read)
-        try:
+        with _loop.counted(self.shard) as self.read:
             yield from super().run(it)
-        finally:
-            if self.shard.dataset is counting:
-                self.shard.dataset = inner
 
     def batch(self, batch):
         if getattr(self.loader, "end_of_dataloader", False):
@@ -88,47 +93,6 @@ class _Streamed(_Dispatched):
             self.loader.remainder = self.round if self.shard.drop_last else \
                 n - (n - 1) // self.round * self.round if n else 0
         super().batch(batch)
-
-
-class _Counting:
-    """The stream an IterableDatasetShard reads, counting the samples each iteration of it
-    yields into read[0]; every other attribute is the stream's (set_epoch, a generator)."""
-
-    def __init__(self, inner, read):
-        self._inner, self._read = inner, read
-
-    def __iter__(self):
-        self._read[0] = 0
-        for x in self._inner:
-            self._read[0] += 1
-            yield x
-
-    def __getattr__(self, name):
-        inner = self.__dict__.get("_inner")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
-
-
-def _unsized_shard(loader, rank):
-    """How deval.accelerate runs a loader over an IterableDatasetShard of a stream with no
-    len(), which pass_params cannot count up front: counted as it is read (_Streamed), where
-    the shard reads the stream in this process. With worker processes each reads its own
-    copy and pads its own last round where deval cannot see, so the loader's first
-    gather_for_metrics refuses, on every rank alike (they share the loader's settings), while
-    a training loop over it runs."""
-    base = getattr(loader, "base_dataloader", loader)
-    workers = getattr(base, "num_workers", 0)
-    if not workers:
-        return _Streamed(loader, rank, loader.dataset)
-    return _Uncounted(
-        "deval.accelerate: Accelerate shards this iterable dataset, which has no len(), on "
-        "every rank and pads its last round of batches with samples from its start; deval "
-        "counts the stream to tell them, but with num_workers=%d the stream is read in worker "
-        "processes (each its own copy, each padded) where no one can count it. Use "
-        "num_workers=0, give the dataset a __len__, prepare the loader with "
-        "dispatch_batches=True, or iterate it with g.eval_loop(loader, num_samples=...)"
-        % workers)
 
 
 class _Uncounted(_Opaque):
@@ -156,7 +120,7 @@ class _State:
         if not self.loops:
             return None
         lp = self.loops[-1]
-        if isinstance(lp, _Uncounted):
+        if getattr(lp, "why", None) is not None:  # (_Uncounted; a _Dispatched that lost rows)
             raise InvalidArgument(lp.why, -1)
         if lp is not None and not isinstance(lp, _Dispatched) and not lp.opened:
             if self.group._in_pass:
@@ -418,15 +382,17 @@ def _hooked_iter(cls):
             return
         try:
             params = _loop.pass_params(self, st.group.world_size)
-        except _loop.ShardedTwice as e:
-            # a training loop over it runs; its gathers for metrics would miss most samples
+        except (_loop.ShardedTwice, _loop.ShardedByWorkers) as e:
+            # a training loop over it runs; its first gather_for_metrics refuses, on every
+            # rank alike (they share the loader's settings)
             params = _Uncounted("deval.accelerate: %s" % e)
         except _loop.Uncountable:
-            # an iterable with no len() sharded on every rank: counted as it is read
-            params = _unsized_shard(self, st.group.rank)
+            # an iterable with no len() sharded on every rank, read in this process (not by
+            # workers: ShardedByWorkers): counted as it is read
+            params = _Streamed(self, st.group.rank, self.dataset)
         except _loop.Unsized:
             # sharded, but not counted: Accelerate's own remainder
-            params = _Dispatched(self, st.group.rank)
+            params = _Dispatched(self, st.group.rank, st.group.world_size)
         except ValueError as e:
             params = None  # not a sharded loader (one process, say): Accelerate's behaviour
             if st.group.world_size > 1 and cls is not tud_loader():

@@ -126,10 +126,50 @@ class Prompts(torch.utils.data.IterableDataset):
 
 # Loops over an iterable Accelerate shards, which deval refuses: (dataset, batch size,
 # dispatch_batches, the DataLoader's num_workers, the body's gather).
+class WorkerParts(torch.utils.data.IterableDataset):
+    """Samples 0..n-1, each DataLoader worker yielding its part (those its number is of,
+    modulo the workers), as torch's documentation splits a stream; each part ends with its
+    own short batch."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        w = torch.utils.data.get_worker_info()
+        first, step = (0, 1) if w is None else (w.id, w.num_workers)
+        return iter([torch.tensor([i]) for i in range(first, self.n, step)])
+
+
+class SizedParts(WorkerParts):
+    def __len__(self):
+        return self.n
+
+
+def _gfm(acc, b):
+    return acc.gather_for_metrics(b)
+
+
+class Understated(WorkerParts):
+    """A stream whose len() says fewer samples than it holds (an estimate)."""
+
+    def __len__(self):
+        return self.n - 2
+
+
 REFUSED = {
     # no len(), sharded on every rank, read in a worker process: each worker reads its own
     # copy of the stream and pads its own last round, where deval cannot count it
-    "unsized": (Unsized, 3, False, 1, lambda acc, b: acc.gather_for_metrics(b)),
+    "unsized": (Unsized, 3, False, 1, _gfm),
+    # the same with a len(): it was counted as one stream, and came back with 11 lost and 0
+    # twice (13 samples, 2 ranks, 2 workers)
+    "sized": (lambda: SizedParts(13), 2, False, 2, _gfm),
+    # rank 0 deals it, and the workers' short batches make a round of 11 samples before the
+    # last, dealt 3 to each of 3 ranks: 2 went to no one (35 rows for 37, no error)
+    "dispatched": (lambda: WorkerParts(37), 4, True, 2, _gfm),
+    # a len() of 5 for 7 samples: the last two were taken for padding and dropped, silently,
+    # dealt from rank 0 (where Accelerate alone is right) or sharded on every rank
+    "understated-dealt": (lambda: Understated(7), 2, True, 0, _gfm),
+    "understated-sharded": (lambda: Understated(7), 2, False, 0, _gfm),
 }
 
 
@@ -158,13 +198,61 @@ def refused_rank(rank, world, port, name, case):
     return trained, None
 
 
-def test_an_iterable_shard_read_by_workers_is_refused(daemon, monkeypatch):
+@pytest.mark.parametrize("case,says", [("unsized", "num_workers=1"),
+                                       ("sized", "num_workers=2"),
+                                       ("dispatched", "2 went to no rank"),
+                                       ("understated-dealt", "says 5 samples, but"),
+                                       ("understated-sharded", "says 5 samples, but")])
+def test_an_iterable_whose_rows_would_be_lost_is_refused(daemon, monkeypatch, case, says):
     """Every rank refuses at the same gather; the same loader trains without a word."""
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
-    res = run_ranks(3, refused_rank, free_port(), group_name("unsized"), "unsized",
-                    timeout=120)
-    assert all(t > 0 and r and "num_workers=1" in r and "give the dataset a __len__" in r
-               for t, r in res), res
+    res = run_ranks(2 if case == "sized" or case.startswith("under") else 3, refused_rank,
+                    free_port(), group_name("workers"), case, timeout=120)
+    assert all(t > 0 and r and says in r for t, r in res), res
+
+
+def told_rank(rank, world, port, name):
+    """eval_loop over a sized stream Accelerate shards, read by workers, told num_samples."""
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
+    loader = acc.prepare(DataLoader(SizedParts(13), batch_size=2, num_workers=2))
+    with deval.join(name, rank, world) as g:
+        try:
+            g.eval_loop(loader, num_samples=13, order="rank")
+        except deval.InvalidArgument as e:
+            return str(e)
+
+
+def test_eval_loop_refuses_a_shard_read_by_workers_whatever_it_is_told(daemon, monkeypatch):
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(2, told_rank, free_port(), group_name("told"), timeout=120)
+    assert all(r and "num_workers=2" in r for r in res), res
+
+
+def dealt_rank(rank, world, port, name, n, bs):
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    deval.accelerate.enable(acc, group=name)
+    import multiprocessing
+    multiprocessing.current_process()._config["daemon"] = False
+    loader = acc.prepare(DataLoader(WorkerParts(n), batch_size=bs, num_workers=2))
+    try:
+        return torch.cat([acc.gather_for_metrics(b) for b in loader]).flatten().tolist()
+    finally:
+        deval.accelerate.disable()
+
+
+def test_a_dispatched_iterable_whose_workers_fill_every_round_is_exact(daemon, monkeypatch):
+    """Workers' short batches that leave each round before the last a multiple of the ranks
+    lose nothing: 13 samples, 2 ranks, batches of 2, as one process reads them."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(2, dealt_rank, free_port(), group_name("dealt"), 13, 2, timeout=120)
+    for got in res:
+        assert sorted(got) == list(range(13)), got
 
 
 def many_calls_rank(rank, world, port, name, dispatch):

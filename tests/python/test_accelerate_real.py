@@ -322,6 +322,73 @@ def test_trainer_evaluate(daemon, monkeypatch):
         assert r["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-3)
 
 
+LENGTHS = [6, 3, 3, 3, 2]  # 5 samples, the last one short
+
+
+def batch_bound_rank(rank, world, port, name, even):
+    """The Trainer's predict() of a model whose outputs depend on the batch (per-token values
+    padded by the collate, and a mean over every position): (tokens, pooled) of each sample."""
+    if world > 1:
+        set_env(rank, world, port)
+    else:
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(k, None)
+        torch.set_num_threads(1)
+    import tempfile
+    import transformers
+
+    class DS(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(LENGTHS)
+
+        def __getitem__(self, i):
+            return {"input_ids": torch.arange(1, LENGTHS[i] + 1) + i}
+
+    def collate(samples):
+        ids = torch.nn.utils.rnn.pad_sequence([s["input_ids"] for s in samples],
+                                              batch_first=True)
+        return {"input_ids": ids}
+
+    class Pooled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = torch.nn.Embedding(20, 2)
+
+        def forward(self, input_ids):
+            e = self.emb(input_ids)
+            return {"tokens": e[..., 0], "pooled": e.mean(1)}
+
+    with tempfile.TemporaryDirectory() as out:
+        args = transformers.TrainingArguments(
+            output_dir=out, use_cpu=True, report_to=[], per_device_eval_batch_size=2,
+            remove_unused_columns=False, disable_tqdm=True,
+            accelerator_config={"even_batches": even})
+        trainer = transformers.Trainer(model=Pooled(), args=args, data_collator=collate)
+        if world > 1:
+            deval.accelerate.enable(trainer, group=name)
+        tokens, pooled = trainer.predict(DS()).predictions
+        if world > 1:
+            deval.accelerate.disable()
+    return tokens.tolist(), pooled.tolist()
+
+
+def test_trainer_predictions_of_a_model_bound_to_its_batch(daemon, monkeypatch):
+    """With even_batches=False every batch is one process's, whole, on one rank: predictions
+    that depend on the batch (the collate's padding, a mean over it) are one process's. With
+    even_batches, the last sample shares its batch with sample 0, as under Accelerate alone
+    (docs/python.md says so)."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    one = run_ranks(1, batch_bound_rank, 0, "", True, timeout=120)[0]
+    uneven = run_ranks(2, batch_bound_rank, free_port(), group_name("bound"), False,
+                       timeout=180)
+    even = run_ranks(2, batch_bound_rank, free_port(), group_name("bound"), True, timeout=180)
+    for tokens, pooled in uneven:
+        assert tokens == one[0] and pooled == one[1], (tokens, pooled, one)
+    assert even[0][1][4] != one[1][4]  # (if it ever is, the docs' paragraph is out of date)
+
+
 def twice_rank(rank, world, port, name):
     set_env(rank, world, port)
     from accelerate import Accelerator

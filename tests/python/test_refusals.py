@@ -202,8 +202,14 @@ def rank_one_bad_call(rank, world, sock, name, call):
             g.pad_across_processes(x.to(torch.complex64) if bad else x, dim=0)
         elif call == "ndim":  # (libdeval's own check: numpy reaches it as it is)
             g.gather(np.zeros((1,) * 9) if bad else np.zeros((1, 1)))
+        elif call == "float8":  # (torch's own refusal of the dtype, a TypeError)
+            g.gather(x.to(torch.float8_e4m3fn) if bad else x)
+        elif call == "pad_index":
+            g.gather(x, pad_index="x" if bad else 0)
+        elif call == "structure":  # (one step per tensor: a key one rank lacks)
+            g.reduce({"loss": x, "acc": x} if not bad else {"loss": x})
         said = None
-    except deval.InvalidArgument as e:
+    except (deval.InvalidArgument, deval.Mismatch) as e:
         said = str(e)
     took = time.monotonic() - t0
     after = g.gather(torch.tensor([float(rank)])).tolist()  # (the ranks' next calls pair)
@@ -211,7 +217,8 @@ def rank_one_bad_call(rank, world, sock, name, call):
     return said, took, after
 
 
-@pytest.mark.parametrize("call", ["complex", "reduction", "pickle", "pad", "ndim"])
+@pytest.mark.parametrize("call", ["complex", "reduction", "pickle", "pad", "ndim", "float8",
+                                  "pad_index", "structure"])
 def test_one_rank_s_bad_argument_fails_the_call_on_every_rank(daemon, call):
     """Rank 1's call is refused by its own checks; the others' same call fails within 1 s
     with rank 1's words, and every rank's next gather pairs with the others' next one. Before:
@@ -220,6 +227,7 @@ def test_one_rank_s_bad_argument_fails_the_call_on_every_rank(daemon, call):
     res = run_ranks(3, rank_one_bad_call, daemon.socket, group_name("onebad"), call)
     for rank, (said, took, after) in enumerate(res):
         assert said is not None, (rank, res)
-        assert rank == 1 or "rank 1 (pid" in said, (rank, said)
+        assert rank == 1 or "rank 1 (pid" in said or \
+            (call == "structure" and "rank 1: dict{['loss']" in said), (rank, said)
         assert took < 1, (rank, took)
         assert after == [0.0, 1.0, 2.0], (rank, after)
