@@ -9,6 +9,7 @@ with devald's message. Joining is _join's, spanning machines _span's.
 
 import contextlib
 import ctypes
+import functools
 import math
 import os
 import pickle
@@ -42,6 +43,19 @@ def _part_opts(opts, at, n):
     part = type(opts).from_buffer_copy(opts)
     part.same_rows = (mask >> at) & ((1 << n) - 1)
     return part
+
+
+def _refusing(method):
+    """A collective method of Group whose InvalidArgument, raised by the binding's own checks
+    before the call took its step, still takes it (Group._refuse_call())."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except InvalidArgument as e:
+            self._refuse_call(e)
+            raise
+    return call
 
 
 class Group:
@@ -125,7 +139,7 @@ class Group:
                                                                                 leaves))
         mine = "%s{%s}" % (type(x).__name__, mine)
         with self._own_steps():
-            said = self._objects_of(_lib.deval_gather_objects, [mine], None)
+            said = self._objects(_lib.deval_gather_objects, [mine])
         if len(set(said)) > 1:
             other = next(r for r, s in enumerate(said) if s != said[0])
             raise Mismatch("Group.%s: the ranks' inputs differ in structure (rank 0: %s; "
@@ -293,6 +307,7 @@ class Group:
         o.order = order
         return o
 
+    @_refusing
     def gather(self, x, copy=True, pad_index=0, pad_first=False, order="rank", valid_rows=None,
                keep_rows=None, root=None):
         """Gather x from every rank: dim 0 concatenated, other ragged dims padded.
@@ -300,14 +315,6 @@ class Group:
         With copy=False, numpy results are read-only views into shared memory, valid until
         the group's next collective; torch results are always copies.
         """
-        try:
-            return self._plain_gather(x, copy, pad_index, pad_first, order, valid_rows,
-                                      keep_rows, root)
-        except InvalidArgument as e:
-            self._refuse_call(e)
-            raise
-
-    def _plain_gather(self, x, copy, pad_index, pad_first, order, valid_rows, keep_rows, root):
         if self._addr and copy:
             # (an int 0: a float -0.0 equals 0 but pads with other bits)
             if order == "rank" and type(pad_index) is int and pad_index == 0 and \
@@ -545,15 +552,9 @@ class Group:
         lp.progress = progress
         return lp.run(make_iter)
 
+    @_refusing
     def pad_across_processes(self, x, dim=0, pad_index=0, pad_first=False, copy=True):
         """Pad every tensor in x along dim to the largest size any rank has there."""
-        try:
-            return self._pad(x, dim, pad_index, pad_first, copy)
-        except InvalidArgument as e:
-            self._refuse_call(e)
-            raise
-
-    def _pad(self, x, dim, pad_index, pad_first, copy):
         h = self._handle()
         leaves = []
         template = _flatten(x, leaves, self.device is not None)
@@ -584,15 +585,9 @@ class Group:
             results.append(_result(leaf, out, copy))
         return _rebuild(template, results)
 
+    @_refusing
     def reduce(self, x, reduction="sum", scale=1.0):
         """Element-wise reduction over ranks, in rank order; returns new tensors."""
-        try:
-            return self._reduce(x, reduction, scale)
-        except InvalidArgument as e:
-            self._refuse_call(e)
-            raise
-
-    def _reduce(self, x, reduction, scale):
         h = self._handle()
         if reduction not in _REDUCTIONS:
             raise InvalidArgument("deval: reduction must be one of %s, not %r"
@@ -611,15 +606,9 @@ class Group:
             results.append(leaf.wrap(a))
         return _rebuild(template, results)
 
+    @_refusing
     def broadcast(self, x, from_process=0):
         """Every rank gets from_process's tensors (same dtypes and shapes on every rank)."""
-        try:
-            return self._broadcast(x, from_process)
-        except InvalidArgument as e:
-            self._refuse_call(e)
-            raise
-
-    def _broadcast(self, x, from_process):
         h = self._handle()
         leaves = []
         template = _flatten(x, leaves)
@@ -635,14 +624,8 @@ class Group:
 
     # -- objects
 
+    @_refusing
     def _objects(self, fn, items, opts=None):
-        try:
-            return self._objects_of(fn, items, opts)
-        except InvalidArgument as e:
-            self._refuse_call(e)
-            raise
-
-    def _objects_of(self, fn, items, opts):
         h = self._handle()
         blobs = [_pickled(o, i) for i, o in enumerate(items)]
         arr = (_Bytes * max(1, len(blobs)))()
@@ -665,15 +648,9 @@ class Group:
         list of one."""
         return self._objects(_lib.deval_gather_objects, _object_items(items))
 
+    @_refusing
     def broadcast_object(self, obj, from_process=0):
         """from_process's object, on every rank."""
-        try:
-            return self._broadcast_object(obj, from_process)
-        except InvalidArgument as e:
-            self._refuse_call(e)
-            raise
-
-    def _broadcast_object(self, obj, from_process):
         h = self._handle()
         data = _pickled(obj) if self.rank == from_process else b""
         buf = ctypes.create_string_buffer(data, len(data))

@@ -254,13 +254,18 @@ def test_torchmetrics_sync(daemon, world, uneven, monkeypatch):
             assert out[k] == pytest.approx(one[k], rel=1e-6, abs=1e-7), k
 
 
-def trainer_rank(rank, world, port, name, n, use_deval=True):
+def rank_env(rank, world, port):
+    """A rank's launcher environment; a process on its own (world 1) gets none."""
     if world > 1:
         set_env(rank, world, port)
     else:
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             os.environ.pop(k, None)
         torch.set_num_threads(1)
+
+
+def trainer_rank(rank, world, port, name, n, use_deval=True):
+    rank_env(rank, world, port)
     import tempfile
     import transformers
     cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
@@ -328,12 +333,7 @@ LENGTHS = [6, 3, 3, 3, 2]  # 5 samples, the last one short
 def batch_bound_rank(rank, world, port, name, even):
     """The Trainer's predict() of a model whose outputs depend on the batch (per-token values
     padded by the collate, and a mean over every position): (tokens, pooled) of each sample."""
-    if world > 1:
-        set_env(rank, world, port)
-    else:
-        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            os.environ.pop(k, None)
-        torch.set_num_threads(1)
+    rank_env(rank, world, port)
     import tempfile
     import transformers
 
