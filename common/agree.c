@@ -193,16 +193,18 @@ static int agree_pad(DvAgree *a) {
         int r;
         if ((r = ntensors(a, 1, 1)) < 0)
                 return r;
-        SAME_ON_ALL(a, dim, "%d", "dim");
         SAME_ON_ALL(a, pad_first, "%u", "pad_first");
         if ((r = pad_value_same(a)) < 0)
                 return r;
         for (int k = 0; k < a->world; k++)
                 if ((r = a->desc(a, k, 0, true)) < 0)
                         return r;
-        SAME_ON_ALL(a, t[0].ndim, "%d", "ndim");
-        if (a->q[0].dim < 0 || a->q[0].dim >= a->q[0].t[0].ndim)
-                return dv_agree_fail(a, DEVAL_EPROTO, "dim %d is out of range", a->q[0].dim);
+        /* (before dim: a rank whose tensor has a dim fewer finds the dim outside it) */
+        SAME_ON_ALL(a, t[0].ndim, "%d", "the tensor's ndim");
+        SAME_ON_ALL(a, dim, "%d", "dim");
+        int dim = a->q[0].dim;
+        if (dim < 0 || (dim >= a->q[0].t[0].ndim && dim != DV_PAD_OUTSIDE))
+                return dv_agree_fail(a, DEVAL_EPROTO, "dim %d is out of range", dim);
         return 0;
 }
 

@@ -486,7 +486,8 @@ int dv_plan_gather(const DvPlanInput *in, DvPlan *p) {
 /**
  * dv_plan_pad() - plan pad_across_processes: every rank's tensor padded along dim to the
  * largest size any rank has there, one output per rank.
- * @world: number of ranks; @in: [world] shapes; @dim: 0 <= dim < ndim.
+ * @world: number of ranks; @in: [world] shapes; @dim: 0 <= dim < ndim, or a dim outside
+ * the tensors (DV_PAD_OUTSIDE): each rank's tensor as it is, as Accelerate returns it.
  * @p: an initialised plan; p->out[k] is rank k's result.
  *
  * Return: 0; DEVAL_EMISMATCH when dtype or ndim differ; DEVAL_ENOMEM past max_out.
@@ -498,6 +499,7 @@ int dv_plan_pad(int world, const DvShape *in, int dim, bool pad_first, double pa
 
         if ((r = plan_alloc_outputs(p, world, world)) < 0)
                 return r;
+        bool outside = world < 1 || dim < 0 || dim >= in[0].ndim;
         for (int k = 0; k < world; k++) {
                 if (in[k].dtype != in[0].dtype)
                         return plan_fail(p, DEVAL_EMISMATCH,
@@ -509,12 +511,14 @@ int dv_plan_pad(int world, const DvShape *in, int dim, bool pad_first, double pa
                                 p, DEVAL_EMISMATCH,
                                 "ranks disagree on the ndim: rank 0 has %d, rank %d has %d",
                                 in[0].ndim, k, in[k].ndim);
-                longest = DV_MAX(longest, in[k].shape[dim]);
+                if (!outside)
+                        longest = DV_MAX(longest, in[k].shape[dim]);
         }
         uint64_t cursor = out_base;
         for (int k = 0; k < world; k++) {
                 p->out[k] = in[k];
-                p->out[k].shape[dim] = longest;
+                if (!outside)
+                        p->out[k].shape[dim] = longest;
                 dv_dtype_encode(in[k].dtype, pad_value, p->fill[k]);
                 if ((r = plan_out_bytes(p, k, &cursor, max_out)) < 0)
                         return r;

@@ -15,10 +15,12 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  15
+#define DV_PROTO_VERSION  16
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
+/* pad_across_processes of a dim outside the tensor: each rank's own, as it is */
+#define DV_PAD_OUTSIDE    DEVAL_MAX_DIMS
 #define DV_CTL_MAGIC      0x4c564544u /* "DEVL" */
 #define DV_ARENA_ALIGN    64
 #define DV_VERSION_STRING "0.2.0"
@@ -330,7 +332,7 @@ typedef struct {
         int32_t order;
         int32_t root;
         int32_t reduce_op;
-        int32_t dim;
+        int32_t dim; /* DV_OP_PAD: 0..ndim-1, or DV_PAD_OUTSIDE */
         int64_t num_samples;
         int32_t status; /* < 0: this rank could not stage its input; the step fails */
         uint32_t site;  /* *_METRICS in an eval pass: which call of the batch */

@@ -174,7 +174,9 @@ int deval_barrier(deval_group *g) {
 /**
  * deval_pad_across_processes() - pad in along dim to the largest size any rank has there,
  * like Accelerate's pad_across_processes. dim may be negative; a dim outside the tensor's
- * rank returns *in unchanged without a collective.
+ * rank returns *in unchanged, once every rank has found it outside its own tensor too (it
+ * still takes its step: a rank whose tensor has a dim more fails it on every rank, where
+ * skipping it would pair this rank's next call with the others' pad).
  * @out: this rank's padded tensor, a view valid until the next call on g.
  */
 static int pad_across_processes(deval_group *g, const char *fn, const deval_tensor *in, int dim,
@@ -189,11 +191,10 @@ static int pad_across_processes(deval_group *g, const char *fn, const deval_tens
         uint64_t bytes;
         if ((r = dv_check_tensor(g, fn, 0, in, true, &bytes)) < 0)
                 return r;
-        if (dim >= in->ndim || dim < -in->ndim) { /* no collective, whatever the group's state */
-                *out = *in;
-                return 0;
-        }
-        if (dim < 0)
+        bool outside = dim >= in->ndim || dim < -in->ndim;
+        if (outside)
+                dim = DV_PAD_OUTSIDE;
+        else if (dim < 0)
                 dim += in->ndim;
         DvRequest *q;
         if ((r = dv_req_start(g, DV_OP_PAD, &q)) < 0)
@@ -208,6 +209,10 @@ static int pad_across_processes(deval_group *g, const char *fn, const deval_tens
                 return r;
         if (res->ntensors != 1)
                 return dv_set_err(g, DEVAL_EPROTO, "%s: devald sent a malformed result", fn);
+        if (outside) {
+                *out = *in;
+                return 0;
+        }
         return dev ? dv_view_of_dev(g, fn, &res->t[0], out) : dv_view_of(g, fn, &res->t[0], out);
 }
 
@@ -216,9 +221,6 @@ int deval_pad_across_processes(deval_group *g, const deval_tensor *in, int dim, 
         const char *fn = "deval_pad_across_processes";
         uint32_t seq = g ? g->seq : 0;
         int r = pad_across_processes(g, fn, in, dim, pad_value, pad_first, out);
-        /* (a dim outside the tensor's rank takes no step: nor does its refusal) */
-        if (!in || in->ndim < 0 || in->ndim > DEVAL_MAX_DIMS || dim >= in->ndim || dim < -in->ndim)
-                return r;
         return refused(g, fn, DV_OP_PAD, seq, r);
 }
 

@@ -290,7 +290,7 @@ static bool fast_pad(deval_group *g, const DvRequest *q, DvResult *res, uint64_t
         dv_kplan_run(segs, starts, (uint32_t)p->nsegs, 0, starts[p->nsegs], g->fast.out, srcs);
         for (int k = 0; k < W; k++) {
                 g->hdr->slots[k].pad_off = p->out_offset[k];
-                g->hdr->slots[k].pad_len = p->out[k].shape[dim];
+                g->hdr->slots[k].pad_len = dim < p->out[k].ndim ? p->out[k].shape[dim] : 0;
         }
         res->ntensors = 1;
         dv_desc_of(&p->out[0], p->out_offset[0], p->out_nbytes[0], &res->t[0]);

@@ -228,13 +228,16 @@ static int fast_result(deval_group *g, const char *fn, bool pass_end, const DvRe
                 DvTensorDesc *t = &res->t[0];
                 int64_t numel = 1;
                 *t = q->t[0];
-                if (res->ntensors != 1 || q->dim < 0 || q->dim >= t->ndim)
+                bool outside = q->dim == DV_PAD_OUTSIDE; /* (its own shape) */
+                if (res->ntensors != 1 || q->dim < 0 || (q->dim >= t->ndim && !outside))
                         return dv_set_err(g, DEVAL_EPROTO,
                                           "%s: rank %d wrote a malformed result of collective #%u",
                                           fn, f->executor, g->seq);
-                t->shape[q->dim] = slot->pad_len;
+                if (!outside)
+                        t->shape[q->dim] = slot->pad_len;
                 DvShape sh = dv_shape_of(t);
-                if (t->shape[q->dim] < 0 || !dv_shape_numel(&sh, &numel) || numel > INT64_MAX / 16)
+                if ((!outside && t->shape[q->dim] < 0) || !dv_shape_numel(&sh, &numel) ||
+                    numel > INT64_MAX / 16)
                         return dv_set_err(g, DEVAL_EPROTO,
                                           "%s: rank %d wrote a malformed result of "
                                           "collective #%u",

@@ -561,17 +561,19 @@ class Group:
         results = []
         for leaf in leaves:
             nd = leaf.ndim
+            t, out = _Tensor(), _Tensor()
+            leaf.fill(t, self.device)
+            # (a dim outside the tensor still takes its step: libdeval fails it on every
+            # rank where another rank's tensor has that dim)
+            self._check(_lib.deval_pad_across_processes(h, ctypes.byref(t), int(dim),
+                                                        float(pad_index), bool(pad_first),
+                                                        ctypes.byref(out)))
             if dim >= nd or dim < -nd:  # Accelerate returns such a tensor as it is
                 if leaf.array is None:
                     results.append(leaf.keep.clone() if leaf.kind == "torch-cuda" else leaf.keep)
                 else:
                     results.append(leaf.wrap(leaf.array.copy() if copy else leaf.array))
                 continue
-            t, out = _Tensor(), _Tensor()
-            leaf.fill(t, self.device)
-            self._check(_lib.deval_pad_across_processes(h, ctypes.byref(t), int(dim),
-                                                        float(pad_index), bool(pad_first),
-                                                        ctypes.byref(out)))
             if self._replaying and leaf.array is not None:
                 # the answer kept for this rank is its empty part; the body's padding sample
                 # is padded as the others were, to go on through the body

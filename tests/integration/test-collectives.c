@@ -583,11 +583,22 @@ static int rank_pad(const Harness *h, int rank, int world, void *arg) {
         for (int64_t i = rows; i < world; i++)
                 for (int64_t j = 0; j < cols; j++)
                         CHECK(((int64_t *)out.data)[i * cols + j] == 7, "dim 0 pad");
-        /* past the rank: unchanged, no collective */
+        /* past every rank's tensor: unchanged */
         CHECK_OK(deval_pad_across_processes(g, &in, 2, 0, false, &out), g);
         CHECK(out.data == x && out.shape[1] == cols, "dim 2 changed the tensor");
         CHECK_OK(deval_pad_across_processes(g, &in, -3, 0, false, &out), g);
         CHECK(out.data == x, "dim -3 changed the tensor");
+        /* past rank 1's tensor alone (a squeezed batch of one): the call fails on every rank,
+         * naming the ndims, and the next call pairs with the others' next call */
+        deval_tensor flat = {
+                .data = x, .dtype = DEVAL_I64, .ndim = 1, .shape = {rows * cols}, .device = -1};
+        int r = deval_pad_across_processes(g, rank == 1 ? &flat : &in, 1, 0, false, &out);
+        CHECK(r == DEVAL_EMISMATCH, "a dim outside rank 1's tensor alone: %d (%s)", r,
+              deval_errmsg(g));
+        CHECK(strstr(deval_errmsg(g), "ndim: rank 0 has 2, rank 1 has 1"), "said: %s",
+              deval_errmsg(g));
+        CHECK_OK(deval_pad_across_processes(g, &in, 1, -100, false, &out), g);
+        CHECK(out.shape[1] == 3, "the next pad: width %lld", (long long)out.shape[1]);
         deval_leave(g);
         return 0;
 }

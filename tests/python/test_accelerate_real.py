@@ -454,6 +454,38 @@ def test_ops_outside_a_loader_match_accelerate(daemon, monkeypatch):
         assert plain == mine
 
 
+def squeezed_rank(rank, world, port, name):
+    set_env(rank, world, port)
+    from accelerate import Accelerator
+    acc = Accelerator(cpu=True)
+    deval.accelerate.enable(acc, group=name)
+    try:
+        # a batch of one squeezed on the last rank: dim 1 is outside its tensor alone
+        logits = torch.ones((2, 3 + rank)) if rank < world - 1 else torch.ones(3 + rank)
+        try:
+            acc.pad_across_processes(logits.squeeze(), dim=1)
+            said = None
+        except deval.Mismatch as e:
+            said = str(e)
+        same = acc.pad_across_processes(torch.ones(2), dim=1)  # outside on every rank
+        after = acc.gather(torch.tensor([rank])).tolist()
+    finally:
+        deval.accelerate.disable()
+    return said, same.tolist(), after
+
+
+def test_a_dim_outside_one_rank_s_tensor_fails_on_every_rank(daemon, monkeypatch):
+    """Accelerate returns a tensor lacking the dim as it is, on that rank alone, and the
+    others' pad paired with its next call. deval's step is every rank's: each one hears the
+    mismatch, and the next gather pairs as it should."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    out = run_ranks(3, squeezed_rank, free_port(), group_name("squeezed"))
+    for said, same, after in out:
+        assert said is not None and "ndim: rank 0 has 2, rank 2 has 1" in said, said
+        assert same == [1.0, 1.0]
+        assert after == [0, 1, 2]
+
+
 class Lengths(torch.utils.data.Dataset):
     """Sample i: a row of 6 - i values i (sample 0 the longest), label i % 2."""
 
