@@ -712,11 +712,17 @@ class Keys:
                              "workers ahead of the sampler for good: make the DataLoader "
                              "again, or take no batch from it outside the loop)")
         b, i, j = b
-        try:
-            keys = [k.__index__() for k in b]
-        except (AttributeError, TypeError):
-            raise ValueError("its sampler yields %s, neither dataset indices nor lists of "
-                             "them" % type(b).__name__) from None
+        if self.draws is not None:  # a draw is its place: what the sampler yields is the
+            keys = list(b)          # dataset's to read (a key of its own, say)
+        else:
+            try:
+                keys = [k.__index__() for k in b]
+            except (AttributeError, TypeError):
+                raise ValueError("its sampler yields %s, neither dataset indices nor lists "
+                                 "of them, and deval does not know how the loader shards it "
+                                 "(a DistributedSampler's or Accelerate's sharding of it "
+                                 "names each sample by its draw)"
+                                 % type(b[0] if len(b) else b).__name__) from None
         self.indices = keys
         if self.draws is not None:
             d = self.draws
@@ -757,7 +763,8 @@ class Keys:
             lists = True
             if not self.base._auto_collation:
                 # batch_size=None: a draw is one sample, or a whole batch's list of indices
-                lists = not hasattr(b, "__index__") and hasattr(b, "__iter__")
+                lists = not hasattr(b, "__index__") and hasattr(b, "__iter__") and \
+                    not isinstance(b, (str, bytes))
                 if not lists:
                     b = [b]
             self.placed[self.batch] = (b, lists, self.batch, self.dealt)

@@ -231,6 +231,57 @@ def test_eval_loop_refuses_a_shard_read_by_workers_whatever_it_is_told(daemon, m
     assert all(r and "num_workers=2" in r for r in res), res
 
 
+class ByName(torch.utils.data.Dataset):
+    """11 samples read by name ("k07"), not by index: sample k07 is [7]."""
+
+    names = ["k%02d" % i for i in range(11)]
+
+    def __len__(self):
+        return len(self.names)
+
+    def __getitem__(self, name):
+        return torch.tensor([int(name[1:])])
+
+
+class Names(torch.utils.data.Sampler):
+    """The dataset's names, shuffled alike on every rank."""
+
+    def __iter__(self):
+        order = torch.randperm(11, generator=torch.Generator().manual_seed(5)).tolist()
+        return iter([ByName.names[i] for i in order])
+
+    def __len__(self):
+        return 11
+
+
+def by_name_rank(rank, world, port, name, workers):
+    set_env(rank, world, port)
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True)
+    deval.accelerate.enable(acc, group=name)
+    import multiprocessing
+    multiprocessing.current_process()._config["daemon"] = False  # (workers of a test rank)
+    try:
+        loader = acc.prepare(DataLoader(ByName(), batch_size=3, sampler=Names(),
+                                        num_workers=workers))
+        return torch.cat([acc.gather_for_metrics(b) for b in loader]).flatten().tolist()
+    finally:
+        deval.accelerate.disable()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_of_names_sharded_by_accelerate(daemon, monkeypatch, workers):
+    """A sampler that yields the dataset's own keys (names, not indices), sharded by
+    Accelerate: its draws are known, so each sample is its draw and the pass is exact, in the
+    sampler's order (it was refused for not yielding indices)."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    want = [int(k[1:]) for k in Names()]
+    for got in run_ranks(3, by_name_rank, free_port(), group_name("names"), workers,
+                         timeout=120):
+        assert got == want
+
+
 def dealt_rank(rank, world, port, name, n, bs):
     set_env(rank, world, port)
     from accelerate import Accelerator, DataLoaderConfiguration
