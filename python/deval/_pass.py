@@ -20,6 +20,7 @@ from ._libdeval import _ORDERS, _REDUCTIONS, _lib, _Tensor
 from ._tensors import _NP_TO_DEVAL, _fill
 
 _END = object()
+_LEVELS = 4  # datasets a part was cut from that ranks compare, from the root (_same_loop)
 
 
 class _LoopPass:
@@ -115,11 +116,14 @@ class _LoopPass:
                 "samples of the batches before, which the pass must leave out: gather from its "
                 "first batch on" % self.batches, -1)
         root = self._root()
+        chain = _roots.chain_of(self.keys.base.dataset) if root is not None else []
         with g._own_steps():
-            shared = self._same_loop(h, 0 if root is None else _roots.root_digest(root),
-                                     before)
+            shared, common = self._same_loop(
+                h, 0 if root is None else _roots.root_digest(root), before,
+                [_roots.root_digest(c) for c in chain[:_LEVELS]])
             if self.keys is not None:
-                short = self._name_samples(root, shared)
+                near = None if shared else _roots.nearest(chain, common, root)
+                short = self._name_samples(root, shared, near)
                 try:  # (a rank that refuses opens the pass too, then leaves it, saying why)
                     g._check(_lib.deval_eval_begin_keys(h, self.n, max(self.n, self.num_keys)))
                 except Mismatch:
@@ -201,13 +205,16 @@ class _LoopPass:
             return None
         return _roots.root_of(self.keys.base.dataset)
 
-    def _name_samples(self, root, shared):
+    def _name_samples(self, root, shared, near=None):
         """Which indices key the pass: the dataset's own where every rank reads it alike
-        (shared: results in its order, as one process reads it), else those of the dataset
-        the ranks' parts were cut from (root), which name each sample alike whichever rank
-        reads it. Sets num_keys; returns the refusal of a rank whose indices cannot name the
-        pass's samples (InvalidArgument), or None."""
-        if root is not None and not shared:
+        (shared: results in its order, as one process reads it), else those of the nearest
+        dataset the ranks' parts were cut from (near: _roots.nearest()'s places in it and its
+        size; a split of a dataset, split again by rank), else those of their root, which
+        name each sample alike whichever rank reads it. Sets num_keys; returns the refusal of
+        a rank whose indices cannot name the pass's samples (InvalidArgument), or None."""
+        if near is not None:
+            self.keys.index, self.num_keys = near
+        elif root is not None and not shared:
             self.num_keys = root.size
             if root.index is not None:
                 twice = _roots.repeated(root.index)
@@ -231,16 +238,19 @@ class _LoopPass:
             "held in memory, does not (shard it with contiguous=False, or give every rank the "
             "whole dataset behind a DistributedSampler)" % (self.n, self.num_keys), -1)
 
-    def _same_loop(self, h, dataset=0, before=0):
+    def _same_loop(self, h, dataset=0, before=0, levels=()):
         """Every rank opens the pass of the same loader: a rank that left a loop before it
         opened its pass (a break at its first batch, a shard with no batch) would otherwise
         meet the others' pass with its next loader's, and each would get the other's samples.
         One reduce per pass, before it opens; every rank raises alike. It also tells whether
         every rank reads its dataset alike (dataset, _roots.root_digest(), equal on every
         rank): True then; and checks that every rank read as many samples before the pass
-        (before: a loader without indices whose first gather came after its first batch)."""
+        (before: a loader without indices whose first gather came after its first batch).
+        Returns that, and how many of levels (the digests of the datasets the rank's was cut
+        from, _roots.chain_of()'s, the root first) every rank's chain begins with."""
         a = self.ident or 0
-        v = np.array([a, -a, dataset, -dataset, before, -before], dtype=np.int64)
+        lv = [d for c in list(levels[:_LEVELS]) + [0] * (_LEVELS - len(levels)) for d in (c, -c)]
+        v = np.array([a, -a, dataset, -dataset, before, -before] + lv, dtype=np.int64)
         t = _Tensor()
         _fill(v, _NP_TO_DEVAL[v.dtype], t)
         try:
@@ -257,7 +267,11 @@ class _LoopPass:
                 "whole rounds, as many samples on every rank; gather from its first batch on"
                 % (-v[5], v[4], self.n), -2)
         if v[0] == -v[1]:
-            return v[2] == -v[3]
+            common = 0
+            while common < _LEVELS and v[6 + 2 * common] and \
+                    v[6 + 2 * common] == -v[7 + 2 * common]:
+                common += 1
+            return v[2] == -v[3], common
         raise Mismatch(
             "deval: the ranks opened the eval passes of different loaders: this rank's is "
             "loader #%d, another rank's loader #%d (numbered in the order each process first "

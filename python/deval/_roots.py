@@ -34,6 +34,41 @@ def root_of(ds):
     return Root(ds, len(ds), None)
 
 
+def chain_of(ds):
+    """The datasets ds was cut from, as Roots, the root first and ds's own last: a Subset's
+    parents (Subsets of Subsets: a part of a random_split's split), each naming its samples
+    by the root's indices (None: the root itself). Ranks that read parts of their own name
+    each sample by its place in the nearest one they share (nearest(): one process reads
+    that one); a part that is no Subset names its samples by its root's."""
+    tud = sys.modules.get("torch.utils.data")
+    own = root_of(ds)
+    whole = Root(own.dataset, own.size, None)
+    if own.index is None:
+        return [own]
+    if tud is not None and isinstance(ds, tud.Subset):
+        up = chain_of(ds.dataset)
+        if up[0].dataset is own.dataset:
+            return up + [own]
+    return [whole, own]
+
+
+def nearest(chain, common, own):
+    """The place of each of own's samples in chain[common - 1], the nearest dataset the ranks
+    share (chain_of(); common: how many of its first entries every rank's chain holds), and
+    that dataset's size; None where it is the root, or names a sample twice (own.index, the
+    root's indices, then names them)."""
+    import numpy as np
+    if common < 2 or own.index is None:
+        return None
+    level = chain[common - 1]
+    if level.index is None or repeated(level.index) is not None:
+        return None
+    place = np.full(level.size, -1, dtype=np.int64)
+    place[level.index] = np.arange(len(level.index), dtype=np.int64)
+    at = place[own.index]
+    return None if (at < 0).any() else (at, len(level.index))
+
+
 def _subset_root(ds):
     """A Subset's sample i is its parent's sample indices[i]."""
     import numpy as np
