@@ -128,8 +128,9 @@ class Group:
 
     def _same_structure(self, what, x, template, leaves):
         """A reduce or broadcast of a nested x makes one step per tensor: where the ranks'
-        structures differ (a key one rank lacks, keys in another order), their steps would
-        pair one rank's tensor with another's of another name, or with its next call. So a
+        structures differ (a key one rank lacks; keys in another order go by name, as
+        _nest._items() orders them), their steps would pair one rank's tensor with another's
+        of another name, or with its next call. So a
         nested x (a tensor alone is not) is checked first, in one step of the binding's own:
         Mismatch on every rank, naming the ranks, where they differ."""
         if template[0] is None or self.world_size < 2:

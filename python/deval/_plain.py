@@ -31,6 +31,7 @@ import numpy as np
 
 from ._errors import ProtocolError
 from ._libdeval import _DTYPE_SIZES, MAX_DIMS, MAX_TENSORS, _lib, _Tensor
+from ._nest import _items
 from ._tensors import _DEVAL_TO_NP_RAW, _NP_TO_DEVAL, _torch
 
 
@@ -134,16 +135,18 @@ class _Fast:
         res = self.results(n, kinds)
         if how is None:
             return res[0]
-        if type(how) is dict:
-            return dict(zip(how.keys(), res))
+        if type(x) is dict:  # (how: its items, in the leaves' order)
+            got = dict(zip((k for k, _ in how), res))
+            return {k: got[k] for k in x}  # (in its own order)
         return how(res)
 
     def leaves(self, x):
         """The inputs of one call, and how to rebuild its structure."""
         if type(x) in (tuple, list):
             return list(x), type(x)
-        if type(x) is dict:
-            return list(x.values()), x
+        if type(x) is dict:  # (in the leaves' order: _nest._items())
+            items = _items(x)
+            return [v for _, v in items], items
         return [x], None
 
     def describe(self, leaves, per_sample):

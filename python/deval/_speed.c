@@ -92,9 +92,53 @@ typedef struct Call {
         Leaf leaf[DEVAL_MAX_TENSORS];
         deval_tensor in[DEVAL_MAX_TENSORS];
         deval_tensor out[DEVAL_MAX_TENSORS];
-        PyObject *keys[DEVAL_MAX_TENSORS]; /* a dict's keys, held */
+        PyObject *keys[DEVAL_MAX_TENSORS]; /* a dict's keys, held, in the leaves' order */
+        int own[DEVAL_MAX_TENSORS];        /* a dict's leaf of its j-th key, in its order */
         int n;
 } Call;
+
+/*
+ * A dict's values are leaves in the order of its keys where they are all strings (_nest's
+ * _items(), the one rule): ranks whose dicts hold the same keys in another order (built from
+ * a set, say) pair each tensor with the one of its name. own[j] is the leaf of the dict's
+ * j-th key; items[] (n of them) become the values in the leaves' order. Returns -1 with an
+ * exception set.
+ */
+static int dict_leaves(PyObject *x, Py_ssize_t n, PyObject **keys, PyObject **items, int *own) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        bool strs = true;
+        for (Py_ssize_t j = 0; j < n && PyDict_Next(x, &pos, &k, &v); j++) {
+                keys[j] = k;
+                items[j] = v;
+                own[j] = (int)j;
+                strs = strs && PyUnicode_CheckExact(k);
+        }
+        int at[DEVAL_MAX_TENSORS];
+        for (Py_ssize_t j = 0; j < n; j++)
+                at[j] = (int)j;
+        for (Py_ssize_t j = 1; strs && j < n; j++) { /* (an insertion sort: n <= 16) */
+                for (Py_ssize_t i = j; i > 0; i--) {
+                        int c = PyUnicode_Compare(keys[at[i - 1]], keys[at[i]]);
+                        if (c == -1 && PyErr_Occurred())
+                                return -1;
+                        if (c <= 0)
+                                break;
+                        int t = at[i];
+                        at[i] = at[i - 1];
+                        at[i - 1] = t;
+                }
+        }
+        PyObject *k2[DEVAL_MAX_TENSORS], *v2[DEVAL_MAX_TENSORS];
+        for (Py_ssize_t i = 0; i < n; i++) {
+                k2[i] = keys[at[i]];
+                v2[i] = items[at[i]];
+                own[at[i]] = (int)i;
+        }
+        memcpy(keys, k2, (size_t)n * sizeof(*keys));
+        memcpy(items, v2, (size_t)n * sizeof(*items));
+        return 0;
+}
 
 static void call_release(Call *c) {
         for (int i = 0; i < c->n; i++) {
@@ -218,21 +262,22 @@ static int call_describe(Call *c, PyObject *x, bool per_sample) {
         if (PyTuple_CheckExact(x) || PyList_CheckExact(x)) {
                 items = PySequence_Fast_ITEMS(x);
                 n = PySequence_Fast_GET_SIZE(x);
-        } else if (PyDict_CheckExact(x)) {
+        }
+        PyObject *dkeys[DEVAL_MAX_TENSORS], *dvals[DEVAL_MAX_TENSORS];
+        bool dict = PyDict_CheckExact(x);
+        if (dict) {
                 n = PyDict_GET_SIZE(x);
-                items = NULL;
+                if (n < 1 || n > DEVAL_MAX_TENSORS)
+                        return 0;
+                if (dict_leaves(x, n, dkeys, dvals, c->own) < 0)
+                        return -1;
+                items = dvals;
         }
         if (n < 1 || n > DEVAL_MAX_TENSORS)
                 return 0;
-        Py_ssize_t pos = 0;
         int64_t rows = -1;
         for (int i = 0; i < n; i++) {
-                PyObject *v, *key = NULL;
-                if (items) {
-                        v = items[i];
-                } else if (!PyDict_Next(x, &pos, &key, &v)) {
-                        return 0;
-                }
+                PyObject *v = items[i], *key = dict ? dkeys[i] : NULL;
                 Leaf *l = &c->leaf[i];
                 deval_tensor *t = &c->in[i];
                 memset(l, 0, sizeof(*l));
@@ -431,13 +476,15 @@ static PyObject *call_results(Call *c, PyObject *x) {
                 }
                 return r;
         }
-        if (PyDict_CheckExact(x)) {
+        if (PyDict_CheckExact(x)) { /* (in the dict's own order) */
                 r = PyDict_New();
-                for (int i = 0; i < n; i++) {
+                for (int j = 0; j < n; j++) {
+                        int i = c->own[j];
                         if (r && PyDict_SetItem(r, c->keys[i], res[i]) < 0)
                                 Py_CLEAR(r);
-                        Py_DECREF(res[i]);
                 }
+                for (int i = 0; i < n; i++)
+                        Py_DECREF(res[i]);
                 return r;
         }
         return res[0];

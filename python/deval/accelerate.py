@@ -138,6 +138,18 @@ def _recursively(fn, data):
     return recursively_apply(fn, data, error_on_other_type=True)
 
 
+def _each(fn, data):
+    """fn on each tensor of data, as Accelerate's recursively_apply rebuilds it, but called in
+    the order that pairs the ranks' tensors by name (_nest._items(): a dict's keys sorted),
+    not in each rank's own order of its keys."""
+    if not _all_tensors(data):
+        return _recursively(fn, data)  # (raises as Accelerate does)
+    done = {}
+    for _, t in _nest._leaves_at(data):
+        done[id(t)] = fn(t)
+    return _recursively(lambda t: done[id(t)], data)
+
+
 def _all_tensors(data):
     try:
         _recursively(lambda x: x, data)
@@ -172,7 +184,7 @@ def _whole_rows(g, lp, data, objects):
     multiple of the batch's samples (flattened tokens) would keep padding or lose samples
     without a word, so it is refused (_nest's rule and words), on every rank at once: one
     object gather tells each rank what any rank found (every rank is at that batch, with its
-    own rows). Return: the k of each tensor, in recursively_apply's order (of the objects,
+    own rows). Return: the k of each tensor, in _nest._leaves_at()'s order (of the objects,
     the one k), where some k is not 1; else None."""
     if lp.samples is None:
         return None
@@ -188,8 +200,7 @@ def _whole_rows(g, lp, data, objects):
             if objects:
                 ks = [len(data) // lp.samples]
             else:
-                leaves = []
-                _recursively(leaves.append, data)
+                leaves = [t for _, t in _nest._leaves_at(data)]
                 ks = [1 if id(t) in const else t.shape[0] // lp.samples for t in leaves]
     except InvalidArgument as e:
         lp.why_rows = getattr(lp, "why_rows", None) or str(e)
@@ -222,7 +233,7 @@ def _cut_by(accelerator, own, loader, data, ks, use_gather_object):
     if len(set(ks)) == 1:
         return cut(ks[0], data, use_gather_object=use_gather_object)
     each = iter(ks)  # (each tensor's own call, in the same order on every rank)
-    return _recursively(lambda t: cut(next(each), t), data)
+    return _each(lambda t: cut(next(each), t), data)
 
 
 def _make_methods(st):
@@ -230,7 +241,7 @@ def _make_methods(st):
 
     def gather(tensor):
         """Accelerate's gather: each tensor concatenated along dim 0 (a 0-d one as one row)."""
-        return _recursively(lambda t: g.gather(t), tensor)
+        return _each(g.gather, tensor)
 
     def gather_for_metrics(input_data, use_gather_object=False):
         lp = st.innermost()
@@ -255,8 +266,8 @@ def _make_methods(st):
         return g.gather_for_metrics(input_data)
 
     def pad_across_processes(tensor, dim=0, pad_index=0, pad_first=False):
-        return _recursively(lambda t: g.pad_across_processes(t, dim=dim, pad_index=pad_index,
-                                                             pad_first=pad_first), tensor)
+        return _each(lambda t: g.pad_across_processes(t, dim=dim, pad_index=pad_index,
+                                                      pad_first=pad_first), tensor)
 
     def reduce(tensor, reduction="sum", scale=1.0):
         """Accelerate's reduce over torch.distributed: max, or a sum (divided by the number of
@@ -268,7 +279,7 @@ def _make_methods(st):
             if reduction == "mean":
                 out /= g.world_size
             return out
-        return _recursively(one, tensor)
+        return _each(one, tensor)
 
     def backward(loss, **kwargs):
         """Accelerate's own. The loop it runs in trains: an attached metric takes what it is

@@ -486,6 +486,46 @@ def test_a_dim_outside_one_rank_s_tensor_fails_on_every_rank(daemon, monkeypatch
         assert after == [0, 1, 2]
 
 
+def keys_rank(rank, world, port, name):
+    set_env(rank, world, port)
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    acc = Accelerator(cpu=True)
+    deval.accelerate.enable(acc, group=name)
+    names = ["preds", "labels", "ids"]
+    mine = names[rank % 3:] + names[:rank % 3]  # (a set's order differs by process)
+    try:
+        out = []
+        for b in acc.prepare(DataLoader(torch.arange(7), batch_size=2)):
+            x = {k: b + {"preds": 0, "labels": 100, "ids": 1000}[k] for k in mine}
+            out.append(acc.gather_for_metrics(x))
+            assert list(out[-1]) == mine
+        got = {k: torch.cat([o[k] for o in out]).tolist() for k in names}
+        own = {k: torch.tensor([rank + {"preds": 0, "labels": 100, "ids": 1000}[k]])
+               for k in mine}
+        gathered = acc.gather(own)
+        reduced = acc.reduce(own)
+        padded = acc.pad_across_processes({k: v[None] for k, v in own.items()}, dim=1)
+        return rank, got, {k: gathered[k].tolist() for k in names}, \
+            {k: reduced[k].tolist() for k in names}, {k: padded[k].tolist() for k in names}
+    finally:
+        deval.accelerate.disable()
+
+
+def test_a_dict_s_tensors_meet_by_name_under_enable(daemon, monkeypatch):
+    """Dicts whose keys come in another order on each rank (built from a set): gather,
+    reduce, pad_across_processes and gather_for_metrics pair each tensor with the one of its
+    name (Accelerate pairs them by place: rank 1's labels with rank 0's preds)."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    off = {"preds": 0, "labels": 100, "ids": 1000}
+    for rank, got, gathered, reduced, padded in run_ranks(3, keys_rank, free_port(),
+                                                          group_name("keys")):
+        assert got == {k: [i + o for i in range(7)] for k, o in off.items()}
+        assert gathered == {k: [r + o for r in range(3)] for k, o in off.items()}
+        assert reduced == {k: [3 + 3 * o] for k, o in off.items()}
+        assert padded == {k: [[rank + o]] for k, o in off.items()}
+
+
 class Lengths(torch.utils.data.Dataset):
     """Sample i: a row of 6 - i values i (sample 0 the longest), label i % 2."""
 

@@ -147,6 +147,38 @@ def test_other_inputs(daemon, path):
     assert run_ranks(3, _others, daemon.socket, group_name("slowpy"), path) == [True] * 3
 
 
+def _keys_by_name(rank, world, sock, name, path):
+    """Each rank builds its dict in another order of its keys (from a set, whose order
+    differs by process): each tensor meets the one of its name, and each rank's result keeps
+    its own order. Before, the tensors met by place: rank 1's labels with rank 0's preds."""
+    names = ["preds", "labels", "ids"]
+    mine = names[rank % 3:] + names[:rank % 3]
+    part = {"preds": np.arange(2, dtype=np.int64) + 10 * rank,
+            "labels": np.arange(2, dtype=np.int64) + 100 + 10 * rank,
+            "ids": np.arange(2, dtype=np.int64) + 1000 + 10 * rank}
+    x = {k: part[k] for k in mine}
+    want = {k: [int(v) + 10 * r for r in range(world) for v in part[k] - 10 * rank]
+            for k in names}
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        use_path(g, path)
+        outs = [g.gather(x), g.gather(x, copy=False), g.gather_for_metrics(x),
+                g.gather({k: torch.from_numpy(v) for k, v in x.items()})]
+        with g.eval_pass(2 * world):
+            outs.append(g.gather_for_metrics(x))
+        for out in outs:
+            assert list(out) == mine, list(out)
+            assert {k: np.asarray(v).tolist() for k, v in out.items()} == want, out
+        total = g.reduce({k: v.astype(np.float64) for k, v in x.items()})
+        assert {k: total[k].tolist() for k in names} == {
+            k: [float(sum(w[j::2])) for j in range(2)] for k, w in want.items()}
+    return True
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_dict_s_tensors_meet_by_name(daemon, path):
+    assert run_ranks(3, _keys_by_name, daemon.socket, group_name("keys"), path) == [True] * 3
+
+
 def _in_pass(rank, world, sock, name, path):
     d = rank_data(rank)
     with deval.join(name, rank, world, socket=sock, timeout=20) as g:
