@@ -35,10 +35,7 @@ static const deval_gather_opts default_opts = DEVAL_GATHER_OPTS_INIT;
  * call that takes no step (a replay, a resumed pass's journal, a failed group) refuses alone.
  */
 static int refused(deval_group *g, const char *fn, uint32_t op, uint32_t seq, int r) {
-        if (r != DEVAL_EINVAL || !g || g->seq != seq || g->failed ||
-            (g->forks != dv_forks() && g->pid != getpid()) || dv_coll_kept(g))
-                return r;
-        if (!g->span && atomic_load_explicit(&g->done->abort_status, memory_order_acquire))
+        if (r != DEVAL_EINVAL || !g || g->seq != seq || !dv_coll_steps(g))
                 return r;
         char own[sizeof(g->errmsg)];
         memcpy(own, g->errmsg, sizeof(own));

@@ -61,7 +61,7 @@ int dv_coll_begin(deval_group *g) {
         int r = dv_coll_owner(g);
         if (r < 0)
                 return r;
-        if ((g->replay.on && dv_replay_pending(g)) || journal_answers(g))
+        if (dv_coll_kept(g))
                 return 0; /* answered from what was kept, whatever the group did since */
         if (g->failed)
                 return g->failed;
@@ -71,6 +71,19 @@ int dv_coll_begin(deval_group *g) {
         if (s)
                 return group_fail_local(g, s, g->done->abort_msg);
         return 0;
+}
+
+/*
+ * Would a collective that begins now take a step? dv_coll_begin()'s checks (this process's
+ * handle, not answered from what was kept, the group neither failed nor aborted), without
+ * its side effects: it records an abort as the group's failure.
+ */
+bool dv_coll_steps(const deval_group *g) {
+        if (g->forks != dv_forks() && g->pid != getpid())
+                return false;
+        if (dv_coll_kept(g) || g->failed)
+                return false;
+        return g->span || !atomic_load_explicit(&g->done->abort_status, memory_order_acquire);
 }
 
 /* Who ran a step this rank saw done (coll_arrive()). */

@@ -17,6 +17,9 @@ int dv_coll_owner(deval_group *g);
 /* Is the next collective answered from what was kept (a replay, a resumed pass's journal),
  * taking no step? */
 bool dv_coll_kept(const deval_group *g);
+/* Would a collective that begins now take a step? dv_coll_begin()'s checks, without their
+ * side effects. */
+bool dv_coll_steps(const deval_group *g);
 /* A collective may start: the group has not failed or been aborted (a failure sticks). */
 int dv_coll_begin(deval_group *g);
 /*
