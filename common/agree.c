@@ -129,6 +129,14 @@ static int gather_opts(DvAgree *a) {
         SAME_ON_ALL(a, pad_first, "%u", "pad_first");
         SAME_ON_ALL(a, keep_rows, "%" PRId64, "keep_rows");
         SAME_ON_ALL(a, root, "%d", "root");
+        for (int k = 1; k < a->world; k++)
+                if (q[k].names != q[0].names)
+                        return dv_agree_fail(a, DEVAL_EMISMATCH,
+                                             "collective #%u (%s): ranks disagree on the names "
+                                             "of the call's tensors (a dict's keys): rank 0's "
+                                             "and rank %d's differ; each tensor meets the one "
+                                             "of its name on every rank",
+                                             a->call, dv_op_name(q[0].op), k);
         bool metrics = q[0].op == DV_OP_GATHER_METRICS || q[0].op == DV_OP_OBJECTS_METRICS;
         int bad;
         if (metrics && a->pass_open && (r = dv_pass_sites(q, a->world, &bad)) < 0) {

@@ -558,6 +558,7 @@ void dv_req_empty(DvRequest *q, const DvRequest *tmpl, uint32_t seq) {
         q->root = tmpl->root;
         q->dim = tmpl->dim;
         q->site = tmpl->site;
+        q->names = tmpl->names;
         /* (the same call, uncounted alike, from where the others start: it adds no rows) */
         q->flags = tmpl->flags & (DV_SITE_UNCOUNTED | DV_SITE_BASED);
         q->base_total = tmpl->base_total;

@@ -15,7 +15,7 @@
 
 #include "deval.h"
 
-#define DV_PROTO_VERSION  16
+#define DV_PROTO_VERSION  17
 #define DV_GROUP_NAME_MAX 64 /* including the terminating NUL */
 #define DV_LAUNCHER_MAX   16 /* "torchrun", "mpirun", ...: who started a job */
 #define DV_MSG_MAX        512
@@ -350,6 +350,7 @@ typedef struct {
          * counted site says it: the pass's samples before it, and this rank's */
         int64_t base_total;
         int64_t base_rows;
+        uint64_t names; /* deval_gather_opts.names: the same on every rank */
         char why[256]; /* with status, or DV_END_LEFT: the rank's own words (untrusted text) */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
 } DvRequest;

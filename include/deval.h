@@ -113,6 +113,10 @@ typedef struct {
          * comes back with the same rows, and one whose rows differ fails the call (the rows
          * are not the samples the keys say: a collate_fn reordered the batch). */
         uint64_t same_rows;
+        /* What the caller names its tensors (a digest of a dict's keys), or 0: ranks whose
+         * names differ fail the call with DEVAL_EMISMATCH instead of pairing tensors of other
+         * names by their place. */
+        uint64_t names;
 } deval_gather_opts;
 /* positional, in field order: size, pad_first, pad_value, valid_rows, keep_rows, order, root,
  * same_rows */

@@ -67,6 +67,8 @@ static bool mirror_op(const deval_group *g, const DvRequest *q) {
                 return false;
         if (q->op == DV_OP_BARRIER)
                 return true;
+        if (q->names) /* (a record has no room for them: a named tensor is no plain step) */
+                return false;
         const DvTensorDesc *t = &q->t[0];
         if (q->ntensors != 1 || t->offset > g->inl_size || t->nbytes > g->inl_size - t->offset ||
             !tensor_ok(t->dtype, t->ndim, t->shape, t->nbytes))
@@ -172,6 +174,7 @@ static void record_request(const DvMirror *m, uint32_t call, DvRequest *q) {
         q->pad_value = m->pad_value;
         q->order = m->order;
         q->pad_first = m->pad_first;
+        q->names = 0;
         q->root = -1;
         DvTensorDesc *t = &q->t[0];
         t->dtype = m->dtype;

@@ -196,6 +196,7 @@ int dv_check_opts(deval_group *g, const char *fn, const deval_gather_opts *o) {
 
 void dv_req_set_opts(DvRequest *q, const deval_gather_opts *o) {
         q->pad_value = o->pad_value;
+        q->names = o->names;
         q->pad_first = o->pad_first != 0;
         q->order = o->order;
         q->valid_rows = o->valid_rows < 0 ? -1 : o->valid_rows;

@@ -20,8 +20,8 @@ from . import _loop, _pass, _progress
 from ._errors import _ERRORS, Error, InvalidArgument, Mismatch, _said
 from ._libdeval import _ORDERS, _REDUCTIONS, MAX_TENSORS, _Bytes, _GatherOpts, _lib, _Tensor
 from ._nest import (_check_batch_rows, _check_samples, _data_mask, _flatten, _leaves_at,
-                    _object_items,
-                    _rebuild, _sends_objects, refuse_time_major, refuse_unsure_rows)
+                    _object_items, _rebuild, _sends_objects, names_of, refuse_time_major,
+                    refuse_unsure_rows)
 from ._pass import _LoopPass
 from ._plain import _GATHER, _GATHER_FOR_METRICS, _fast_path
 from ._tensors import _fill, _result
@@ -230,6 +230,10 @@ class Group:
         if n == 0:
             raise InvalidArgument("deval: nothing to gather", -1)
         lead = _check_samples(leaves, template, samples) if per_sample else None
+        names = names_of(template)
+        if names:  # (opts may be shared: a copy, named)
+            opts = _GatherOpts.from_buffer_copy(opts)
+            opts.names = names
         # a collective carries MAX_TENSORS tensors (a pass with keys sends its keys as one
         # more, a lead its counting tensor): more go as several calls, which gather each
         # tensor alike (in a pass each its own call of the batch, whole samples each); their

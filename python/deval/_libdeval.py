@@ -46,7 +46,8 @@ class _GatherOpts(_Sized):
     _fields_ = [("size", ctypes.c_uint32), ("pad_first", ctypes.c_int32),
                 ("pad_value", ctypes.c_double), ("valid_rows", ctypes.c_int64),
                 ("keep_rows", ctypes.c_int64), ("order", ctypes.c_int32),
-                ("root", ctypes.c_int32), ("same_rows", ctypes.c_uint64)]
+                ("root", ctypes.c_int32), ("same_rows", ctypes.c_uint64),
+                ("names", ctypes.c_uint64)]
 
 
 _ALLGATHER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,

@@ -28,6 +28,38 @@ def _items(m):
     return items
 
 
+def names_digest(paths):
+    """deval_gather_opts.names of a call whose leaves lie at paths (each a list of the dict
+    keys above the leaf, None for a place in a list or tuple), in the leaves' order: FNV-1a
+    over each key's UTF-8 bytes and a 0 (a place: a 1), and a 2 at each leaf's end; 0 where
+    no leaf is under a dict. _speed.c's dict_names() digests a flat dict alike."""
+    if not any(k is not None for p in paths for k in p):
+        return 0
+    h = 0xcbf29ce484222325
+    for p in paths:
+        for b in b"".join(b"\1" if k is None else str(k).encode("utf-8", "surrogatepass") +
+                          b"\0" for k in p) + b"\2":
+            h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h or 1
+
+
+def names_of(template):
+    """names_digest() of a call whose structure is template (_flatten's)."""
+    paths = []
+
+    def walk(t, path):
+        if t[0] is None:
+            paths.append(path)
+        elif t[0] is dict:
+            for k, v in t[1]:
+                walk(v, path + [k])
+        else:
+            for v in t[1]:
+                walk(v, path + [None])
+    walk(template, [])
+    return names_digest(paths)
+
+
 def _flatten(x, leaves, on_device=False):
     """Split a nested structure into leaves and a template to rebuild it."""
     if isinstance(x, collections.abc.Mapping):  # a ModelOutput, say: rebuilt as its type

@@ -30,8 +30,8 @@ import struct
 import numpy as np
 
 from ._errors import ProtocolError
-from ._libdeval import _DTYPE_SIZES, MAX_DIMS, MAX_TENSORS, _lib, _Tensor
-from ._nest import _items
+from ._libdeval import _DTYPE_SIZES, MAX_DIMS, MAX_TENSORS, _GatherOpts, _lib, _Tensor
+from ._nest import _items, names_digest
 from ._tensors import _DEVAL_TO_NP_RAW, _NP_TO_DEVAL, _torch
 
 
@@ -129,6 +129,11 @@ class _Fast:
         if call is None:
             call = _CALLS[fn] = _GATHER_FN(fn)
         n = len(leaves)
+        if type(x) is dict:  # (the caller's options are shared: a copy, named)
+            named = _GatherOpts.from_address(opts)
+            named = _GatherOpts.from_buffer_copy(named)
+            named.names = names_digest([[k] for k, _ in how])
+            opts = ctypes.addressof(named)
         r = call(handle, n, self.in_addr, opts, self.out_addr)
         if r:
             return r

@@ -94,6 +94,7 @@ typedef struct Call {
         deval_tensor out[DEVAL_MAX_TENSORS];
         PyObject *keys[DEVAL_MAX_TENSORS]; /* a dict's keys, held, in the leaves' order */
         int own[DEVAL_MAX_TENSORS];        /* a dict's leaf of its j-th key, in its order */
+        uint64_t names;                    /* deval_gather_opts.names of a dict; 0: none */
         int n;
 } Call;
 
@@ -101,8 +102,8 @@ typedef struct Call {
  * A dict's values are leaves in the order of its keys where they are all strings (_nest's
  * _items(), the one rule): ranks whose dicts hold the same keys in another order (built from
  * a set, say) pair each tensor with the one of its name. own[j] is the leaf of the dict's
- * j-th key; items[] (n of them) become the values in the leaves' order. Returns -1 with an
- * exception set.
+ * j-th key; items[] (n of them) become the values in the leaves' order. Returns 1; 0 where a
+ * key is not a string (the general path names the tensors); -1 with an exception set.
  */
 static int dict_leaves(PyObject *x, Py_ssize_t n, PyObject **keys, PyObject **items, int *own) {
         Py_ssize_t pos = 0;
@@ -114,10 +115,12 @@ static int dict_leaves(PyObject *x, Py_ssize_t n, PyObject **keys, PyObject **it
                 own[j] = (int)j;
                 strs = strs && PyUnicode_CheckExact(k);
         }
+        if (!strs)
+                return 0;
         int at[DEVAL_MAX_TENSORS];
         for (Py_ssize_t j = 0; j < n; j++)
                 at[j] = (int)j;
-        for (Py_ssize_t j = 1; strs && j < n; j++) { /* (an insertion sort: n <= 16) */
+        for (Py_ssize_t j = 1; j < n; j++) { /* (an insertion sort: n <= 16) */
                 for (Py_ssize_t i = j; i > 0; i--) {
                         int c = PyUnicode_Compare(keys[at[i - 1]], keys[at[i]]);
                         if (c == -1 && PyErr_Occurred())
@@ -137,7 +140,27 @@ static int dict_leaves(PyObject *x, Py_ssize_t n, PyObject **keys, PyObject **it
         }
         memcpy(keys, k2, (size_t)n * sizeof(*keys));
         memcpy(items, v2, (size_t)n * sizeof(*items));
-        return 0;
+        return 1;
+}
+
+/*
+ * deval_gather_opts.names of a flat dict whose keys (n, in the leaves' order) are strings,
+ * as _nest's names_of() digests any structure: FNV-1a over each key's UTF-8 bytes, a 0 and a
+ * 2 (a leaf's end). Returns 0 with an exception set.
+ */
+static uint64_t dict_names(PyObject *const *keys, Py_ssize_t n) {
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (Py_ssize_t i = 0; i < n; i++) {
+                Py_ssize_t len;
+                const char *s = PyUnicode_AsUTF8AndSize(keys[i], &len);
+                if (!s)
+                        return 0;
+                for (Py_ssize_t b = 0; b <= len + 1; b++) {
+                        h ^= b < len ? (uint8_t)s[b] : b == len ? 0 : 2;
+                        h *= 0x100000001b3ull;
+                }
+        }
+        return h ? h : 1;
 }
 
 static void call_release(Call *c) {
@@ -269,7 +292,10 @@ static int call_describe(Call *c, PyObject *x, bool per_sample) {
                 n = PyDict_GET_SIZE(x);
                 if (n < 1 || n > DEVAL_MAX_TENSORS)
                         return 0;
-                if (dict_leaves(x, n, dkeys, dvals, c->own) < 0)
+                int named = dict_leaves(x, n, dkeys, dvals, c->own);
+                if (named <= 0)
+                        return named;
+                if (!(c->names = dict_names(dkeys, n)))
                         return -1;
                 items = dvals;
         }
@@ -524,6 +550,7 @@ static PyObject *speed_gather(PyObject *self, PyObject *const *args, Py_ssize_t 
         /* on the stack, not allocated per call; only what describe fills is read */
         Call call, *c = &call;
         c->n = 0;
+        c->names = 0;
         PyObject *r = NULL;
         int plain = call_describe(c, args[2], per_sample);
         if (plain == 0) {
@@ -531,6 +558,12 @@ static PyObject *speed_gather(PyObject *self, PyObject *const *args, Py_ssize_t 
                 r = Py_None;
         } else if (plain > 0) {
                 int status;
+                deval_gather_opts named; /* (the caller's are shared: a copy of them, named) */
+                if (c->names) {
+                        memcpy(&named, opts, sizeof(named));
+                        named.names = c->names;
+                        opts = &named;
+                }
                 Py_BEGIN_ALLOW_THREADS;
                 status = fn(g, c->n, c->in, opts, c->out);
                 Py_END_ALLOW_THREADS;

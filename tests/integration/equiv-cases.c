@@ -177,13 +177,14 @@ enum {
         MIS_KEEP_ROWS,
         MIS_PAD_VALUE,
         MIS_ROOT,
+        MIS_NAMES,
         MIS_OBJECTS,
         MIS_N
 };
 
 static const char *const mis_names[MIS_N] = {"op",        "dtype", "ndim",      "cols",
                                              "ntensors",  "order", "pad_first", "keep_rows",
-                                             "pad_value", "root",  "objects"};
+                                             "pad_value", "root",  "names",     "objects"};
 
 /* a gather where rank odd differs from the others in one field */
 static void gather_mismatch(deval_group *g, EqLog *l) {
@@ -219,6 +220,7 @@ static void gather_mismatch(deval_group *g, EqLog *l) {
                                         o.keep_rows = m == MIS_KEEP_ROWS ? 3 : -1;
                                         o.pad_value = m == MIS_PAD_VALUE ? -1 : 0;
                                         o.root = m == MIS_ROOT ? 0 : -1;
+                                        o.names = m == MIS_NAMES ? 7 : 0;
                                 }
                                 r = CALL(what, deval_gather(g, n, in, &o, out));
                         }

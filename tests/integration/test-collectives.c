@@ -599,6 +599,14 @@ static int rank_pad(const Harness *h, int rank, int world, void *arg) {
               deval_errmsg(g));
         CHECK_OK(deval_pad_across_processes(g, &in, 1, -100, false, &out), g);
         CHECK(out.shape[1] == 3, "the next pad: width %lld", (long long)out.shape[1]);
+        /* tensors named otherwise on rank 1 (a dict's keys): every rank's call fails */
+        deval_gather_opts o = DEVAL_GATHER_OPTS_INIT;
+        o.names = rank == 1 ? 0x5eed : 0xfeed;
+        r = deval_gather(g, 1, &flat, &o, &out);
+        CHECK(r == DEVAL_EMISMATCH && strstr(deval_errmsg(g), "names"), "names: %d (%s)", r,
+              deval_errmsg(g));
+        o.names = 0xfeed;
+        CHECK_OK(deval_gather(g, 1, &flat, &o, &out), g);
         deval_leave(g);
         return 0;
 }

@@ -22,7 +22,8 @@ STRUCTS = {
     "deval_join_opts": (deval._JoinOpts, ["size", "timeout_ms", "socket_path", "on_device",
                                           "device", "autostart", "reserved"]),
     "deval_gather_opts": (deval._GatherOpts, ["size", "pad_first", "pad_value", "valid_rows",
-                                              "keep_rows", "order", "root", "same_rows"]),
+                                              "keep_rows", "order", "root", "same_rows",
+                                              "names"]),
 }
 CONSTANTS = ["DEVAL_EINVAL", "DEVAL_EMISMATCH", "DEVAL_EPEER", "DEVAL_EDAEMON",
              "DEVAL_ETIMEDOUT", "DEVAL_ENOMEM", "DEVAL_EPERM", "DEVAL_EPROTO", "DEVAL_EABORTED",

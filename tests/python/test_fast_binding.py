@@ -179,6 +179,30 @@ def test_a_dict_s_tensors_meet_by_name(daemon, path):
     assert run_ranks(3, _keys_by_name, daemon.socket, group_name("keys"), path) == [True] * 3
 
 
+def _other_names(rank, world, sock, name, path):
+    """A dict with a key of another name on rank 1 (as many tensors, alike): every rank's
+    call fails with Mismatch, by the fast path or the general one (a non-contiguous tensor on
+    rank 2), instead of pairing rank 1's "b" with the others' "c"."""
+    x = np.arange(4, dtype=np.int64).reshape(2, 2) + 10 * rank
+    y = np.ascontiguousarray(x[:, ::-1]) if rank != 2 else x[:, ::-1]
+    mine = {"a": x, "b" if rank == 1 else "c": y}
+    with deval.join(name, rank, world, socket=sock, timeout=20) as g:
+        use_path(g, path)
+        for call in (lambda v: g.gather(v), lambda v: g.gather_for_metrics(v)):
+            with pytest.raises(deval.Mismatch, match="names of the call"):
+                call(mine)
+            # names that agree, digested by _speed.c on ranks 0 and 1 and by _nest on rank 2
+            same = call({"a": x, "c": y})
+            assert same["a"].tolist() == [[v + 10 * r for v in row] for r in range(world)
+                                          for row in ([0, 1], [2, 3])]
+    return True
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_dict_s_tensors_of_other_names_fail_on_every_rank(daemon, path):
+    assert run_ranks(3, _other_names, daemon.socket, group_name("names"), path) == [True] * 3
+
+
 def _in_pass(rank, world, sock, name, path):
     d = rank_data(rank)
     with deval.join(name, rank, world, socket=sock, timeout=20) as g:
