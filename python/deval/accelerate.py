@@ -112,6 +112,8 @@ class _State:
         self.loops = []  # the hooked loaders being iterated (_LoopPass), innermost last
         self.bases = set()  # ids of the DataLoaders they read, iterated as part of them
         self.methods = {}  # name -> deval's version of the enabled Accelerator's method
+        self.trainer = None  # the Trainer enabled with it, and the gather function deval
+        self.trainer_gather = None  # gave it (_GatherFunction)
 
     def innermost(self):
         """The pass of the loader whose batches a gather_for_metrics now gathers: the one
@@ -489,6 +491,62 @@ def _unhook_loaders():
         del _ORIG[cls]
 
 
+class _GatherFunction:
+    """A Trainer class's gather_function while deval.accelerate is enabled for one of its
+    trainers (_State.trainer): what the trainer sets it to, but where that is its enabled
+    Accelerator's plain gather, deval's gather_for_metrics (_State.trainer_gather).
+    Seq2SeqTrainer's evaluate() and predict() set it to accelerator.gather each time, so
+    that no sample is dropped; Accelerate's gather keeps the last round's padding too, and
+    deval's gather_for_metrics keeps each sample once. Kept in the trainer's __dict__, as
+    before, so that the trainer pickles and copies as it did."""
+
+    def __init__(self, own):
+        self.own = own  # (the class's own attribute, where it had one: given back)
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        try:
+            fn = obj.__dict__["gather_function"]
+        except KeyError:
+            if self.own is None:
+                raise AttributeError("gather_function") from None
+            return self.own.__get__(obj, cls) if hasattr(self.own, "__get__") else self.own
+        st = _ACTIVE
+        if st is not None and obj is st.trainer and \
+                getattr(fn, "__self__", None) is st.accelerator and \
+                getattr(fn, "__name__", None) == "gather":
+            return st.trainer_gather
+        return fn
+
+    def __set__(self, obj, value):
+        obj.__dict__["gather_function"] = value
+
+    def __delete__(self, obj):
+        del obj.__dict__["gather_function"]
+
+
+def _guard_gather_function(trainer):
+    """Install _GatherFunction on trainer's class while enabled (_unguard(): given back)."""
+    cls = type(trainer)
+    if isinstance(cls.__dict__.get("gather_function"), _GatherFunction):
+        return
+    _GUARDED.append((cls, cls.__dict__.get("gather_function")))
+    setattr(cls, "gather_function", _GatherFunction(cls.__dict__.get("gather_function")))
+
+
+def _unguard():
+    while _GUARDED:
+        cls, own = _GUARDED.pop()
+        if own is None:
+            delattr(cls, "gather_function")
+        else:
+            setattr(cls, "gather_function", own)
+
+
+_GUARDED = []  # (class, its own gather_function or None) of the classes _GatherFunction holds
+
+
 def enable(obj, group=None, socket=None, timeout=None):
     """Make obj's gathers go through deval for the rest of the run; return the deval Group.
 
@@ -541,6 +599,8 @@ def enable(obj, group=None, socket=None, timeout=None):
             fn = functools.partial(fn, use_gather_object=getattr(
                 args, "eval_use_gather_object", False))
         obj.gather_function = fn
+        st.trainer, st.trainer_gather = obj, fn
+        _guard_gather_function(obj)
     return g
 
 
@@ -552,4 +612,5 @@ def disable():
         return
     _unhook_loaders()
     _unswitch()
+    _unguard()
     st.group.leave()

@@ -330,6 +330,71 @@ def test_trainer_evaluate(daemon, monkeypatch):
 LENGTHS = [6, 3, 3, 3, 2]  # 5 samples, the last one short
 
 
+def seq2seq_rank(rank, world, port, name, n, even, use_deval=True):
+    """Seq2SeqTrainer.predict() with predict_with_generate on a tiny T5: the generated
+    tokens and the labels of every sample, in order."""
+    rank_env(rank, world, port)
+    import tempfile
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=10, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, pad_token_id=0,
+        eos_token_id=1, decoder_start_token_id=0, dropout_rate=0.0))
+    model.generation_config.max_new_tokens = 4
+    gen = torch.Generator().manual_seed(3)
+    ids = [torch.randint(3, 10, (int(k),), generator=gen)
+           for k in torch.randint(2, 6, (n,), generator=gen)]
+    labels = [torch.randint(3, 10, (1 + i % 3,), generator=gen) for i in range(n)]
+
+    class DS(torch.utils.data.Dataset):
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            return {"input_ids": ids[i], "labels": labels[i]}
+
+    def collate(items):
+        x = torch.nn.utils.rnn.pad_sequence([s["input_ids"] for s in items], batch_first=True)
+        y = torch.nn.utils.rnn.pad_sequence([s["labels"] for s in items], batch_first=True,
+                                            padding_value=-100)
+        return {"input_ids": x, "attention_mask": (x != 0).long(), "labels": y}
+
+    with tempfile.TemporaryDirectory() as out:
+        args = transformers.Seq2SeqTrainingArguments(
+            output_dir=out, per_device_eval_batch_size=3, report_to=[], use_cpu=True,
+            predict_with_generate=True, accelerator_config={"even_batches": even})
+        trainer = transformers.Seq2SeqTrainer(model=model, args=args, data_collator=collate)
+        if world > 1 and use_deval:
+            deval.accelerate.enable(trainer, group=name)
+        try:
+            res = trainer.predict(DS())
+        finally:
+            if world > 1 and use_deval:
+                deval.accelerate.disable()
+        assert "gather_function" not in type(trainer).__dict__  # (the class given back)
+
+    def rows(a):
+        return [[int(v) for v in r if v not in (-100, 0)] for r in a]
+    return rows(res.predictions), rows(res.label_ids)
+
+
+# (even_batches=False: 9 samples, whole batches, rank 0 one more; a short last batch is
+# refused there, since the Trainer repeats its loss batch_size times, not once a sample)
+@pytest.mark.parametrize("even,n", [(True, 13), (False, 9)])
+def test_seq2seq_trainer_predict_with_generate(daemon, monkeypatch, even, n):
+    """Seq2SeqTrainer's predict() and evaluate() set the Trainer's gather function to the
+    Accelerator's plain gather, which keeps the last round's padding (13 samples on 2 ranks
+    in batches of 3 came back as 18 rows, with or without deval): enable(trainer) keeps
+    deval's gather_for_metrics there, so each sample comes back once, as one process
+    generates it."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    one = run_ranks(1, seq2seq_rank, free_port(), group_name("s2s1"), n, even)[0]
+    for got in run_ranks(2, seq2seq_rank, free_port(), group_name("s2s"), n, even,
+                         timeout=240):
+        assert len(got[0]) == n and got == one
+
+
 def batch_bound_rank(rank, world, port, name, even):
     """The Trainer's predict() of a model whose outputs depend on the batch (per-token values
     padded by the collate, and a mean over every position): (tokens, pooled) of each sample."""
