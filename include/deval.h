@@ -119,9 +119,9 @@ typedef struct {
         uint64_t names;
 } deval_gather_opts;
 /* positional, in field order: size, pad_first, pad_value, valid_rows, keep_rows, order, root,
- * same_rows */
+ * same_rows, names */
 #define DEVAL_GATHER_OPTS_INIT \
-        { sizeof(deval_gather_opts), 0, 0.0, -1, -1, DEVAL_ORDER_RANK, -1, 0 }
+        { sizeof(deval_gather_opts), 0, 0.0, -1, -1, DEVAL_ORDER_RANK, -1, 0, 0 }
 
 typedef enum {
         DEVAL_SUM = 0,
