@@ -351,7 +351,7 @@ typedef struct {
         int64_t base_total;
         int64_t base_rows;
         uint64_t names; /* deval_gather_opts.names: the same on every rank */
-        char why[256]; /* with status, or DV_END_LEFT: the rank's own words (untrusted text) */
+        char why[256];  /* with status, or DV_END_LEFT: the rank's own words (untrusted text) */
         DvTensorDesc t[DEVAL_MAX_TENSORS];
 } DvRequest;
 
