@@ -115,8 +115,8 @@ class _LoopPass:
                 "batch %d; its batches carry no dataset indices, and deval cannot count the "
                 "samples of the batches before, which the pass must leave out: gather from its "
                 "first batch on" % self.batches, -1)
-        root = self._root()
-        chain = _roots.chain_of(self.keys.base.dataset) if root is not None else []
+        chain = self._chain()
+        root = chain[-1] if chain else None
         with g._own_steps():
             shared, common = self._same_loop(
                 h, 0 if root is None else _roots.root_digest(root), before,
@@ -197,13 +197,13 @@ class _LoopPass:
         if note.value and self.g.rank == 0:
             print(note.value.decode(errors="replace"), file=sys.stderr, flush=True)
 
-    def _root(self):
-        """The Root of the dataset whose indices key this pass (_roots.root_of), or None where
-        its keys are no dataset's indices (no keys, or the draws of a sampler the ranks
-        share)."""
+    def _chain(self):
+        """The datasets the dataset whose indices key this pass was cut from, its own Root
+        last (_roots.chain_of()), or [] where its keys are no dataset's indices (no keys, or
+        the draws of a sampler the ranks share)."""
         if self.keys is None or self.keys.draws is not None:
-            return None
-        return _roots.root_of(self.keys.base.dataset)
+            return []
+        return _roots.chain_of(self.keys.base.dataset)
 
     def _name_samples(self, root, shared, near=None):
         """Which indices key the pass: the dataset's own where every rank reads it alike

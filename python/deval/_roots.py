@@ -14,17 +14,18 @@ that dataset, how many samples it holds, and index, a numpy int64 array whose i-
 its index of sample i (None where the dataset is its own root)."""
 
 
-def root_of(ds):
+def root_of(ds, parent=None):
     """The Root of a map-style dataset: the one rule by which a part of a dataset names its
     samples by the whole's indices, so that ranks that each read a part of their own name each
     sample alike, whichever rank reads it. A torch Subset names its parent's (through nested
-    Subsets), a ConcatDataset whose parts all come from one dataset that one's, and a
-    `datasets` Dataset the rows of the Arrow table it reads where the dataset records which (an
-    indices mapping, a memory-mapped table's slices). Anything else is its own root."""
+    Subsets; parent: the Root of its parent, where known), a ConcatDataset whose parts all
+    come from one dataset that one's, and a `datasets` Dataset the rows of the Arrow table it
+    reads where the dataset records which (an indices mapping, a memory-mapped table's
+    slices). Anything else is its own root."""
     tud = sys.modules.get("torch.utils.data")
     try:
         if tud is not None and isinstance(ds, tud.Subset):
-            return _subset_root(ds)
+            return _subset_root(ds, parent)
         if tud is not None and isinstance(ds, tud.ConcatDataset):
             return _concat_root(ds)
         if _is_arrow_dataset(ds):
@@ -41,15 +42,13 @@ def chain_of(ds):
     each sample by its place in the nearest one they share (nearest(): one process reads
     that one); a part that is no Subset names its samples by its root's."""
     tud = sys.modules.get("torch.utils.data")
-    own = root_of(ds)
-    whole = Root(own.dataset, own.size, None)
+    up = chain_of(ds.dataset) if tud is not None and isinstance(ds, tud.Subset) else None
+    own = root_of(ds, up[-1] if up else None)  # (a parent's Root is not computed again)
     if own.index is None:
         return [own]
-    if tud is not None and isinstance(ds, tud.Subset):
-        up = chain_of(ds.dataset)
-        if up[0].dataset is own.dataset:
-            return up + [own]
-    return [whole, own]
+    if up and up[0].dataset is own.dataset:
+        return up + [own]
+    return [Root(own.dataset, own.size, None), own]
 
 
 def nearest(chain, common, own):
@@ -69,10 +68,11 @@ def nearest(chain, common, own):
     return None if (at < 0).any() else (at, len(level.index))
 
 
-def _subset_root(ds):
-    """A Subset's sample i is its parent's sample indices[i]."""
+def _subset_root(ds, inner=None):
+    """A Subset's sample i is its parent's sample indices[i]; inner: the parent's Root, where
+    known."""
     import numpy as np
-    inner = root_of(ds.dataset)
+    inner = root_of(ds.dataset) if inner is None else inner
     n = inner.size if inner.index is None else len(inner.index)
     try:
         idx = np.asarray(ds.indices, dtype=np.int64).reshape(-1)
