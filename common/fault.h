@@ -9,7 +9,8 @@
  *
  * PHASE names the point: in libdeval before_write (inputs not yet in the arena),
  * before_arrive (written, not yet announced), after_arrive (announced, not yet waiting),
- * wait_done (waiting: the step not seen done, a failure not yet looked for); in the rank
+ * wait_done (waiting: the step not seen done, a failure not yet looked for), wait_sleep
+ * (counted among the sleepers, the step not yet looked at again); in the rank
  * that runs a small step itself (fast.c) fast_run (about to run it), fast_plan (garbage: a
  * junk segment in the plan every rank copies from) and fast_publish (its result written,
  * not yet published); in every rank of such a step fast_share (its share not yet copied)

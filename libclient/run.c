@@ -194,9 +194,15 @@ static int coll_arrive(deval_group *g, const char *fn, int *by) {
                 }
                 /* seq_cst with the finisher: it sees this sleeper, or this sees its done_seq */
                 atomic_fetch_add_explicit(&f->sleepers, 1, memory_order_seq_cst);
-                if (!step_done(g, seq, &mirror, by))
+                DV_FAULT("wait_sleep", seq);
+                /* seen done now, the step is taken now: a mirrored step run twice would be
+                 * counted twice */
+                bool done = step_done(g, seq, &mirror, by);
+                if (!done)
                         dv_futex_wait(&f->wake, w, SLICE_NS);
                 atomic_fetch_sub_explicit(&f->sleepers, 1, memory_order_seq_cst);
+                if (done)
+                        return 0;
                 if (!dv_daemon_alive(g)) {
                         if (step_done(g, seq, &mirror, by)) /* done before devald went */
                                 return 0;

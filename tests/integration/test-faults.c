@@ -539,6 +539,48 @@ static void test_done_then_left(void **state) {
         assert_int_equal(harness_run(&H, 2, rank_done_then_left, NULL, 20), 0);
 }
 
+/*
+ * A mirrored step its last record completes while a rank goes to sleep (the wait_sleep point
+ * holds rank 0 there): rank 0 runs it once and counts it once, 16 bytes. Rank 0 neither
+ * spins nor yields, so it is among the sleepers before rank 1 arrives.
+ */
+static int rank_mirrored_once(const Harness *h, int rank, int world, void *arg) {
+        (void)arg;
+        deval_group *g;
+        if (rank == 0) {
+                setenv("DEVAL_SPIN_US", "0", 1);
+                setenv("DEVAL_YIELD_US", "0", 1);
+        }
+        CHECK_OK(harness_join(h, "mirroredonce", rank, world, 10000, &g), NULL);
+        CHECK_OK(deval_barrier(g), g);
+        float x[4] = {1, 2, 3, (float)rank};
+        deval_tensor t = {.data = x, .dtype = DEVAL_F32, .ndim = 1, .shape = {4}, .device = -1};
+        if (rank == 0)
+                setenv("DEVAL_FAULT", "wait_sleep:sleep:300@2", 1);
+        else
+                usleep(100000); /* rank 0 sleeps at wait_sleep by now */
+        int r = deval_reduce(g, &t, DEVAL_SUM);
+        unsetenv("DEVAL_FAULT");
+        CHECK(r == 0 && x[0] == 2 && x[3] == 1, "reduce: %s: %s", deval_strerror(r),
+              deval_errmsg(g));
+        CHECK(g->view == g->mirror.out, "rank %d did not mirror the reduce", rank);
+        if (rank == 0) {
+                uint64_t b = atomic_load(&g->hdr->fast.mirror_bytes);
+                CHECK(b == sizeof(x), "mirrored %llu bytes, not %zu", (unsigned long long)b,
+                      sizeof(x));
+        }
+        CHECK_OK(deval_barrier(g), g);
+        CHECK_OK(deval_leave(g), NULL);
+        return 0;
+}
+
+static void test_mirrored_once(void **state) {
+        (void)state;
+        if (!FAULTS_BUILT)
+                skip();
+        assert_int_equal(harness_run(&H, 2, rank_mirrored_once, NULL, 20), 0);
+}
+
 /* An aborted group: every later call fails at once. */
 static int rank_aborted(const Harness *h, int rank, int world, void *arg) {
         const char *name = arg;
@@ -786,6 +828,7 @@ int main(void) {
                 cmocka_unit_test(test_runner_writes_garbage),
                 cmocka_unit_test(test_record_garbage),
                 cmocka_unit_test(test_done_then_left),
+                cmocka_unit_test(test_mirrored_once),
                 /* last: these stop and start devald themselves */
                 cmocka_unit_test(test_daemon_restarts),
                 cmocka_unit_test(test_daemon_faults),
