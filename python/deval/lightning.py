@@ -363,8 +363,8 @@ def _plan(st, shapes):
     order, less the padding ones where its rows leave them out, key saying where the batch
     goes in one device's order (its loader, its one-device number): in a step, the step's
     batch; after a loop, the loop's batches, those of every loader in turn (rows collected
-    from every step) or of one loader (each loader's own, alike if several fit). Else why
-    not, in words."""
+    from every step) or of one loader (each loader's own), where one of these readings fits
+    (or several that order the rows alike). Else why not, in words."""
     if any(len(s) == 0 or s[1:] != shapes[0][1:] for s in shapes):
         return "they differ beyond their rows"
     world = len(shapes)
@@ -383,28 +383,30 @@ def _plan(st, shapes):
             else []
     else:
         layouts = [[batches(d, i, r, range(d.steps)) for r in range(world)] for i, d in dealt]
-        if len(dealt) > 1:  # every loader's batches, in turn: the first to try
+        if len(dealt) > 1:  # every loader's batches, in turn
             layouts.insert(0, [[b for i, d in dealt for b in batches(d, i, r, range(d.steps))]
                                for r in range(world)])
     rows = [s[0] for s in shapes]
     fits, said = [], []
-    for at, layout in enumerate(layouts):
+    for layout in layouts:
         said.append(", ".join("%d+%d" % (sum(b[0] for b in bs if not b[1]),
                                          sum(b[0] for b in bs if b[1])) for bs in layout))
         fit = _fit(layout, rows)
-        if fit is not None and at == 0 and len(dealt) > 1 and st.step is None:
-            return fit  # (rows of every loader's steps)
         if fit is not None:
             fits.append(fit)
-    # loaders alike (as many batches of the same sizes) fit alike: any of them orders the rows
+    # loaders alike (as many batches of the same sizes) fit alike: any of them orders the rows.
+    # Readings that differ (k rows per sample of every loader's steps, or k' of one loader's)
+    # are told apart by nothing in the shapes: refused, never guessed
     alike = {(k, tuple(tuple((b[0], b[1], b[2] and b[2][1]) for b in bs) for bs in blocks))
              for k, blocks in fits}
     if len(alike) == 1:
         return fits[0]
     if not layouts:
         return "no loader whose batches deval dealt"
-    return "samples+padding per rank, for each loader: " + "; ".join(said) + \
-        (": more than one loader fits" if fits else "")
+    every = "every loader's steps, then " if len(layouts) > len(dealt) else ""
+    return "samples+padding per rank, for %seach loader: " % every + "; ".join(said) + \
+        (": more than one reading fits, each in another order (rows of one sample each, "
+         "[samples, ...], fit fewer)" if fits else "")
 
 
 def _fit(layout, rows):

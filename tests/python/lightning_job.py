@@ -50,6 +50,7 @@ class Model(L.LightningModule):
         self.plain = {"n": torchmetrics.SumMetric()}  # a plain dict: no submodule
         self.seen, self.in_step = [], []
         self.several, self.seen_by, self.seen_all = False, {}, []
+        self.twice, self.kept = False, []  # 2 rows per sample of the first of two loaders
         self.count = torchmetrics.SumMetric()
 
     def forward(self, x):
@@ -78,7 +79,7 @@ class Model(L.LightningModule):
         return {"loss": torch.nn.functional.cross_entropy(logits, y), "n": len(y)}
 
     def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
-        if not self.several:  # logged after the step, from what it returned
+        if not (self.several or self.twice):  # logged after the step, from what it returned
             self.log("val_after", outputs["loss"], sync_dist=True, batch_size=outputs["n"])
 
     def _counts(self):
@@ -95,6 +96,12 @@ class Model(L.LightningModule):
                 "in_step": in_step, "plain_n": n_metric}
 
     def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        if self.twice:  # (generation's 2 sequences per sample, kept for the first loader)
+            real = deval.real_rows()
+            if dataloader_idx == 0 and (real is None or real.any()):
+                self.kept.append((batch[2].repeat_interleave(2) * 10 +
+                                  torch.arange(2).repeat(len(batch[2]))).unsqueeze(1))
+            return
         if self.several:  # several loaders: what each rank's steps saw of each, and of all
             self.seen_by.setdefault(dataloader_idx, []).append(batch[2])
             real = deval.real_rows()
@@ -104,6 +111,13 @@ class Model(L.LightningModule):
         return self._eval(batch, "val_")
 
     def on_validation_epoch_end(self):
+        if self.twice:  # as well 1 row per sample of both loaders: which, nothing tells
+            try:
+                got = self.all_gather(torch.cat(self.kept)).reshape(-1).tolist()
+            except deval.Mismatch:
+                got = "Mismatch"
+            self.kept, self.twice_rows = [], got
+            return
         if self.several:
             self.by_loader = [sorted(self.all_gather(torch.cat(v)).reshape(-1).tolist())
                               for _, v in sorted(self.seen_by.items())]
@@ -200,6 +214,11 @@ def main():
     r["by_loader"] = model.by_loader
     r["all_rows"], r["counted"] = model.all_rows, model.counted
     model.several = False
+    model.twice = True
+    trainer.validate(model, [DataLoader(Samples(5), batch_size=2),
+                             DataLoader(Samples(5), batch_size=2)], verbose=False)
+    model.twice = False
+    r["twice"] = model.twice_rows
     preds = trainer.predict(model, loader(n))
     r["predict"] = [[int(v) for v in p["index"]] for p in preds]
     r["predict_values"] = [[int(v) for v in p["pred"]] for p in preds]

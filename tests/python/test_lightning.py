@@ -70,6 +70,10 @@ def test_validate_test_fit_and_predict_are_one_device_s(daemon, tmp_path, device
         assert rows[:n] == list(range(n)) and rows[n + 7:] == [2000 + i for i in range(7)]
         assert sorted(rows[n:n + 7]) == [1000 + i for i in range(7)]
     assert got["counted"] == one["counted"] == n + 14  # a metric updated at epoch end
+    # 2 rows per sample of the first of two loaders of 5 fit 1 per sample of both as well:
+    # refused on every rank (their counts differ), where one reading was taken before
+    assert one["twice"] == [10 * i + j for i in range(5) for j in range(2)]
+    assert got["twice"] == "Mismatch", got["twice"]
     assert got["predict"] == one["predict"]
     assert got["predict_values"] == one["predict_values"]
     assert got["predict_few"] == one["predict_few"] == [[0, 1]]
