@@ -373,7 +373,7 @@ class Group:
             lp = None
         objects = _sends_objects(x, use_gather_object) if lp is not None else None
         if lp is not None and lp.samples and not objects:
-            refuse_time_major(x, lp.samples)
+            refuse_time_major(x, lp.samples, lp.current)
         if keyed:
             lp = None
         by_samples = None  # the batch's samples, where some tensor holds k rows of each

@@ -89,16 +89,19 @@ def _sends_objects(x, forced=False):
         isinstance(v, np.ndarray) or _is_torch(v) for v in x))
 
 
-def time_major(v, samples):
-    """T, where v is the rows of a [T, samples, ...] value flattened (a view of it:
-    .reshape(-1), .view(-1, V), .flatten(0, 1)), whose rows run over the batch's samples
-    fastest, T rows per sample interleaved (a time-major model's tokens: torch's RNNs without
-    batch_first); else 0. Its base says so; a copy, or a [T, T] base, says nothing."""
+def time_major(v, samples, batch=None):
+    """T, where v is the rows of a [T, samples, ...] value flattened, whose rows run over the
+    batch's samples fastest, T rows per sample interleaved (a time-major model's tokens:
+    torch's RNNs without batch_first); else 0. A view says so by its base (.reshape(-1),
+    .view(-1, V), .flatten(0, 1)); a copy, by equal to a value of the batch (the loader's own,
+    [samples, T, ...]) flattened time-major and not batch-first (_said_by()). A copy of none,
+    or a [T, T] base, says nothing."""
     base = _flattened_from(v)
-    if base is None:
-        return 0
-    t, b = base.shape[0], base.shape[1]
-    return t if b == samples and t != samples and t > 1 else 0
+    if base is not None:
+        t, b = base.shape[0], base.shape[1]
+        return t if b == samples and t != samples and t > 1 else 0
+    said = _said_by(v, batch, samples)
+    return said[1] if said and said[0] == "time" else 0
 
 
 def _flattened_from(v):
@@ -112,10 +115,46 @@ def _flattened_from(v):
     return base
 
 
-def sample_major(v, samples):
-    """Is v the rows of a [samples, T, ...] value flattened (a view of it), T > 1?"""
+def sample_major(v, samples, batch=None):
+    """Is v the rows of a [samples, T, ...] value flattened, T > 1: a view of it, or a copy
+    equal to a value of the batch flattened so and not time-major?"""
     base = _flattened_from(v)
-    return base is not None and base.shape[0] == samples and base.shape[1] > 1
+    if base is not None:
+        return base.shape[0] == samples and base.shape[1] > 1
+    said = _said_by(v, batch, samples)
+    return bool(said) and said[0] == "sample"
+
+
+def _said_by(v, batch, samples):
+    """("time" or "sample", T) where v's rows equal a value u of batch, [samples, T, ...],
+    flattened one way and not the other: u.transpose(0, 1) flattened (time-major), or u
+    flattened (batch-first). The batch's own values say which sample each row is, where v is
+    one of them; None where none says (v computed from the batch, or values alike both
+    ways)."""
+    if batch is None or not samples or not hasattr(v, "shape") or not len(v.shape) or \
+            v.shape[0] <= samples or v.shape[0] % samples:
+        return None
+    t = v.shape[0] // samples
+    want = (samples, t) + tuple(v.shape[1:])
+    torch_v = _is_torch(v)
+    if not torch_v and not isinstance(v, np.ndarray):
+        return None
+    said = set()
+    for _, u in _leaves_at(batch):
+        if _is_torch(u) != torch_v or (not torch_v and not isinstance(u, np.ndarray)) or \
+                tuple(u.shape) != want or u.dtype != v.dtype:
+            continue
+        if torch_v:
+            import torch
+            u = u.to(v.device)
+            by_sample = torch.equal(v, u.reshape(v.shape))
+            by_time = torch.equal(v, u.transpose(0, 1).reshape(v.shape))
+        else:
+            by_sample = np.array_equal(v, u.reshape(v.shape))
+            by_time = np.array_equal(v, np.swapaxes(u, 0, 1).reshape(v.shape))
+        if by_sample != by_time:
+            said.add("time" if by_time else "sample")
+    return (said.pop(), t) if len(said) == 1 else None
 
 
 def _leaves_at(x, where="the input"):
@@ -132,11 +171,12 @@ def _leaves_at(x, where="the input"):
         yield where, x
 
 
-def refuse_time_major(x, samples):
-    """InvalidArgument where a tensor of x (nested) holds time-major rows (time_major()):
-    gathered, its samples' rows would be cut as if one sample's followed another's."""
+def refuse_time_major(x, samples, batch=None):
+    """InvalidArgument where a tensor of x (nested) holds time-major rows (time_major(), batch
+    the loader's current one): gathered, its samples' rows would be cut as if one sample's
+    followed another's."""
     for where, v in _leaves_at(x):
-        t = time_major(v, samples)
+        t = time_major(v, samples, batch)
         if t:
             raise InvalidArgument(
                 "deval.gather_for_metrics: %s is a [%d, %d, ...] value flattened time-major "

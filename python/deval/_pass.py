@@ -574,6 +574,7 @@ class Opaque:
 
     def __init__(self):
         self.real = self.samples = self.seq = self.n = None
+        self.current = None  # the current batch, as the loader gave it
         self.batches = 0
         self.gathered = []  # what this batch's gathers for metrics returned
         self.sites = _sites.Sites()  # where its gathers for metrics are made (_sites.py)
@@ -581,6 +582,7 @@ class Opaque:
 
     def batch(self, batch):
         self.batches += 1
+        self.current = batch
         self.gathered = []
         self.sites.batch(_sites.loop_frame())
 

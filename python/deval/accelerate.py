@@ -193,7 +193,7 @@ def _whole_rows(g, lp, data, objects):
     ks = None
     try:  # (at every batch, since k must hold from batch to batch; told at the last)
         if not objects:
-            _nest.refuse_time_major(data, lp.samples)
+            _nest.refuse_time_major(data, lp.samples, lp.current)
         const = set() if objects else _constants(lp, objects, data)
         said = _pass.same_rows_per_sample(lp, int(objects), _nest._check_batch_rows(
             data if objects else _recursively(lambda t: None if id(t) in const else t, data),

@@ -250,7 +250,7 @@ class _Update:
                         x._computed = None
                     return None  # all padding (a replayed batch): nothing to take
                 try:
-                    args, kwargs = _cut(args, kwargs, real, _rows_of(m, lp))
+                    args, kwargs = _cut(args, kwargs, real, _rows_of(m, lp), lp.current)
                 except _Uncut as e:
                     _taint(m, (
                         "%s.update() at batch %d of loop #%d got %s, for a batch of %d samples, "
@@ -324,16 +324,16 @@ def _note_rows(m, lp, args, kwargs):
             seen[1][path] = k if seen[1].get(path, k) == k else -1
 
 
-def _cut(args, kwargs, real, history):
+def _cut(args, kwargs, real, history, batch=None):
     """update()'s args and kwargs with only the real samples' rows, where a value has a
     row per sample of the batch (or k rows each, as it had in every batch before); settings
     (numbers, strings, None) as they are. _Uncut naming a value it cannot cut, or when no
-    value has rows."""
+    value has rows. batch, the loader's, may say how a value's k rows lie (_nest)."""
     b = len(real)
     cut_any = False
     # k rows per sample lie one sample's after another's, unless a value says it is a
     # [T, batch] value flattened time-major: then every value of the call is taken so
-    time = any(_nest.time_major(v, b) for _, v in _leaves(args, kwargs))
+    time = any(_nest.time_major(v, b, batch) for _, v in _leaves(args, kwargs))
 
     def cut(path, v):
         nonlocal cut_any
@@ -345,7 +345,7 @@ def _cut(args, kwargs, real, history):
             raise _Uncut("a %s of %d rows" % (type(v).__name__, r))
         cut_any = True
         # (time-major: sample j's rows at j, b + j, ...; a value of one row each either way)
-        if time and r > b and _nest.sample_major(v, b):
+        if time and r > b and _nest.sample_major(v, b, batch):
             raise _Uncut("a %s of %d rows, batch-first where another value of the update "
                          "is time-major" % (type(v).__name__, r))
         keep = np.tile(real, r // b) if time else np.repeat(real, r // b)
