@@ -128,30 +128,43 @@ def sample_major(v, samples, batch=None):
 def _said_by(v, batch, samples):
     """("time" or "sample", T) where v's rows equal a value u of batch, [samples, T, ...],
     flattened one way and not the other: u.transpose(0, 1) flattened (time-major), or u
-    flattened (batch-first). The batch's own values say which sample each row is, where v is
-    one of them; None where none says (v computed from the batch, or values alike both
-    ways)."""
+    flattened (batch-first); or u of a row per sample, repeated T times as a whole
+    (u.repeat(T): test-time augmentation's torch.cat([x, x.flip(-1)]) beside it) or each row
+    T times (u.repeat_interleave(T)). The batch's own values say which sample each row is,
+    where v is one of them; None where none says (v computed from the batch, or values alike
+    both ways)."""
     if batch is None or not samples or not hasattr(v, "shape") or not len(v.shape) or \
             v.shape[0] <= samples or v.shape[0] % samples:
         return None
     t = v.shape[0] // samples
     want = (samples, t) + tuple(v.shape[1:])
+    each = (samples,) + tuple(v.shape[1:])  # a value of one row per sample, repeated t times
     torch_v = _is_torch(v)
     if not torch_v and not isinstance(v, np.ndarray):
         return None
     said = set()
     for _, u in _leaves_at(batch):
         if _is_torch(u) != torch_v or (not torch_v and not isinstance(u, np.ndarray)) or \
-                tuple(u.shape) != want or u.dtype != v.dtype:
+                tuple(u.shape) not in (want, each):
             continue
-        if torch_v:
+        whole = tuple(u.shape) == want
+        if torch_v:  # (in v's dtype: ids repeated, then .float())
             import torch
-            u = u.to(v.device)
-            by_sample = torch.equal(v, u.reshape(v.shape))
-            by_time = torch.equal(v, u.transpose(0, 1).reshape(v.shape))
-        else:
+            u = u.to(device=v.device, dtype=v.dtype)
+            if whole:
+                by_sample = torch.equal(v, u.reshape(v.shape))
+                by_time = torch.equal(v, u.transpose(0, 1).reshape(v.shape))
+            else:  # (u.repeat_interleave(t): each sample's t rows together; u.repeat: apart)
+                by_sample = torch.equal(v, u.repeat_interleave(t, dim=0))
+                by_time = torch.equal(v, torch.cat([u] * t))
+        elif whole:
+            u = u.astype(v.dtype)
             by_sample = np.array_equal(v, u.reshape(v.shape))
             by_time = np.array_equal(v, np.swapaxes(u, 0, 1).reshape(v.shape))
+        else:
+            u = u.astype(v.dtype)
+            by_sample = np.array_equal(v, np.repeat(u, t, axis=0))
+            by_time = np.array_equal(v, np.concatenate([u] * t))
         if by_sample != by_time:
             said.add("time" if by_time else "sample")
     return (said.pop(), t) if len(said) == 1 else None
