@@ -45,7 +45,8 @@ def _dist_sampler(loader):
 
 
 class Unsized(ValueError):
-    """A loader whose sharding is known (.order) but whose dataset has no len()."""
+    """A loader whose sharding is known (.order) but not its count: a dataset with no len(),
+    or a dispatcher's batch sampler with no batch_size that skips or drops batches."""
 
     def __init__(self, msg, order):
         super().__init__(msg)
@@ -107,11 +108,11 @@ def pass_params(loader, world):
         if not drop and not skip and not skip_drawn:
             return n, "rank"
         bs = loader.batch_size or getattr(drawn, "batch_size", None)
-        if not bs:
-            raise ValueError("a dispatched loader that %s, of a batch sampler with no "
-                             "batch_size: eval_loop cannot tell how many samples it keeps; "
-                             "pass num_samples=" % ("drops its last batch" if drop else
-                                                    "skips its first batches"))
+        if not bs:  # (the dispatcher still counts its last round: deval.accelerate's)
+            raise Unsized("a dispatched loader that %s, of a batch sampler with no "
+                          "batch_size: eval_loop cannot tell how many samples it keeps; "
+                          "pass num_samples=" % ("drops its last batch" if drop else
+                                                 "skips its first batches"), "rank")
         per = bs if loader.split_batches else bs * world
         n = max(0, n - skip_drawn * bs)
         return max(0, (n // per * per if drop else n) - skip * per), "rank"
@@ -599,14 +600,16 @@ class DealtRounds:
         lost = self.rows - world * self.share
         if lost > 0:
             workers = getattr(getattr(self.loader, "base_dataloader", None), "num_workers", 0)
+            why, fix = ("each of the %d workers ends its part of the stream with a short "
+                        "batch" % workers, "read it with num_workers=0, or give each "
+                        "worker's part whole batches") if workers else (
+                "its batches are not all one size", "make each round of batches a multiple "
+                "of the ranks, or prepare the loader with dispatch_batches=False")
             raise ValueError(
                 "Accelerate's dispatcher read a round of %d samples before the last and dealt "
-                "%d to each of the %d ranks: %d went to no rank, and nobody evaluated them (a "
-                "short batch before the stream's end%s); one process would have. Read it "
-                "with num_workers=0, or give each worker's part whole batches"
-                % (self.rows, self.share, world, lost,
-                   ": each of the %d workers ends its part with one" % workers if workers
-                   else ""))
+                "%d to each of the %d ranks: %d went to no rank, and nobody evaluated them "
+                "(%s); one process would have: %s"
+                % (self.rows, self.share, world, lost, why, fix))
 
 
 def check_loader(loader, by_draw=False, keyed=False):

@@ -4,6 +4,7 @@
 import itertools
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,10 +63,7 @@ class Daemon:
             self.proc.send_signal(signal.SIGTERM)
             assert self.proc.wait(5) == 0
             assert not os.path.exists(self.socket)
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -82,6 +80,7 @@ def own_daemon():
     yield d
     if d.proc.poll() is None:
         d.stop()
+    shutil.rmtree(d.dir, ignore_errors=True)  # a killed devald leaves its socket
 
 
 def _fresh_accelerate():

@@ -937,8 +937,12 @@ def loader_metrics_rank(rank, world, port, name, kind, dispatch, split, bs, drop
     acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
         dispatch_batches=dispatch, split_batches=split))
     deval.accelerate.enable(acc, group=name)
-    ds = {"map": Map13, "stream": Stream13, "sized": lambda: Sized(13)}[kind]()
-    loader = acc.prepare(DataLoader(ds, batch_size=bs, drop_last=drop))
+    if kind == "buckets":  # a batch sampler of its own (no batch_size), uneven batches
+        loader = acc.prepare(DataLoader(Map13(), batch_sampler=Batches(
+            [[0, 1], [2], [3, 4, 5], [6, 7], [8], [9, 10, 11], [12]])))
+    else:
+        ds = {"map": Map13, "stream": Stream13, "sized": lambda: Sized(13)}[kind]()
+        loader = acc.prepare(DataLoader(ds, batch_size=bs, drop_last=drop))
     if skip:
         loader = acc.skip_first_batches(loader, skip)
     total = dtm.attach(torchmetrics.SumMetric())
@@ -962,6 +966,8 @@ def loader_metrics_rank(rank, world, port, name, kind, dispatch, split, bs, drop
     ("map", True, False, 2, True, 0, 0),  # refused: "a batch sampler with no batch_size"
     ("map", True, False, 2, False, 2, 4),  # refused at the close: "9 of its 13"
     ("map", True, True, 3, False, 1, 3),  # refused at the close: "returned 12 of its 13"
+    # (skips one batch of its batch sampler, [0, 1]: SkipBatchSampler) refused: "a batch
+    ("buckets", True, False, None, False, 1, 2),  # sampler with no batch_size"
 ])
 def test_metrics_of_prepared_loaders_match_their_gathers(daemon, monkeypatch, kind, dispatch,
                                                          split, bs, drop, skip, first):
