@@ -186,8 +186,10 @@ def pass_params(loader, world):
         return _length(ds_sampler.dataset, "the sampler's dataset", "strided"), "strided"
     raise ValueError("eval_loop cannot tell how %s (sampler %s) is sharded across ranks; pass "
                      "num_samples= (the samples all ranks' loaders hold together) and order= "
-                     "('rank' when each rank gets whole consecutive batches, 'strided' when "
-                     "samples are dealt round-robin like DistributedSampler)"
+                     "('rank' when whole batches are dealt round-robin, rank r's i-th batch "
+                     "being the (i*ranks + r)-th, as Accelerate deals them; 'strided' when "
+                     "samples are, like DistributedSampler; a contiguous chunk of the "
+                     "dataset on each rank is neither: gather it with gather())"
                      % (type(loader).__name__,
                         type(getattr(loader, "sampler", None)).__name__))
 
@@ -901,9 +903,7 @@ def _same_row(batch, k, b, one):
         if _is_data(x) and len(x.shape) and x.shape[0] == b:
             if not _is_data(y) or len(y.shape) != len(x.shape) or y.shape[0] != 1:
                 return False
-            a, c = np.asarray(_host(x[k])), np.asarray(_host(y[0]))
-            common = tuple(slice(0, min(p, q)) for p, q in zip(a.shape, c.shape))
-            if not np.array_equal(a[common], c[common]):
+            if not _padded_from(np.asarray(_host(x[k])), np.asarray(_host(y[0]))):
                 return False
             seen = True
         elif _mapping(x) and _mapping(y):
@@ -920,6 +920,30 @@ def _same_row(batch, k, b, one):
             else:
                 return False
     return seen
+
+
+def _padded_from(a, c):
+    """Is a, a row of a batch, the row c of its sample collated alone, padded as a collate pads
+    to the batch's longest: c at a's start (or its end: padding on the left) and one value
+    past it? A collate that sorts the batch puts a longer sample there, whose extra values
+    differ, though its first ones may be c's."""
+    import numpy as np
+    if a.shape == c.shape:
+        return np.array_equal(a, c)
+    for left in (False, True):
+        ca = tuple(slice(p - min(p, q), p) if left else slice(0, min(p, q))
+                   for p, q in zip(a.shape, c.shape))
+        cc = tuple(slice(q - min(p, q), q) if left else slice(0, min(p, q))
+                   for p, q in zip(a.shape, c.shape))
+        if not np.array_equal(a[ca], c[cc]):
+            continue
+        outside = np.ones(a.shape, dtype=bool)
+        outside[ca] = False
+        rest = a[outside]
+        if not rest.size or np.array_equal(rest, np.full_like(rest, rest[0]),
+                                           equal_nan=rest.dtype.kind in "fc"):
+            return True
+    return False
 
 
 def _host(x):

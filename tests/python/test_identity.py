@@ -533,6 +533,59 @@ def test_a_collate_of_the_user_s_own_keeps_the_duplicates_check(daemon, case, n)
                in what for _, what in res), res
 
 
+# token ids and a label: sample 0, the padding 2 ranks add, is a prefix of sample 1 with its
+# label, so a collate that sorts puts sample 1 where the padding was drawn, its first values
+# the padding's own
+TOKENS = [([1, 5], 0), ([1, 5, 7, 9], 0), ([1, 4, 4], 1), ([1, 8, 6], 1), ([1, 9, 9, 2, 3], 1)]
+
+
+def padded(samples, left=False, order=lambda s: s):
+    """A collate of one's own: ids padded with 0 to the batch's longest, on the left or the
+    right, in the order order() puts the samples."""
+    samples = order(samples)
+    longest = max(len(t) for t, _ in samples)
+    return (torch.tensor([[0] * (longest - len(t)) * left + t + [0] * (longest - len(t)) *
+                          (not left) for t, _ in samples]),
+            torch.tensor([y for _, y in samples]))
+
+
+def rank_tokens(rank, world, sock, name, case):
+    torch.set_num_threads(1)  # (a forked child: torch's thread pool is the parent's)
+    g = deval.join(name, rank, world, socket=sock, timeout=20)
+    collate = {"sorted": lambda b: padded(b, order=lambda s: sorted(s, key=lambda x: len(x[0]))),
+               "left": lambda b: padded(b, left=True)}[case]
+    dl = DataLoader(TOKENS, batch_size=3, collate_fn=collate,
+                    sampler=DistributedSampler(TOKENS, world, rank, shuffle=False))
+    got = []
+    try:
+        for ids, y in g.eval_loop(dl):
+            got.append(g.gather_for_metrics(((ids != 0).sum(1), y)))
+    except deval.Error as e:
+        return type(e).__name__, str(e)
+    finally:
+        g.leave()
+    return "ok", [torch.cat(v).tolist() for v in zip(*got)]
+
+
+def test_a_sorting_collate_is_seen_where_a_longer_sample_starts_as_the_padding(daemon):
+    """The padding drawn on rank 1 is sample 0, [1, 5]; the collate sorts sample 1, [1, 5, 7,
+    9], with the same label, into its place. Its first values are the padding's, but past them
+    it holds values, not one pad value: refused on every rank. Before, it passed as the
+    padding, and sample 1 was dropped in its place (0.6 accuracy for one process's 0.4)."""
+    res = run_ranks(2, rank_tokens, daemon.socket, group_name("tokens"), "sorted")
+    assert all(kind == "Mismatch" for kind, _ in res), res
+    assert any("did not keep them where the sampler drew them" in what for _, what in res), res
+
+
+def test_a_collate_of_one_s_own_that_pads_on_the_left_is_exact(daemon):
+    """The padding, read and collated alone, lies at the end of its row, past one pad value:
+    its place in the batch is where it was drawn (before, it was compared at the row's start
+    and the loop refused)."""
+    res = run_ranks(2, rank_tokens, daemon.socket, group_name("tokens"), "left")
+    want = [[len(t) for t, _ in TOKENS], [y for _, y in TOKENS]]
+    assert res == [("ok", want)] * 2, res
+
+
 class Twice(Sampler):
     """Each index of a DistributedSampler's share twice, the repeats in later batches (as
     test-time augmentation does)."""
