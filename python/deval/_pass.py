@@ -641,6 +641,18 @@ def holds_gathered(gathered, samples, args, kwargs):
 WHOLE, PART = 2, 1
 
 
+def as_gathered(gathered, args, kwargs):
+    """Could the values args and kwargs hold be the current batch's gathered results, copied or
+    computed from them row by row: does every value with rows have as many as some result (at
+    least one value)? In the last round, whose padding the gathers drop, a result may have as
+    many rows as this rank's batch; a metric fed gathered rows in the batch before is fed
+    them here too (deval.torchmetrics)."""
+    rows = {v.shape[0] for v in _values(gathered) if hasattr(v, "shape") and len(v.shape)}
+    mine = [v.shape[0] for v in _values(list(args) + list(kwargs.values()))
+            if hasattr(v, "shape") and len(v.shape)]
+    return bool(rows) and bool(mine) and all(r in rows for r in mine)
+
+
 def _values(vs):
     """The leaves of nested lists, tuples and dicts."""
     todo = list(vs)

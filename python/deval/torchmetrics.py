@@ -220,6 +220,11 @@ class _Update:
         if getattr(lp, "trains", False):
             lp = None  # (a training loop's: taken as it comes, as without deval)
         gathered = lp.holds_gathered(args, kwargs) if lp is not None else 0
+        if not gathered and lp is not None and lp.batches > 1 and \
+                (lp.seq, lp.batches - 1) in m.__dict__.get("_deval_gathered", ()) and \
+                _pass.as_gathered(lp.gathered, args, kwargs):
+            # (the last round's results, as short as this rank's batch: yg.float() is a copy)
+            gathered = _pass.WHOLE
         if gathered:
             # every rank's rows: once, if this is the only rank taking them, or the same on
             # every rank and nothing else (checked at sync)

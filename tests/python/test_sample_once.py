@@ -494,6 +494,41 @@ def test_what_a_helper_found(daemon):
         assert out["gathered_on_0"] == list(range(7))
 
 
+def short_round_rank(rank, world, sock, name):
+    """Metrics fed, on every rank, values computed from the gathered rows (a copy, a softmax):
+    13 samples on 3 ranks in batches of 2, so the last round gathers one real row, as many as
+    each rank's last batch holds. Before, those copies read as the rank's own rows there, and
+    compute() raised Mismatch ("not only with the same gathered rows")."""
+    torch.set_num_threads(1)
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    g = deval.join(name, rank, world, socket=sock, timeout=30)
+    dtm.use(g)
+    p, t = data(13)
+    ds = TensorDataset(p, t)
+    dl = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    total = dtm.attach(torchmetrics.SumMetric())
+    top = dtm.attach(torchmetrics.MeanMetric())
+    acc = dtm.attach(torchmetrics.Accuracy(task="multiclass", num_classes=C))
+    try:
+        for pb, tb in g.eval_loop(dl):
+            pg, tg = g.gather_for_metrics((pb, tb))
+            total.update(tg.float())
+            top.update((pg * 2).softmax(-1).max(-1).values)
+            acc.update(pg.argmax(-1), tg)
+        return [round(float(m.compute()), 6) for m in (total, top, acc)]
+    finally:
+        g.leave()
+
+
+def test_copies_of_a_short_last_round_s_gathered_rows_count_once(daemon):
+    res = run_ranks(3, short_round_rank, daemon.socket, group_name("short-round"), timeout=120)
+    p, t = data(13)
+    want = [round(float(t.float().sum()), 6),
+            round(float((p * 2).softmax(-1).max(-1).values.mean()), 6),
+            round(float((p.argmax(-1) == t).float().mean()), 6)]
+    assert res == [want] * 3, res
+
+
 def skip_rank(rank, world, port, name, sock):
     """skip_first_batches under enable(): the batches each rank skipped are not in the pass,
     and the padding that repeats one of them is no sample either. Iterated without a gather
