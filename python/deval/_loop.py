@@ -270,6 +270,10 @@ def _cut(x, b):
 # ---- which samples each batch holds -------------------------------------------------------
 
 ACTIVE = []  # the _LoopPass of each loop running, innermost last
+# the last loop's batches, where a sharding deval knows says each one's keys and real samples:
+# [(keys, real) per batch] (a _LoopPass's tape), or None; what rows a rank concatenated from
+# that loop's batches hold, for a gather or a metric's update after it
+TAPE = [None]
 LOOPS = [0]  # loops this process started: each one's number, which ranks agree on
 _NUMBERED = weakref.WeakKeyDictionary()  # loader -> its number
 _LOADERS = [0]  # loaders this process iterated (a count, whatever was collected since)
@@ -529,6 +533,18 @@ def dispatched(loader):
     deals every rank a slice)?"""
     acc = _accelerate()
     return acc is not None and isinstance(loader, acc.DataLoaderDispatcher)
+
+
+def taped(tape, rows):
+    """(keys, real, k) where rows, a value's rows on this rank, are k per sample of the
+    batches tape (TAPE's) holds, one sample's after another's; None where they are not."""
+    if tape is None or not rows:
+        return None
+    keys = np.concatenate([k for k, _ in tape]) if tape else np.zeros(0, dtype=np.int64)
+    n = len(keys)
+    if not n or rows % n:
+        return None
+    return keys, np.concatenate([r for _, r in tape]), rows // n
 
 
 def dispatched_real(loader, rank, b):

@@ -79,6 +79,9 @@ class _LoopPass:
         self.opened = False
         self.batches = 0  # batches yielded so far
         self.cur = None  # the current batch's keys
+        # each batch's keys and real samples, where a known sharding says both: what rows
+        # concatenated from the loop's batches hold (deval.accelerate's gather after the loop)
+        self.tape = []
         self.current = None  # the current batch, as the loader gave it
         self.journaled = False  # the pass keeps a resume journal (libdeval's resume.c)
         self.resumed = 0  # the pass's first batches answered from a run that stopped
@@ -318,6 +321,7 @@ class _LoopPass:
                 self.broken = err
         if self.broken is not None:  # (its identity is lost for good)
             self.cur, self.samples, self.counted = None, _loop.batch_samples(batch), None
+            self.tape = None
             self.batches += 1
             return batch
         if self.keys is not None:
@@ -328,6 +332,11 @@ class _LoopPass:
             if self.real is not None and not self.real.all() and not self.order_kept and \
                     not self.keys.in_place(batch, np.flatnonzero(~self.real)):
                 return self._reordered(batch)
+            if self.tape is not None and self.keys.draws is not None and self.real is not None \
+                    and not self._kept(self.batches + 1):
+                self.tape.append((np.asarray(self.cur, dtype=np.int64), self.real.copy()))
+            else:
+                self.tape = None
             if self._kept(self.batches + 1):
                 # its first sample, cut from it: the dataset is not read again (which could
                 # draw random numbers the run that stopped did not)
@@ -340,6 +349,7 @@ class _LoopPass:
                 self._declare()
                 return pad
         else:
+            self.tape = None
             if self.batches and not self.opened and self.before is not None:  # (ungathered)
                 self.before = None if self.samples is None else self.before + self.samples
             self.samples = b = _loop.batch_samples(batch)
@@ -387,6 +397,7 @@ class _LoopPass:
         nowhere, so nothing may drop them (a gather for metrics, an attached metric's
         update). Raise where the pass is open; else (a hooked loader before its first
         gather_for_metrics) at its first gather, as for any batch whose identity is lost."""
+        self.tape = None
         err = Mismatch(
             "deval.eval_loop: batch %d holds %d samples that the sharding repeats (padding), "
             "and its collate_fn (%s) did not keep them where the sampler drew them: a collate "
@@ -416,6 +427,7 @@ class _LoopPass:
         _loop.LOOPS[0] += 1
         self.seq = _loop.LOOPS[0]
         self.ident = _loop.loader_number(self.loader)
+        _loop.TAPE[0] = None
         active = _loop.ACTIVE  # (held: a loop left open is closed when modules are gone)
         active.append(self)
         self.bar = _progress.Bar(self.g, self.progress) if self.progress else None
@@ -431,6 +443,8 @@ class _LoopPass:
                 yield from self._run(make_iter)
             ended = True
         finally:
+            # (a loop that trained: its batches are not one process's, as without deval)
+            _loop.TAPE[0] = None if getattr(self, "trains", False) else self.tape
             if self.bar is not None:
                 self.bar.close(ended)
             active.remove(self)
@@ -523,6 +537,8 @@ class _LoopPass:
         try:
             for _ in range(missed):
                 self.batches += 1
+                if self.tape is not None:  # (a replayed batch: one padding sample)
+                    self.tape.append((np.full(1, -1, dtype=np.int64), np.zeros(1, dtype=bool)))
                 self.gathered = []
                 self.sites.batch(_sites.loop_frame())
                 self._declare()
@@ -592,6 +608,7 @@ class Opaque:
     def run(self, it):
         _loop.LOOPS[0] += 1
         self.seq = _loop.LOOPS[0]
+        _loop.TAPE[0] = None
         _loop.ACTIVE.append(self)
         try:
             for batch in it:

@@ -21,6 +21,8 @@ deval.accelerate.disable() undoes it.
 import os
 import sys
 
+import numpy as np
+
 from . import InvalidArgument, _LoopPass, _loop, _pass, _spans_machines, join
 from . import _errors, _nest
 
@@ -221,6 +223,33 @@ def _whole_rows(g, lp, data, objects):
     return said[0][1]
 
 
+def _after_loop(g, data):
+    """gather_for_metrics after a loop, of rows a rank concatenated from its batches: where
+    every tensor of data, on every rank, holds k rows per sample of the batches the rank's
+    loop took (_loop.TAPE: their keys and real samples, told by a sharding deval knows),
+    every rank's real samples' rows, in one process's order (the keys'), the padding left
+    out, as the same gathers inside the loop return them. Accelerate's own gathers every
+    rank's rows, the padding's too. None (on every rank alike) where some rank's rows are
+    not so."""
+    tape = _loop.TAPE[0]
+    said = [_loop.taped(tape, t.shape[0] if t.ndim else 0) for _, t in _nest._leaves_at(data)]
+    if not all(g.gather_object([bool(said) and all(said)])):  # (one rank's rows are not its
+        return None                                           # batches': none's)
+    keys, real, _ = said[0]
+    import torch
+    order = torch.from_numpy(np.argsort(g.gather(keys[real]), kind="stable"))
+
+    def one(t):
+        k = t.shape[0] // len(keys)
+        mine = t[torch.from_numpy(np.repeat(real, k)).to(t.device)]
+        out = g.gather(mine.contiguous())
+        at = (order[:, None] * k + torch.arange(k)).reshape(-1) if k > 1 else order
+        out = out[at.to(out.device)]
+        out._deval_every_rank = True  # (a metric's update after the loop takes it whole)
+        return out
+    return _each(one, data)
+
+
 def _cut_by(accelerator, own, loader, data, ks, use_gather_object):
     """Accelerate's own gather_for_metrics of data at the last batch, keeping k*remainder
     rows of each tensor that holds k rows per sample (ks: _whole_rows())."""
@@ -264,7 +293,8 @@ def _make_methods(st):
                 return g.gather_object(input_data)
             return g.gather_for_metrics(input_data, use_gather_object=True)
         if not g._in_pass:
-            return gather(input_data)
+            out = None if _loop.TAPE[0] is None or st.loops else _after_loop(g, input_data)
+            return gather(input_data) if out is None else out
         return g.gather_for_metrics(input_data)
 
     def pad_across_processes(tensor, dim=0, pad_index=0, pad_first=False):

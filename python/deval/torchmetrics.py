@@ -264,6 +264,9 @@ class _Update:
                         "(deval drops the padding's), or gathered results"
                         % (type(m).__name__, lp.batches, lp.seq, e, len(real),
                            len(real) - int(real.sum()))))
+        elif lp is None and not _loop.ACTIVE and _loop.TAPE[0] is not None and \
+                not _DEPTH[0] and _on(m) and m.sync_on_compute:
+            args, kwargs = _after_loop(args, kwargs)
         _DEPTH[0] += 1
         try:
             return self.f(*args, **kwargs)
@@ -273,6 +276,31 @@ class _Update:
 
 class _Uncut(Exception):
     pass
+
+
+def _after_loop(args, kwargs):
+    """update()'s values after a loop, where each value with rows holds k per sample of the
+    batches this rank's loop took (_loop.TAPE, a sharding deval knows: the rank's outputs,
+    concatenated), cut to the real samples' rows, as the same update in the loop is; as they
+    are where some value is not so, or holds every rank's rows (a gather after the loop)."""
+    tape, ks, fit = _loop.TAPE[0], {}, None
+    for path, v in _leaves(args, kwargs):
+        try:
+            r = _rows(v)
+        except _Uncut:
+            return args, kwargs
+        if r is None:
+            continue
+        fit = _loop.taped(tape, r)
+        if fit is None or getattr(v, "_deval_every_rank", False):
+            return args, kwargs
+        ks[path] = fit[2]
+    if fit is None or fit[1].all():
+        return args, kwargs
+    try:
+        return _cut(args, kwargs, fit[1], ks)
+    except _Uncut:
+        return args, kwargs
 
 
 def _walk(v, path):

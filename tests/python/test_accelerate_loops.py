@@ -1055,3 +1055,57 @@ def test_errors_are_accelerates_classes_too(daemon, monkeypatch):
     res = run_ranks(2, peer_errors_rank, free_port(), group_name("peer-errors"),
                     timeout=120, allow_death=(1,))
     assert res[0] == [(True, "Mismatch", True, True)] * 2 + [True], res
+
+
+def after_loop_rank(rank, world, port, name, case):
+    """A loop that keeps each batch's outputs and gathers them once, after the loop, beside
+    the same gathers made in the loop: 13 samples in batches of 2 (3 ranks: padding in the
+    last round; with even_batches=False, a rank's replayed batch)."""
+    set_env(rank, world, port)
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        even_batches=case != "uneven"))
+    deval.accelerate.enable(acc, group=name)
+    try:
+        ds = TensorDataset(torch.arange(13))
+        if case == "dist":  # a plain loader over torch's sampler, not prepared
+            loader = DataLoader(ds, batch_size=2, sampler=DistributedSampler(
+                ds, world, rank, shuffle=True, seed=3))
+        else:
+            loader = acc.prepare(DataLoader(ds, batch_size=2, shuffle=case == "shuffled"))
+        ids, pairs, inside = [], [], []
+        for (x,) in loader:
+            ids.append(x)
+            pairs.append(x.repeat_interleave(2) * 10)  # two rows per sample
+            inside.append(acc.gather_for_metrics(x))
+        out = acc.gather_for_metrics({"ids": torch.cat(ids), "pairs": torch.cat(pairs)})
+        # metrics updated after the loop with this rank's own outputs, concatenated
+        import torchmetrics
+        import deval.torchmetrics as dtm
+        total, seen = dtm.attach(torchmetrics.SumMetric()), dtm.attach(torchmetrics.CatMetric())
+        total.update(torch.cat(pairs).float())
+        seen.update(torch.cat(ids))
+        return (torch.cat(inside).tolist(), out["ids"].tolist(), out["pairs"].tolist(),
+                float(total.compute()), sorted(seen.compute().tolist()))
+    finally:
+        deval.accelerate.disable()
+
+
+@pytest.mark.parametrize("case,world", [("plain", 3), ("shuffled", 3), ("uneven", 3),
+                                        ("dist", 2), ("shuffled", 2)])
+def test_a_gather_after_the_loop_of_its_batches_is_one_process_s(daemon, monkeypatch, case,
+                                                                 world):
+    """Before, the rows came back as Accelerate's own gather returns them, the padding's too:
+    18 rows for 13 samples at 3 ranks, rank by rank; and metrics updated after the loop
+    counted the padding (SumMetric 880 for 780, 18 values in a CatMetric)."""
+    monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
+    res = run_ranks(world, after_loop_rank, free_port(), group_name("after"), case,
+                    timeout=120)
+    inside = res[0][0]
+    assert sorted(inside) == list(range(13)), inside
+    for got_inside, ids, pairs, total, seen in res:
+        # one process's order, as the gathers inside the loop return it
+        assert got_inside == inside and ids == inside, (got_inside, ids)
+        assert pairs == [10 * i for i in inside for _ in range(2)], pairs
+        assert total == 20.0 * sum(range(13)) and seen == list(range(13)), (total, seen)
