@@ -271,8 +271,9 @@ def _cut(x, b):
 
 ACTIVE = []  # the _LoopPass of each loop running, innermost last
 # the last loop's batches, where a sharding deval knows says each one's keys and real samples:
-# [(keys, real) per batch] (a _LoopPass's tape), or None; what rows a rank concatenated from
-# that loop's batches hold, for a gather or a metric's update after it
+# [(keys, real) per batch] (a _LoopPass's tape; [] where unknown), or None after a loop of
+# another kind; what rows a rank concatenated from that loop's batches hold, for a gather or
+# a metric's update after it
 TAPE = [None]
 LOOPS = [0]  # loops this process started: each one's number, which ranks agree on
 _NUMBERED = weakref.WeakKeyDictionary()  # loader -> its number

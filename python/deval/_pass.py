@@ -443,8 +443,10 @@ class _LoopPass:
                 yield from self._run(make_iter)
             ended = True
         finally:
-            # (a loop that trained: its batches are not one process's, as without deval)
-            _loop.TAPE[0] = None if getattr(self, "trains", False) else self.tape
+            # (a loop that trained: its batches are not one process's, as without deval; []
+            # says that a loop ended on every rank, so that all agree on a gather after it)
+            _loop.TAPE[0] = [] if getattr(self, "trains", False) or self.tape is None else \
+                self.tape
             if self.bar is not None:
                 self.bar.close(ended)
             active.remove(self)
