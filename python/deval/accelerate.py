@@ -276,6 +276,12 @@ def _make_methods(st):
 
     def gather_for_metrics(input_data, use_gather_object=False):
         lp = st.innermost()
+        if lp is None and st.loops:
+            # a loop deval runs no pass over (a process alone, a loader Accelerate did not
+            # shard) keeps Accelerate's gather for metrics, over deval's gather: alone, it
+            # cuts the last batch to the loader's remainder (a Trainer's repeated loss)
+            own = _METHODS_ORIG[(_patched_class(st.accelerator), "gather_for_metrics")]
+            return own(st.accelerator, input_data, use_gather_object=use_gather_object)
         if isinstance(lp, _Dispatched):  # Accelerate's own, over deval's gather
             lp.sites.enter()
             objects = use_gather_object or not _all_tensors(input_data)

@@ -298,10 +298,11 @@ def trainer_rank(rank, world, port, name, n, use_deval=True):
                                               average_tokens_across_devices=False)
         trainer = transformers.Trainer(model=model, args=args, eval_dataset=DS(),
                                        compute_metrics=metrics)
-        if world > 1 and use_deval:
+        on = use_deval and (world > 1 or use_deval == "alone")
+        if on:
             deval.accelerate.enable(trainer, group=name)
         res = trainer.evaluate()
-        if world > 1 and use_deval:
+        if on:
             deval.accelerate.disable()
     return {k: v for k, v in res.items() if k in ("eval_loss", "eval_accuracy", "eval_n")}
 
@@ -311,6 +312,10 @@ def test_trainer_evaluate(daemon, monkeypatch):
     monkeypatch.setenv("DEVAL_SOCKET", daemon.socket)
     n = 13
     one = run_ranks(1, trainer_rank, 0, "", n, timeout=120)[0]
+    # enabled on a process alone: the loss of the last batch, repeated per sample of a whole
+    # batch, is cut to its samples as Accelerate cuts it (it was kept: 16 rows for 13)
+    alone = run_ranks(1, trainer_rank, 0, group_name("trainer1"), n, "alone", timeout=120)[0]
+    assert alone == one, (alone, one)
     two = run_ranks(2, trainer_rank, free_port(), group_name("trainer"), n, timeout=180)
     plain = run_ranks(2, trainer_rank, free_port(), "", n, False, timeout=180)
     assert one["eval_n"] == n
