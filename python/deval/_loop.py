@@ -270,10 +270,10 @@ def _cut(x, b):
 # ---- which samples each batch holds -------------------------------------------------------
 
 ACTIVE = []  # the _LoopPass of each loop running, innermost last
-# the last loop's batches, where a sharding deval knows says each one's keys and real samples:
-# [(keys, real) per batch] (a _LoopPass's tape; [] where unknown), or None after a loop of
-# another kind; what rows a rank concatenated from that loop's batches hold, for a gather or
-# a metric's update after it
+# the last loop's samples, where a sharding deval knows says each one's key and whether it is
+# real (tape_of() a _LoopPass's tape: empty where unknown), or None after a loop of another
+# kind; what rows a rank concatenated from that loop's batches hold, for a gather or a
+# metric's update after it
 TAPE = [None]
 LOOPS = [0]  # loops this process started: each one's number, which ranks agree on
 _NUMBERED = weakref.WeakKeyDictionary()  # loader -> its number
@@ -536,16 +536,19 @@ def dispatched(loader):
     return acc is not None and isinstance(loader, acc.DataLoaderDispatcher)
 
 
+def tape_of(batches):
+    """TAPE's (keys, real) of a loop's batches, [(keys, real) per batch] (None: unknown)."""
+    if not batches:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    return np.concatenate([k for k, _ in batches]), np.concatenate([r for _, r in batches])
+
+
 def taped(tape, rows):
     """(keys, real, k) where rows, a value's rows on this rank, are k per sample of the
-    batches tape (TAPE's) holds, one sample's after another's; None where they are not."""
-    if tape is None or not rows:
+    samples tape (TAPE's) holds, one sample's after another's; None where they are not."""
+    if tape is None or not rows or not len(tape[0]) or rows % len(tape[0]):
         return None
-    keys = np.concatenate([k for k, _ in tape]) if tape else np.zeros(0, dtype=np.int64)
-    n = len(keys)
-    if not n or rows % n:
-        return None
-    return keys, np.concatenate([r for _, r in tape]), rows // n
+    return tape[0], tape[1], rows // len(tape[0])
 
 
 def dispatched_real(loader, rank, b):

@@ -332,12 +332,13 @@ class _LoopPass:
             if self.real is not None and not self.real.all() and not self.order_kept and \
                     not self.keys.in_place(batch, np.flatnonzero(~self.real)):
                 return self._reordered(batch)
+            kept = self._kept(self.batches + 1)
             if self.tape is not None and self.keys.draws is not None and self.real is not None \
-                    and not self._kept(self.batches + 1):
+                    and not kept:
                 self.tape.append((np.asarray(self.cur, dtype=np.int64), self.real.copy()))
             else:
                 self.tape = None
-            if self._kept(self.batches + 1):
+            if kept:
                 # its first sample, cut from it: the dataset is not read again (which could
                 # draw random numbers the run that stopped did not)
                 self.batches += 1
@@ -445,8 +446,7 @@ class _LoopPass:
         finally:
             # (a loop that trained: its batches are not one process's, as without deval; []
             # says that a loop ended on every rank, so that all agree on a gather after it)
-            _loop.TAPE[0] = [] if getattr(self, "trains", False) or self.tape is None else \
-                self.tape
+            _loop.TAPE[0] = _loop.tape_of([] if getattr(self, "trains", False) else self.tape)
             if self.bar is not None:
                 self.bar.close(ended)
             active.remove(self)
@@ -648,13 +648,10 @@ def holds_gathered(gathered, samples, args, kwargs):
     results themselves, views of them, or values with as many rows as a result and not one
     per sample of the batch (samples)? 0: no; WHOLE: yes, and every value with rows has as
     many as a result (all of them, not a part such as a slice of its own); PART: yes, else."""
-    got = _holds_gathered(gathered, samples, args, kwargs)
-    if not got:
+    if not _holds_gathered(gathered, samples, args, kwargs):
         return 0
-    rows = {v.shape[0] for v in _values(gathered) if hasattr(v, "shape") and len(v.shape)}
-    whole = all(v.shape[0] in rows for v in _values(list(args) + list(kwargs.values()))
-                if hasattr(v, "shape") and len(v.shape))
-    return WHOLE if whole else PART
+    rows, mine = _row_counts(gathered, args, kwargs)
+    return WHOLE if all(r in rows for r in mine) else PART
 
 
 WHOLE, PART = 2, 1
@@ -666,10 +663,16 @@ def as_gathered(gathered, args, kwargs):
     least one value)? In the last round, whose padding the gathers drop, a result may have as
     many rows as this rank's batch; a metric fed gathered rows in the batch before is fed
     them here too (deval.torchmetrics)."""
+    rows, mine = _row_counts(gathered, args, kwargs)
+    return bool(rows) and bool(mine) and all(r in rows for r in mine)
+
+
+def _row_counts(gathered, args, kwargs):
+    """The row counts of the gathered results, and those of each value args and kwargs hold."""
     rows = {v.shape[0] for v in _values(gathered) if hasattr(v, "shape") and len(v.shape)}
     mine = [v.shape[0] for v in _values(list(args) + list(kwargs.values()))
             if hasattr(v, "shape") and len(v.shape)]
-    return bool(rows) and bool(mine) and all(r in rows for r in mine)
+    return rows, mine
 
 
 def _values(vs):
